@@ -1,0 +1,106 @@
+//! E2M1 (FP4): sign bit 3, codes 0..7 = {0, 0.5, 1, 1.5, 2, 3, 4, 6}.
+//!
+//! Encoding is PTX `cvt.rn.satfinite.e2m1x2.f32`: round to nearest on the grid with
+//! ties to the even code, saturate to ±6. Following NVIDIA's host emulation of that
+//! instruction (`cuda_fp4.hpp`), `-0.0` (and any negative value rounding to zero) keeps
+//! its sign (code `0x8`) and every NaN becomes `+6` (code `0x7`).
+//!
+//! Two values share a byte: **element `2i` in the low nibble, `2i+1` in the high
+//! nibble** (TransformerEngine, ModelOpt, compressed-tensors, torchao MX all agree).
+//!
+//! ```
+//! use quant_core::codec::e2m1;
+//! assert_eq!(e2m1::encode(2.5), 0x4);   // tie between 2 (code 4) and 3 (code 5) -> even
+//! assert_eq!(e2m1::encode(-7.0), 0xF);  // saturates to -6
+//! assert_eq!(e2m1::encode(f32::NAN), 0x7);
+//! assert_eq!(e2m1::pack(0x1, 0xF), 0xF1);
+//! assert_eq!(e2m1::decode(0xB), -1.5);
+//! ```
+
+/// Largest magnitude.
+pub const MAX: f32 = 6.0;
+
+/// The eight magnitudes, indexed by code.
+pub const GRID: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+
+/// Decoding table for all 16 codes.
+pub const DECODE: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
+
+/// f32 -> 4-bit code, round to nearest even on the grid, saturating; NaN -> 7.
+#[inline(always)]
+pub fn encode(x: f32) -> u8 {
+    let bits = x.to_bits();
+    let a = f32::from_bits(bits & 0x7FFF_FFFF);
+    if a.is_nan() {
+        return 0x7;
+    }
+    let sign = ((bits >> 28) & 0x8) as u8;
+    // Thresholds: `<=` where the tie goes down to an even code, `<` where it goes up.
+    let code = if a <= 0.25 {
+        0
+    } else if a < 0.75 {
+        1
+    } else if a <= 1.25 {
+        2
+    } else if a < 1.75 {
+        3
+    } else if a <= 2.5 {
+        4
+    } else if a < 3.5 {
+        5
+    } else if a <= 5.0 {
+        6
+    } else {
+        7
+    };
+    sign | code
+}
+
+/// 4-bit code -> f32 (exact). Only the low nibble of `code` is read.
+#[inline(always)]
+pub fn decode(code: u8) -> f32 {
+    DECODE[(code & 0xF) as usize]
+}
+
+/// Packs two codes into a byte: `lo` (element 2i) in bits 0..4, `hi` (element 2i+1) in bits 4..8.
+#[inline(always)]
+pub fn pack(lo: u8, hi: u8) -> u8 {
+    (lo & 0xF) | (hi << 4)
+}
+
+/// Unpacks a byte into `(element 2i, element 2i+1)` codes.
+#[inline(always)]
+pub fn unpack(byte: u8) -> (u8, u8) {
+    (byte & 0xF, byte >> 4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grid_round_trips_and_ties() {
+        for c in 0..16u8 {
+            assert_eq!(encode(decode(c)), c);
+        }
+        let ties = [
+            (0.25, 0),
+            (0.75, 2),
+            (1.25, 2),
+            (1.75, 4),
+            (2.5, 4),
+            (3.5, 6),
+            (5.0, 6),
+        ];
+        for (v, c) in ties {
+            assert_eq!(encode(v), c, "{v}");
+            assert_eq!(encode(-v), c | 8, "-{v}");
+        }
+        assert_eq!(encode(f32::INFINITY), 7);
+        assert_eq!(encode(f32::NEG_INFINITY), 15);
+        assert_eq!(encode(-f32::NAN), 7);
+        assert_eq!(encode(-1e-30), 8);
+    }
+}

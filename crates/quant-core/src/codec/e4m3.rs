@@ -1,0 +1,83 @@
+//! OCP E4M3 (`e4m3fn`): 4 exponent bits (bias 7), 3 mantissa bits, no infinity.
+//!
+//! ```
+//! use quant_core::codec::e4m3;
+//! assert_eq!(e4m3::encode(448.0), 0x7E);
+//! assert_eq!(e4m3::encode(1e9), 0x7E);          // saturates
+//! assert_eq!(e4m3::encode(f32::NEG_INFINITY), 0xFE);
+//! assert_eq!(e4m3::encode(f32::NAN), 0x7F);
+//! assert_eq!(e4m3::encode(-0.0), 0x80);         // sign kept
+//! assert_eq!(e4m3::decode(0x01), 2f32.powi(-9)); // smallest subnormal
+//! ```
+
+/// Largest finite value (hard-coded; never take it from the `float8` crate).
+pub const MAX: f32 = 448.0;
+/// Code of +[`MAX`].
+pub const MAX_CODE: u8 = 0x7E;
+/// Canonical NaN code.
+pub const NAN_CODE: u8 = 0x7F;
+/// `float(1/448)` as the kernels use it (`Quantized_Limits::max_norm_rcp`), bits `0x3B124925`.
+pub const MAX_RCP: f32 = f32::from_bits(0x3B12_4925);
+
+/// f32 -> E4M3 with round-to-nearest-even and saturation to ±448; NaN -> `0x7F`.
+#[inline(always)]
+pub fn encode(x: f32) -> u8 {
+    super::fp8::encode::<3, 7>(x, MAX, MAX_CODE)
+}
+
+/// E4M3 -> f32 (exact). `0x7F`/`0xFF` decode to NaN.
+#[inline(always)]
+pub fn decode(code: u8) -> f32 {
+    DECODE[code as usize]
+}
+
+/// Decoding table, built at compile time.
+pub static DECODE: [f32; 256] = build();
+
+const fn build() -> [f32; 256] {
+    let mut t = [0.0f32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let c = i as u8;
+        t[i] = super::fp8::decode::<3, 7>(c, c & 0x7F == 0x7F, false);
+        i += 1;
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_encode_round_trip_every_code() {
+        for c in 0..=255u8 {
+            let v = decode(c);
+            if v.is_nan() {
+                assert_eq!(encode(v), NAN_CODE);
+            } else {
+                assert_eq!(encode(v), c, "code {c:#04x} value {v}");
+            }
+        }
+        assert_eq!(decode(0x7E), 448.0);
+        assert_eq!(decode(0x08), 2f32.powi(-6));
+        assert_eq!(MAX_RCP, (1.0f64 / 448.0) as f32);
+    }
+
+    #[test]
+    fn ties_and_subnormals() {
+        // 2^-10 is half of the smallest subnormal: tie -> even (0).
+        assert_eq!(encode(2f32.powi(-10)), 0x00);
+        assert_eq!(encode(f32::from_bits(2f32.powi(-10).to_bits() + 1)), 0x01);
+        // 3 * 2^-10 is halfway between codes 1 and 2: tie -> 2.
+        assert_eq!(encode(3.0 * 2f32.powi(-10)), 0x02);
+        // halfway between the largest subnormal (7*2^-9) and the smallest normal (8*2^-9)
+        assert_eq!(encode(7.5 * 2f32.powi(-9)), 0x08);
+        // 464 is halfway between 448 and the (NaN) next code: saturates.
+        assert_eq!(encode(464.0), 0x7E);
+        assert_eq!(encode(-460.0), 0xFE);
+        // 17 is halfway between 16 (0x58) and 18 (0x59): tie -> even 16.
+        assert_eq!(encode(17.0), 0x58);
+        assert_eq!(encode(19.0), 0x5A);
+    }
+}

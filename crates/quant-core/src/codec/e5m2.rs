@@ -1,0 +1,75 @@
+//! E5M2: 5 exponent bits (bias 15), 2 mantissa bits, IEEE-like infinity and NaN.
+//!
+//! ```
+//! use quant_core::codec::e5m2;
+//! assert_eq!(e5m2::encode(57344.0), 0x7B);
+//! assert_eq!(e5m2::encode(f32::INFINITY), 0x7B); // satfinite: inf -> max
+//! assert_eq!(e5m2::encode(f32::NAN), 0x7F);
+//! assert!(e5m2::decode(0x7C).is_infinite());
+//! ```
+
+/// Largest finite value (hard-coded; never take it from the `float8` crate).
+pub const MAX: f32 = 57344.0;
+/// Code of +[`MAX`].
+pub const MAX_CODE: u8 = 0x7B;
+/// Canonical NaN code produced by the encoder.
+pub const NAN_CODE: u8 = 0x7F;
+/// `float(1/57344)` as the kernels use it, bits `0x37924925`.
+pub const MAX_RCP: f32 = f32::from_bits(0x3792_4925);
+
+/// f32 -> E5M2 with round-to-nearest-even and saturation to ±57344 (infinity too);
+/// NaN -> `0x7F`.
+#[inline(always)]
+pub fn encode(x: f32) -> u8 {
+    super::fp8::encode::<2, 15>(x, MAX, MAX_CODE)
+}
+
+/// E5M2 -> f32 (exact).
+#[inline(always)]
+pub fn decode(code: u8) -> f32 {
+    DECODE[code as usize]
+}
+
+/// Decoding table, built at compile time.
+pub static DECODE: [f32; 256] = build();
+
+const fn build() -> [f32; 256] {
+    let mut t = [0.0f32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let c = i as u8;
+        let m = c & 0x7F;
+        t[i] = super::fp8::decode::<2, 15>(c, m > 0x7C, m == 0x7C);
+        i += 1;
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_encode_round_trip_every_finite_code() {
+        for c in 0..=255u8 {
+            let v = decode(c);
+            if v.is_nan() {
+                assert_eq!(encode(v), NAN_CODE);
+            } else if v.is_infinite() {
+                assert_eq!(encode(v), (c & 0x80) | MAX_CODE);
+            } else {
+                assert_eq!(encode(v), c, "code {c:#04x} value {v}");
+            }
+        }
+        assert_eq!(decode(0x01), 2f32.powi(-16));
+        assert_eq!(decode(0x04), 2f32.powi(-14));
+        assert_eq!(MAX_RCP, (1.0f64 / 57344.0) as f32);
+    }
+
+    #[test]
+    fn ties() {
+        assert_eq!(encode(2f32.powi(-17)), 0x00);
+        assert_eq!(encode(61440.0), 0x7B); // would round to inf; saturates
+        assert_eq!(encode(-1.125), 0xBC); // tie between 1.0 and 1.25 -> even 1.0
+    }
+}

@@ -1,0 +1,28 @@
+//! Bit-exact scalar codecs for the element and scale types of every recipe.
+//!
+//! These are the specification in code: each function reproduces, bit for bit, the
+//! conversion the vendor kernels perform (CUDA's `__nv_cvt_float_to_fp8` with
+//! `__NV_SATFINITE`, PTX `cvt.rn.satfinite.e2m1x2.f32`, TransformerEngine's
+//! `float_to_e8m0`). Fast paths elsewhere must agree with them on every input.
+//!
+//! | codec | bits | max finite | smallest subnormal | specials |
+//! |---|---|---|---|---|
+//! | [`e4m3`] | s1 e4 m3, bias 7 | 448 (`0x7E`) | 2^-9 | NaN `0x7F`/`0xFF`, no inf |
+//! | [`e5m2`] | s1 e5 m2, bias 15 | 57344 (`0x7B`) | 2^-16 | inf `0x7C`, NaN `0x7D..0x7F` |
+//! | [`e8m0`] | exponent only, bias 127 | 2^127 (`0xFE`) | 2^-127 (`0x00`) | NaN `0xFF` |
+//! | [`e2m1`] | s1 e2 m1 | 6 (code 7) | 0.5 | none |
+//!
+//! Never use the `float8` crate's `MAX`/`INFINITY` constants for scale math: they are
+//! 416 and 448 for E4M3 (the real max is 448).
+
+pub mod e2m1;
+pub mod e4m3;
+pub mod e5m2;
+pub mod e8m0;
+mod fp8;
+
+/// Correctly rounded `1/x` in f32 (IEEE division, as `__frcp_rn` and `1.0f/x` compute it).
+#[inline]
+pub fn rcp(x: f32) -> f32 {
+    1.0 / x
+}

@@ -1,0 +1,214 @@
+//! Element types of inputs and of quantized buffers.
+//!
+//! Inputs are f32, bf16 or f16 (the dtypes vendor GEMMs take as high precision).
+//! Quantized buffers hold raw bytes (`U8`: FP8, E8M0, packed E2M1), 32-bit words
+//! (`I32`: tinygemm tiles), `F32` scales and amaxes, or `BF16` scale/zero pairs.
+
+use std::fmt;
+use std::str::FromStr;
+
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Element type of a tensor or buffer.
+///
+/// ```
+/// use quant_core::DType;
+/// assert_eq!("bf16".parse::<DType>().unwrap(), DType::BF16);
+/// assert_eq!(DType::F32.size(), 4);
+/// assert_eq!(DType::U8.safetensors_name(), "U8");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    /// Raw bytes: FP8 codes, E8M0 exponents, packed E2M1 pairs.
+    U8,
+    /// 32-bit signed words (int4 tensor-core tiles).
+    I32,
+    /// IEEE binary32.
+    F32,
+    /// IEEE binary16.
+    F16,
+    /// bfloat16.
+    BF16,
+}
+
+impl DType {
+    /// Every dtype, for listings.
+    pub const ALL: [DType; 5] = [DType::U8, DType::I32, DType::F32, DType::F16, DType::BF16];
+
+    /// Bytes per element.
+    pub const fn size(self) -> usize {
+        match self {
+            DType::U8 => 1,
+            DType::F16 | DType::BF16 => 2,
+            DType::I32 | DType::F32 => 4,
+        }
+    }
+
+    /// Lower-case name used by the CLI and the metadata (`f32`, `bf16`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::U8 => "u8",
+            DType::I32 => "i32",
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+        }
+    }
+
+    /// The safetensors header spelling (`U8`, `I32`, `F32`, `F16`, `BF16`).
+    pub const fn safetensors_name(self) -> &'static str {
+        match self {
+            DType::U8 => "U8",
+            DType::I32 => "I32",
+            DType::F32 => "F32",
+            DType::F16 => "F16",
+            DType::BF16 => "BF16",
+        }
+    }
+
+    /// Whether this is a floating input dtype a quantizer accepts.
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16)
+    }
+
+    /// The safetensors crate's dtype.
+    pub const fn to_safetensors(self) -> safetensors::Dtype {
+        match self {
+            DType::U8 => safetensors::Dtype::U8,
+            DType::I32 => safetensors::Dtype::I32,
+            DType::F32 => safetensors::Dtype::F32,
+            DType::F16 => safetensors::Dtype::F16,
+            DType::BF16 => safetensors::Dtype::BF16,
+        }
+    }
+
+    /// From the safetensors crate's dtype; `None` for dtypes quantfmt buffers never use.
+    pub fn from_safetensors(d: safetensors::Dtype) -> Option<DType> {
+        Some(match d {
+            safetensors::Dtype::U8 => DType::U8,
+            safetensors::Dtype::I32 => DType::I32,
+            safetensors::Dtype::F32 => DType::F32,
+            safetensors::Dtype::F16 => DType::F16,
+            safetensors::Dtype::BF16 => DType::BF16,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for DType {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        DType::ALL
+            .into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| Error::invalid("dtype", s, "must be one of u8, i32, f32, f16, bf16"))
+    }
+}
+
+/// A floating element type a quantizer reads and a dequantizer writes.
+///
+/// Sealed: exactly f32, bf16 and f16. Conversions to f32 are exact; conversions from
+/// f32/f64 round to nearest even once (so `from_f64` gives a single rounding, which
+/// the int4 dequantizer needs to match the kernel's fused multiply-add).
+pub trait Element:
+    Copy + Send + Sync + PartialEq + fmt::Debug + bytemuck::Pod + private::Sealed + 'static
+{
+    /// The dtype tag.
+    const DTYPE: DType;
+    /// Exact widening to f32.
+    fn to_f32(self) -> f32;
+    /// Round-to-nearest-even narrowing from f32.
+    fn from_f32(v: f32) -> Self;
+    /// Round-to-nearest-even narrowing from f64 (one rounding, not two).
+    fn from_f64(v: f64) -> Self;
+    /// The largest finite value.
+    const MAX_FINITE: f32;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    const MAX_FINITE: f32 = f32::MAX;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    #[inline(always)]
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+
+impl Element for bf16 {
+    const DTYPE: DType = DType::BF16;
+    const MAX_FINITE: f32 = 3.389_531_4e38; // bits 0x7F7F
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+    #[inline(always)]
+    fn from_f64(v: f64) -> Self {
+        bf16::from_f64(v)
+    }
+}
+
+impl Element for f16 {
+    const DTYPE: DType = DType::F16;
+    const MAX_FINITE: f32 = 65504.0;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    #[inline(always)]
+    fn from_f64(v: f64) -> Self {
+        f16::from_f64(v)
+    }
+}
+
+mod private {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for half::f16 {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for d in DType::ALL {
+            assert_eq!(d.name().parse::<DType>().unwrap(), d);
+            assert_eq!(DType::from_safetensors(d.to_safetensors()), Some(d));
+        }
+        assert!("f64".parse::<DType>().is_err());
+    }
+
+    #[test]
+    fn max_finite_matches_bits() {
+        assert_eq!(bf16::MAX.to_f32(), <bf16 as Element>::MAX_FINITE);
+        assert_eq!(f16::MAX.to_f32(), <f16 as Element>::MAX_FINITE);
+    }
+}

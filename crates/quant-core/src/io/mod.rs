@@ -1,0 +1,428 @@
+//! The native file layout: quantized tensors in safetensors.
+//!
+//! Each quantized tensor `NAME` is stored as one safetensors tensor per buffer,
+//! `NAME.<buffer>` (U8 / I32 / F32 / BF16, shapes exactly as the format describes). The
+//! `__metadata__` key `quantfmt` holds JSON:
+//!
+//! ```json
+//! {"version": 1,
+//!  "tensors": {"w": {"format": "fp8", "options": {...}, "shape": [4096, 11008],
+//!                    "dtype": "bf16", "buffers": ["rowwise_data", "scale_inv"]}}}
+//! ```
+//!
+//! Tensors without an entry pass through untouched. Loading rebuilds each quantized
+//! tensor through a [`Registry`] and checks every buffer against the format's
+//! description before accepting it.
+
+pub mod reader;
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::buffer::{Buffer, HostBytes};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::registry::Registry;
+use crate::shape::Shape;
+use crate::tensor::HostTensor;
+use crate::traits::Storage;
+use reader::{FileSource, Header, SliceSource, Source, read_header, read_tensor};
+
+/// The `__metadata__` key that holds quantfmt's JSON.
+pub const METADATA_KEY: &str = "quantfmt";
+/// Version of the metadata schema this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// Largest metadata JSON accepted (hostile files cannot make us parse more).
+pub const MAX_METADATA_BYTES: usize = 16 << 20;
+
+/// The `quantfmt` metadata of a file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileMeta {
+    /// Schema version ([`FORMAT_VERSION`]).
+    pub version: u32,
+    /// Quantized tensors by name.
+    pub tensors: BTreeMap<String, TensorMeta>,
+}
+
+/// How one quantized tensor is stored.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorMeta {
+    /// Registry key of the format.
+    pub format: String,
+    /// The quantizer's options (serde of the format's quantizer type).
+    pub options: serde_json::Value,
+    /// Logical shape.
+    pub shape: Vec<usize>,
+    /// High-precision dtype the tensor was quantized from.
+    pub dtype: DType,
+    /// Buffer names; each is stored as the safetensors tensor `NAME.<buffer>`.
+    pub buffers: Vec<String>,
+}
+
+/// A tensor stored as-is (not quantized): any safetensors dtype.
+#[derive(Clone, Debug)]
+pub struct RawTensor {
+    /// Element dtype.
+    pub dtype: safetensors::Dtype,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Bytes.
+    pub data: HostBytes,
+}
+
+impl RawTensor {
+    /// A copy of a high-precision tensor.
+    pub fn from_host(t: &HostTensor<'_>) -> RawTensor {
+        RawTensor {
+            dtype: t.dtype().to_safetensors(),
+            shape: t.shape().dims().to_vec(),
+            data: HostBytes::copy_from(t.as_bytes()),
+        }
+    }
+
+    /// A float tensor view of this one, if its dtype is f32, bf16 or f16.
+    pub fn as_host(&self) -> Option<Result<HostTensor<'_>>> {
+        let dt = DType::from_safetensors(self.dtype).filter(|d| d.is_float())?;
+        Some(HostTensor::from_le_bytes(dt, self.data.as_slice(), &self.shape))
+    }
+}
+
+/// One thing to save.
+#[derive(Clone, Copy, Debug)]
+pub enum SaveItem<'a> {
+    /// A quantized tensor (stored as its buffers plus metadata).
+    Quantized(&'a dyn Storage),
+    /// A tensor stored untouched.
+    Plain(&'a RawTensor),
+}
+
+/// What a loaded tensor is.
+#[derive(Debug)]
+pub enum Loaded {
+    /// A quantized tensor, rebuilt and checked.
+    Quantized(Box<dyn Storage>),
+    /// A tensor that was stored untouched.
+    Plain(RawTensor),
+}
+
+/// The contents of a native file, in name order.
+#[derive(Debug, Default)]
+pub struct LoadedFile {
+    /// Tensors by name (quantized ones under their logical name, not `NAME.<buffer>`).
+    pub tensors: Vec<(String, Loaded)>,
+    /// `__metadata__` entries other than `quantfmt`.
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl LoadedFile {
+    /// The tensor named `name`.
+    pub fn get(&self, name: &str) -> Option<&Loaded> {
+        self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+}
+
+struct View<'a> {
+    dtype: safetensors::Dtype,
+    shape: &'a [usize],
+    data: &'a [u8],
+}
+
+impl safetensors::View for View<'_> {
+    fn dtype(&self) -> safetensors::Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// The metadata entry describing `s`.
+pub fn tensor_meta(s: &dyn Storage) -> Result<TensorMeta> {
+    Ok(TensorMeta {
+        format: s.format_name().to_string(),
+        options: s.quantizer().options()?,
+        shape: s.shape().dims().to_vec(),
+        dtype: s.dtype(),
+        buffers: s.buffers().iter().map(|b| b.name().to_string()).collect(),
+    })
+}
+
+/// Saves quantized tensors to `path` in the native layout (atomically: a temporary file
+/// renamed on success, so an interrupted save leaves no half-written file).
+///
+/// ```no_run
+/// # #![allow(dead_code)]
+/// # fn demo(w: &dyn quant_core::Storage) -> quant_core::Result<()> {
+/// quant_core::io::save("model.q.safetensors", &[("w", w)])?;
+/// # Ok(()) }
+/// ```
+pub fn save<S: AsDynStorage + ?Sized>(path: impl AsRef<Path>, tensors: &[(&str, &S)]) -> Result<()> {
+    let items: Vec<(String, SaveItem<'_>)> = tensors
+        .iter()
+        .map(|(n, s)| (n.to_string(), SaveItem::Quantized(s.as_dyn_storage())))
+        .collect();
+    save_items(path, &items, &BTreeMap::new())
+}
+
+/// Upcast helper so `save` accepts concrete storages, `dyn Storage` and boxes alike.
+pub trait AsDynStorage {
+    /// `self` as a trait object.
+    fn as_dyn_storage(&self) -> &dyn Storage;
+}
+
+impl<T: Storage> AsDynStorage for T {
+    fn as_dyn_storage(&self) -> &dyn Storage {
+        self
+    }
+}
+
+impl AsDynStorage for dyn Storage {
+    fn as_dyn_storage(&self) -> &dyn Storage {
+        self
+    }
+}
+
+impl AsDynStorage for Box<dyn Storage> {
+    fn as_dyn_storage(&self) -> &dyn Storage {
+        &**self
+    }
+}
+
+/// Saves a mix of quantized and untouched tensors, plus extra `__metadata__` entries.
+pub fn save_items(
+    path: impl AsRef<Path>,
+    items: &[(String, SaveItem<'_>)],
+    extra_metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    let path = path.as_ref();
+    let mut meta = FileMeta {
+        version: FORMAT_VERSION,
+        tensors: BTreeMap::new(),
+    };
+    let mut views: Vec<(String, View<'_>)> = Vec::new();
+    let mut names = BTreeSet::new();
+    let mut claim = |name: String| -> Result<String> {
+        if names.insert(name.clone()) {
+            Ok(name)
+        } else {
+            Err(Error::invalid(
+                "tensor name",
+                &name,
+                "is used twice (a quantized tensor `X` also takes the names `X.<buffer>`)",
+            ))
+        }
+    };
+    for (name, item) in items {
+        match item {
+            SaveItem::Quantized(s) => {
+                let tm = tensor_meta(*s)?;
+                for b in s.buffers() {
+                    views.push((
+                        claim(format!("{name}.{}", b.name()))?,
+                        View {
+                            dtype: b.dtype().to_safetensors(),
+                            shape: b.shape(),
+                            data: b.bytes(),
+                        },
+                    ));
+                }
+                if meta.tensors.insert(name.clone(), tm).is_some() {
+                    return Err(Error::invalid("tensor name", name, "is used twice"));
+                }
+            }
+            SaveItem::Plain(t) => views.push((
+                claim(name.clone())?,
+                View {
+                    dtype: t.dtype,
+                    shape: &t.shape,
+                    data: t.data.as_slice(),
+                },
+            )),
+        }
+    }
+    let mut md: HashMap<String, String> = extra_metadata
+        .iter()
+        .filter(|(k, _)| k.as_str() != METADATA_KEY)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if !meta.tensors.is_empty() {
+        md.insert(METADATA_KEY.to_string(), serde_json::to_string(&meta)?);
+    }
+    let tmp = temp_path(path);
+    let res = safetensors::serialize_to_file(views, if md.is_empty() { None } else { Some(md) }, &tmp)
+        .map_err(Error::from)
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(Error::from));
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
+}
+
+/// A sibling temporary path for atomic writes.
+pub fn temp_path(path: &Path) -> PathBuf {
+    let mut name = path
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    name.push(format!(".tmp-{}", std::process::id()));
+    path.with_file_name(name)
+}
+
+/// Parses the `quantfmt` metadata entry of a header, if any.
+pub fn parse_meta(src: &str, header: &Header) -> Result<Option<FileMeta>> {
+    let Some(json) = header.metadata.get(METADATA_KEY) else {
+        return Ok(None);
+    };
+    if json.len() > MAX_METADATA_BYTES {
+        return Err(Error::file(
+            src,
+            format!(
+                "`{METADATA_KEY}` metadata is {} bytes (limit {MAX_METADATA_BYTES})",
+                json.len()
+            ),
+        ));
+    }
+    let meta: FileMeta = serde_json::from_str(json)
+        .map_err(|e| Error::file(src, format!("`{METADATA_KEY}` metadata is malformed: {e}")))?;
+    if meta.version != FORMAT_VERSION {
+        return Err(Error::file(
+            src,
+            format!(
+                "`{METADATA_KEY}` metadata version {} is not supported (this build reads version {FORMAT_VERSION})",
+                meta.version
+            ),
+        ));
+    }
+    Ok(Some(meta))
+}
+
+/// Loads a native file, rebuilding quantized tensors through `registry`.
+pub fn load(path: impl AsRef<Path>, registry: &Registry) -> Result<LoadedFile> {
+    let mut src = FileSource::open(path.as_ref())?;
+    load_from(&mut src, registry)
+}
+
+/// Loads a native file from memory (same checks as [`load`]).
+pub fn load_bytes(bytes: &[u8], registry: &Registry) -> Result<LoadedFile> {
+    let mut src = SliceSource::new("<bytes>", bytes);
+    load_from(&mut src, registry)
+}
+
+/// Loads from any [`Source`].
+pub fn load_from<S: Source + ?Sized>(src: &mut S, registry: &Registry) -> Result<LoadedFile> {
+    let header = read_header(src)?;
+    let name = src.describe().to_string();
+    let meta = parse_meta(&name, &header)?.unwrap_or_default();
+    let mut claimed: BTreeSet<&str> = BTreeSet::new();
+    let mut out = LoadedFile {
+        tensors: Vec::new(),
+        metadata: header
+            .metadata
+            .iter()
+            .filter(|(k, _)| k.as_str() != METADATA_KEY)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    };
+    for (tname, tm) in &meta.tensors {
+        let storage = load_quantized(src, &header, tname, tm, registry).map_err(|e| match e {
+            Error::File { .. } => e,
+            other => Error::file(&name, format!("tensor `{tname}`: {other}")),
+        })?;
+        for b in &tm.buffers {
+            let full = format!("{tname}.{b}");
+            if let Some(info) = header.get(&full) {
+                claimed.insert(info.name.as_str());
+            }
+        }
+        out.tensors.push((tname.clone(), Loaded::Quantized(storage)));
+    }
+    for info in &header.tensors {
+        if claimed.contains(info.name.as_str()) {
+            continue;
+        }
+        let data = read_tensor(src, &header, info)?;
+        out.tensors.push((
+            info.name.clone(),
+            Loaded::Plain(RawTensor {
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+                data,
+            }),
+        ));
+    }
+    out.tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+/// Rebuilds one quantized tensor described by `tm` from the file.
+pub fn load_quantized<S: Source + ?Sized>(
+    src: &mut S,
+    header: &Header,
+    name: &str,
+    tm: &TensorMeta,
+    registry: &Registry,
+) -> Result<Box<dyn Storage>> {
+    let shape = Shape::new(&tm.shape)?;
+    let q = registry.quantizer(&tm.format, &tm.options)?;
+    // Compare the listed buffers with what the format needs before reading any bytes.
+    let want = q.buffers(&shape)?;
+    let listed: BTreeSet<&str> = tm.buffers.iter().map(String::as_str).collect();
+    let needed: BTreeSet<&str> = want.iter().map(|d| d.name.as_str()).collect();
+    if listed != needed {
+        return Err(Error::buffer(
+            tm.buffers.join(", "),
+            format!(
+                "listed buffers differ from what {} {shape} stores ({})",
+                q.spec(),
+                want.iter()
+                    .map(|d| d.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    let mut buffers = Vec::with_capacity(want.len());
+    for desc in want {
+        let full = format!("{name}.{}", desc.name);
+        let info = header
+            .get(&full)
+            .ok_or_else(|| Error::buffer(&desc.name, format!("tensor `{full}` is missing from the file")))?;
+        let dt = DType::from_safetensors(info.dtype);
+        if dt != Some(desc.dtype) {
+            return Err(Error::buffer(
+                &desc.name,
+                format!(
+                    "`{full}` has dtype {}, but {} stores {}",
+                    info.dtype,
+                    q.spec(),
+                    desc.dtype.safetensors_name()
+                ),
+            ));
+        }
+        if info.shape != desc.shape {
+            return Err(Error::buffer(
+                &desc.name,
+                format!(
+                    "`{full}` has shape {:?}, but {} {shape} needs {:?}",
+                    info.shape,
+                    q.spec(),
+                    desc.shape
+                ),
+            ));
+        }
+        let data = read_tensor(src, header, info)?;
+        buffers.push(Buffer::from_host_bytes(desc, data)?);
+    }
+    q.unflatten(&shape, tm.dtype, buffers)
+}
