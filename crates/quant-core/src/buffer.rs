@@ -274,8 +274,12 @@ impl Buffer {
     /// Typed view; the buffer's dtype must be `T`'s.
     pub fn as_slice<T: BufferElem>(&self) -> Result<&[T]> {
         self.check_elem::<T>()?;
-        bytemuck::try_cast_slice(self.bytes())
-            .map_err(|e| Error::buffer(&self.desc.name, format!("cannot be viewed as {}: {e:?}", T::DTYPE)))
+        bytemuck::try_cast_slice(self.bytes()).map_err(|e| {
+            Error::buffer(
+                &self.desc.name,
+                format!("cannot be viewed as {}: {e:?}", T::DTYPE),
+            )
+        })
     }
 
     /// Typed mutable view (copy-on-write); the buffer's dtype must be `T`'s.
@@ -304,7 +308,10 @@ impl Buffer {
         if self.desc.dtype != want.dtype {
             return Err(Error::buffer(
                 &want.name,
-                format!("has dtype {}, but the format stores {}", self.desc.dtype, want.dtype),
+                format!(
+                    "has dtype {}, but the format stores {}",
+                    self.desc.dtype, want.dtype
+                ),
             ));
         }
         if self.desc.shape != want.shape {
@@ -368,6 +375,9 @@ mod tests {
         assert_eq!(e, "buffer `d`: has 11 bytes, but f32 [3] needs 12");
         let b = Buffer::from_slice::<u8>("x", &[4], &[0; 4]).unwrap();
         assert!(b.view(BufferDesc::new("y", DType::U8, &[3]), 2).is_err());
-        assert!(b.view(BufferDesc::new("y", DType::U8, &[1]), usize::MAX).is_err());
+        assert!(
+            b.view(BufferDesc::new("y", DType::U8, &[1]), usize::MAX)
+                .is_err()
+        );
     }
 }

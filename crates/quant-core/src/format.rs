@@ -194,7 +194,12 @@ impl<F: Format> QuantizedTensor<F> {
     /// Rebuilds a tensor from buffers (any order), checking each against the format's
     /// description (name, dtype, shape, size) and then its contents. This is the
     /// *unflatten* of the native file layout: nothing from a file is trusted.
-    pub fn from_buffers(format: F, shape: &Shape, dtype: DType, buffers: Vec<Buffer>) -> Result<Self> {
+    pub fn from_buffers(
+        format: F,
+        shape: &Shape,
+        dtype: DType,
+        buffers: Vec<Buffer>,
+    ) -> Result<Self> {
         format.validate_options()?;
         check_input_dtype(dtype)?;
         shape.require_nonempty(F::NAME)?;
@@ -212,7 +217,9 @@ impl<F: Format> QuantizedTensor<F> {
                         format!("is missing; {} {shape} needs it", format.spec()),
                     )
                 })?;
-            let b = given[pos].take().ok_or_else(|| Error::buffer(&desc.name, "given twice"))?;
+            let b = given[pos]
+                .take()
+                .ok_or_else(|| Error::buffer(&desc.name, "given twice"))?;
             b.check_against(desc)?;
             ordered.push(b);
         }
@@ -326,9 +333,10 @@ impl<F: Format> QuantizedTensor<F> {
 
     /// Dequantizes the preferred direction (rowwise when stored) to f32.
     pub fn dequantize_f32(&self) -> Result<Vec<f32>> {
-        let dir = self.usage().preferred().ok_or_else(|| {
-            Error::invalid("usage", "none", "the tensor stores no direction")
-        })?;
+        let dir = self
+            .usage()
+            .preferred()
+            .ok_or_else(|| Error::invalid("usage", "none", "the tensor stores no direction"))?;
         self.dequantize_as::<f32>(dir)
     }
 
@@ -365,6 +373,28 @@ impl<F: Format> QuantizedTensor<F> {
         self.format = new_format;
         self.buffers = next;
         Ok(())
+    }
+
+    /// Lets a format's own entry points (quantizing with an externally reduced amax,
+    /// interop importers) write the buffers' bytes. Each buffer's description is checked
+    /// again afterwards, so the storage cannot leave this call inconsistent.
+    pub fn write_buffers<R>(&mut self, f: impl FnOnce(&mut [Buffer]) -> Result<R>) -> Result<R> {
+        let r = f(&mut self.buffers)?;
+        let want = self.format.buffers(&self.shape)?;
+        if want.len() != self.buffers.len() {
+            return Err(Error::buffer(
+                "(all)",
+                format!(
+                    "{} buffers after writing, {} expected",
+                    self.buffers.len(),
+                    want.len()
+                ),
+            ));
+        }
+        for (b, d) in self.buffers.iter().zip(&want) {
+            b.check_against(d)?;
+        }
+        Ok(r)
     }
 
     /// Splits into parts (for grouped layouts and interop).

@@ -25,7 +25,11 @@ pub struct TensorProto {
 impl TensorProto {
     /// A prototype. Fails on an invalid shape (rank 0, overflow) or a non-float dtype;
     /// the format's own shape rule is checked by [`TensorProto::validate`] and every query.
-    pub fn new<Q: Quantizer + ?Sized>(shape: &[usize], dtype: DType, quantizer: &Q) -> Result<TensorProto> {
+    pub fn new<Q: Quantizer + ?Sized>(
+        shape: &[usize],
+        dtype: DType,
+        quantizer: &Q,
+    ) -> Result<TensorProto> {
         let shape = Shape::new(shape)?;
         if !dtype.is_float() {
             return Err(Error::invalid(

@@ -45,7 +45,11 @@ impl Shape {
             ));
         }
         let numel = checked_numel(dims).ok_or_else(|| {
-            Error::invalid("shape", format!("{dims:?}"), "element count overflows usize")
+            Error::invalid(
+                "shape",
+                format!("{dims:?}"),
+                "element count overflows usize",
+            )
         })?;
         Ok(Shape {
             dims: dims.to_vec(),

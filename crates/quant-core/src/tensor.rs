@@ -179,7 +179,10 @@ impl<'a> HostTensor<'a> {
 
     /// The elements as `T`: exact when widening, round-to-nearest-even when narrowing.
     pub fn to_vec<T: Element>(&self) -> Vec<T> {
-        dispatch_elements!(self, |xs| xs.iter().map(|v| T::from_f32(v.to_f32())).collect())
+        dispatch_elements!(self, |xs| xs
+            .iter()
+            .map(|v| T::from_f32(v.to_f32()))
+            .collect())
     }
 
     /// The same values converted to `dtype` (round-to-nearest-even when narrowing).
@@ -217,7 +220,10 @@ impl<'a> HostTensor<'a> {
 
     /// Number of NaN and infinite elements (the CLI reports them).
     pub fn count_non_finite(&self) -> usize {
-        dispatch_elements!(self, |xs| xs.iter().filter(|v| !v.to_f32().is_finite()).count())
+        dispatch_elements!(self, |xs| xs
+            .iter()
+            .filter(|v| !v.to_f32().is_finite())
+            .count())
     }
 }
 

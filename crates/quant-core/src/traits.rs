@@ -52,7 +52,12 @@ pub trait Quantizer: Send + Sync + fmt::Debug + Any {
     fn allocate(&self, shape: &Shape, dtype: DType) -> Result<Box<dyn Storage>>;
     /// Rebuilds a storage from its buffers, checking every one (see
     /// [`QuantizedTensor::from_buffers`]).
-    fn unflatten(&self, shape: &Shape, dtype: DType, buffers: Vec<Buffer>) -> Result<Box<dyn Storage>>;
+    fn unflatten(
+        &self,
+        shape: &Shape,
+        dtype: DType,
+        buffers: Vec<Buffer>,
+    ) -> Result<Box<dyn Storage>>;
     /// Clones into a box.
     fn clone_box(&self) -> Box<dyn Quantizer>;
     /// Equality across the trait object (same format and options).
@@ -118,15 +123,27 @@ impl<F: Format> Quantizer for F {
             return Err(Error::invalid(
                 "out",
                 t.quantizer().spec(),
-                format!("must have been made by the same quantizer ({})", Format::spec(self)),
+                format!(
+                    "must have been made by the same quantizer ({})",
+                    Format::spec(self)
+                ),
             ));
         }
         t.quantize_from(x)
     }
     fn allocate(&self, shape: &Shape, dtype: DType) -> Result<Box<dyn Storage>> {
-        Ok(Box::new(QuantizedTensor::allocate(self.clone(), shape, dtype)?))
+        Ok(Box::new(QuantizedTensor::allocate(
+            self.clone(),
+            shape,
+            dtype,
+        )?))
     }
-    fn unflatten(&self, shape: &Shape, dtype: DType, buffers: Vec<Buffer>) -> Result<Box<dyn Storage>> {
+    fn unflatten(
+        &self,
+        shape: &Shape,
+        dtype: DType,
+        buffers: Vec<Buffer>,
+    ) -> Result<Box<dyn Storage>> {
         Ok(Box::new(QuantizedTensor::from_buffers(
             self.clone(),
             shape,

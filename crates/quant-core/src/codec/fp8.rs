@@ -44,7 +44,11 @@ pub(crate) fn encode<const MBITS: u32, const BIAS: i32>(x: f32, max: f32, max_co
 
 /// Decodes an FP8 code (sign, `8-1-MBITS` exponent bits, `MBITS` mantissa bits).
 /// `nan(code)` decides which codes are NaN; `inf(code)` which are infinite.
-pub(crate) const fn decode<const MBITS: u32, const BIAS: i32>(code: u8, nan: bool, inf: bool) -> f32 {
+pub(crate) const fn decode<const MBITS: u32, const BIAS: i32>(
+    code: u8,
+    nan: bool,
+    inf: bool,
+) -> f32 {
     let neg = code & 0x80 != 0;
     let mag = if nan {
         f32::NAN

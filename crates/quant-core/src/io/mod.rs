@@ -88,7 +88,11 @@ impl RawTensor {
     /// A float tensor view of this one, if its dtype is f32, bf16 or f16.
     pub fn as_host(&self) -> Option<Result<HostTensor<'_>>> {
         let dt = DType::from_safetensors(self.dtype).filter(|d| d.is_float())?;
-        Some(HostTensor::from_le_bytes(dt, self.data.as_slice(), &self.shape))
+        Some(HostTensor::from_le_bytes(
+            dt,
+            self.data.as_slice(),
+            &self.shape,
+        ))
     }
 }
 
@@ -167,7 +171,10 @@ pub fn tensor_meta(s: &dyn Storage) -> Result<TensorMeta> {
 /// quant_core::io::save("model.q.safetensors", &[("w", w)])?;
 /// # Ok(()) }
 /// ```
-pub fn save<S: AsDynStorage + ?Sized>(path: impl AsRef<Path>, tensors: &[(&str, &S)]) -> Result<()> {
+pub fn save<S: AsDynStorage + ?Sized>(
+    path: impl AsRef<Path>,
+    tensors: &[(&str, &S)],
+) -> Result<()> {
     let items: Vec<(String, SaveItem<'_>)> = tensors
         .iter()
         .map(|(n, s)| (n.to_string(), SaveItem::Quantized(s.as_dyn_storage())))
@@ -260,9 +267,10 @@ pub fn save_items(
         md.insert(METADATA_KEY.to_string(), serde_json::to_string(&meta)?);
     }
     let tmp = temp_path(path);
-    let res = safetensors::serialize_to_file(views, if md.is_empty() { None } else { Some(md) }, &tmp)
-        .map_err(Error::from)
-        .and_then(|()| std::fs::rename(&tmp, path).map_err(Error::from));
+    let res =
+        safetensors::serialize_to_file(views, if md.is_empty() { None } else { Some(md) }, &tmp)
+            .map_err(Error::from)
+            .and_then(|()| std::fs::rename(&tmp, path).map_err(Error::from));
     if res.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
@@ -345,7 +353,8 @@ pub fn load_from<S: Source + ?Sized>(src: &mut S, registry: &Registry) -> Result
                 claimed.insert(info.name.as_str());
             }
         }
-        out.tensors.push((tname.clone(), Loaded::Quantized(storage)));
+        out.tensors
+            .push((tname.clone(), Loaded::Quantized(storage)));
     }
     for info in &header.tensors {
         if claimed.contains(info.name.as_str()) {
@@ -395,9 +404,12 @@ pub fn load_quantized<S: Source + ?Sized>(
     let mut buffers = Vec::with_capacity(want.len());
     for desc in want {
         let full = format!("{name}.{}", desc.name);
-        let info = header
-            .get(&full)
-            .ok_or_else(|| Error::buffer(&desc.name, format!("tensor `{full}` is missing from the file")))?;
+        let info = header.get(&full).ok_or_else(|| {
+            Error::buffer(
+                &desc.name,
+                format!("tensor `{full}` is missing from the file"),
+            )
+        })?;
         let dt = DType::from_safetensors(info.dtype);
         if dt != Some(desc.dtype) {
             return Err(Error::buffer(

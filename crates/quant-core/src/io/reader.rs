@@ -76,9 +76,8 @@ impl Header {
         let mut tensors = Vec::with_capacity(raw.len());
         for (name, v) in raw {
             if name == "__metadata__" {
-                metadata = serde_json::from_value(v).map_err(|e| {
-                    bad(format!("`__metadata__` must map strings to strings: {e}"))
-                })?;
+                metadata = serde_json::from_value(v)
+                    .map_err(|e| bad(format!("`__metadata__` must map strings to strings: {e}")))?;
                 continue;
             }
             let info: RawInfo = serde_json::from_value(v)
@@ -171,7 +170,8 @@ pub struct FileSource {
 impl FileSource {
     /// Opens `path`.
     pub fn open(path: &Path) -> Result<FileSource> {
-        let file = File::open(path).map_err(|e| Error::file(path.display().to_string(), e.to_string()))?;
+        let file =
+            File::open(path).map_err(|e| Error::file(path.display().to_string(), e.to_string()))?;
         let len = file.metadata()?.len();
         Ok(FileSource {
             path: path.display().to_string(),
@@ -225,7 +225,9 @@ impl Source for SliceSource<'_> {
         let slice = start
             .and_then(|s| s.checked_add(out.len()).map(|e| (s, e)))
             .and_then(|(s, e)| self.bytes.get(s..e))
-            .ok_or_else(|| Error::file(&self.name, format!("read past the end at byte {offset}")))?;
+            .ok_or_else(|| {
+                Error::file(&self.name, format!("read past the end at byte {offset}"))
+            })?;
         out.copy_from_slice(slice);
         Ok(())
     }
@@ -238,7 +240,9 @@ pub fn read_header<S: Source + ?Sized>(src: &mut S) -> Result<Header> {
     if total < 8 {
         return Err(Error::file(
             name,
-            format!("{total} bytes is too short for a safetensors file (8-byte header length first)"),
+            format!(
+                "{total} bytes is too short for a safetensors file (8-byte header length first)"
+            ),
         ));
     }
     let mut n = [0u8; 8];
@@ -258,9 +262,17 @@ pub fn read_header<S: Source + ?Sized>(src: &mut S) -> Result<Header> {
 }
 
 /// Reads one tensor's bytes into aligned host memory.
-pub fn read_tensor<S: Source + ?Sized>(src: &mut S, header: &Header, info: &TensorInfo) -> Result<HostBytes> {
-    let len = usize::try_from(info.nbytes())
-        .map_err(|_| Error::file(src.describe(), format!("tensor `{}` is too large for memory", info.name)))?;
+pub fn read_tensor<S: Source + ?Sized>(
+    src: &mut S,
+    header: &Header,
+    info: &TensorInfo,
+) -> Result<HostBytes> {
+    let len = usize::try_from(info.nbytes()).map_err(|_| {
+        Error::file(
+            src.describe(),
+            format!("tensor `{}` is too large for memory", info.name),
+        )
+    })?;
     let mut out = HostBytes::zeroed(len);
     src.read_at(header.data_start + info.begin, out.as_mut_slice())?;
     Ok(out)

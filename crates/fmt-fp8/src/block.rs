@@ -1,0 +1,587 @@
+//! FP8 blockwise scaling (`Float8BlockScaling`, DeepSeek-V3 style): one fp32 scale per
+//! 1x128 row segment or per 128x128 tile, in TransformerEngine's GEMM-ready layout.
+//!
+//! | | rowwise scale_inv (f32) | columnwise scale_inv (f32) |
+//! |---|---|---|
+//! | 1x128 | `[ceil(K/128), roundup(M,4)]`, (m, kb) at `kb*roundup(M,4) + m` | `[ceil(M/128), roundup(K,4)]`, (k, mb) at `mb*roundup(K,4) + k` |
+//! | 128x128 | `[ceil(M/128), roundup(ceil(K/128),4)]`, (mb, kb) at `mb*stride + kb` | `[ceil(K/128), roundup(ceil(M/128),4)]`, (kb, mb) at `kb*stride + mb` |
+//!
+//! Data is `rowwise_data` (u8, input shape) and `columnwise_data` (u8, transposed
+//! `[K, d0, ..]`). 1x128 columnwise blocks are 128 consecutive rows of one column,
+//! scaled from the high-precision input (never re-quantized from rowwise); 128x128 uses
+//! one scale per tile for both directions, so its columnwise data is the exact bitwise
+//! transpose of the rowwise data. Ragged edges are partial blocks; scale padding is zero.
+//! `value_for_inf` (a subnormal amax) is the input dtype's max finite value.
+
+use quant_core::format::{buffer_by_name, buffers_by_name_mut, unknown_option};
+use quant_core::shape::{ceil_div, round_up};
+use quant_core::{
+    Buffer, BufferDesc, DType, Direction, Element, Error, Format, HostTensor, OptionHelp,
+    QuantizedTensor, Result, Shape, Usage, dispatch_elements,
+};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::scale::{AmaxEpsilon, Fp8Dtype, amax_of, compute_scale_from_amax, fmax_ignore_nan};
+use crate::transpose::{transpose_bytes, transpose_map};
+
+/// Block edge.
+pub const BLOCK: usize = 128;
+
+/// Columns handled together by one columnwise task (their 128-row blocks fit in L1/L2).
+const COL_CHUNK: usize = 64;
+
+/// Scale granularity.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum BlockScaling {
+    /// One scale per 128 consecutive elements along a row (activations, gradients).
+    #[serde(rename = "1x128")]
+    OneD,
+    /// One scale per 128x128 tile (weights; the default).
+    #[default]
+    #[serde(rename = "128x128")]
+    TwoD,
+}
+
+/// Blockwise FP8 quantizer.
+///
+/// ```
+/// use fmt_fp8::{BlockScaling, Fp8BlockQuantizer};
+/// use quant_core::{HostTensor, Usage};
+/// let q = Fp8BlockQuantizer::new(BlockScaling::OneD, Usage::ROWWISE);
+/// let x: Vec<f32> = (0..3 * 200).map(|i| i as f32).collect();
+/// let t = q.quantize(&HostTensor::f32(&x, &[3, 200])?)?;
+/// // two 1x128 blocks per row, scales stored transposed: [ceil(200/128), roundup(3, 4)]
+/// assert_eq!(t.buffer("rowwise_scale_inv")?.shape(), &[2, 4]);
+/// # Ok::<(), quant_core::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fp8BlockQuantizer {
+    dtype: Fp8Dtype,
+    block: BlockScaling,
+    force_pow2_scales: bool,
+    amax_epsilon: AmaxEpsilon,
+    usage: Usage,
+}
+
+impl Fp8BlockQuantizer {
+    /// E4M3, power-of-two scales (TE's default), no epsilon.
+    pub fn new(block: BlockScaling, usage: Usage) -> Fp8BlockQuantizer {
+        Fp8BlockQuantizer {
+            dtype: Fp8Dtype::E4M3,
+            block,
+            force_pow2_scales: true,
+            amax_epsilon: AmaxEpsilon::default(),
+            usage,
+        }
+    }
+
+    /// Chooses E4M3 or E5M2.
+    pub fn with_dtype(mut self, dtype: Fp8Dtype) -> Self {
+        self.dtype = dtype;
+        self
+    }
+
+    /// `false` keeps full fp32 scales (`NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1`).
+    pub fn with_pow2_scales(mut self, pow2: bool) -> Self {
+        self.force_pow2_scales = pow2;
+        self
+    }
+
+    /// Floors each block amax at `eps` (finite, `>= 0`).
+    pub fn with_amax_epsilon(mut self, eps: f32) -> Result<Self> {
+        self.amax_epsilon = AmaxEpsilon::new(eps)?;
+        Ok(self)
+    }
+
+    /// The element format.
+    pub fn dtype(&self) -> Fp8Dtype {
+        self.dtype
+    }
+
+    /// The block shape.
+    pub fn block(&self) -> BlockScaling {
+        self.block
+    }
+
+    /// Whether scales are powers of two.
+    pub fn pow2_scales(&self) -> bool {
+        self.force_pow2_scales
+    }
+
+    /// Quantizes `x` (static dispatch).
+    pub fn quantize(&self, x: &HostTensor<'_>) -> Result<QuantizedTensor<Self>> {
+        quant_core::quantize(self, x)
+    }
+
+    /// Shapes of (rowwise, columnwise) scale_inv buffers for a `[m, k]` view.
+    pub fn scale_shapes(&self, m: usize, k: usize) -> ([usize; 2], [usize; 2]) {
+        match self.block {
+            BlockScaling::OneD => (
+                [ceil_div(k, BLOCK), round_up(m, 4)],
+                [ceil_div(m, BLOCK), round_up(k, 4)],
+            ),
+            BlockScaling::TwoD => (
+                [ceil_div(m, BLOCK), round_up(ceil_div(k, BLOCK), 4)],
+                [ceil_div(k, BLOCK), round_up(ceil_div(m, BLOCK), 4)],
+            ),
+        }
+    }
+
+    #[inline]
+    fn scale<T: Element>(&self, amax: f32) -> f32 {
+        compute_scale_from_amax(
+            amax,
+            self.dtype.max(),
+            self.force_pow2_scales,
+            self.amax_epsilon.get(),
+            T::MAX_FINITE,
+        )
+    }
+
+    fn cast<T: Element>(&self, xs: &[T], shape: &Shape, bufs: &mut [Buffer]) -> Result<()> {
+        let (m, k) = shape.as_2d();
+        let [rd, rs, cd, cs] = buffers_by_name_mut(
+            bufs,
+            [
+                "rowwise_data",
+                "rowwise_scale_inv",
+                "columnwise_data",
+                "columnwise_scale_inv",
+            ],
+        );
+        match self.block {
+            BlockScaling::OneD => {
+                if let (Some(rd), Some(rs)) = (rd, rs) {
+                    self.rowwise_1d(xs, m, k, rd.bytes_mut(), rs.as_mut_slice::<f32>()?);
+                }
+                if let (Some(cd), Some(cs)) = (cd, cs) {
+                    self.columnwise_1d(xs, m, k, cd.bytes_mut(), cs.as_mut_slice::<f32>()?);
+                }
+            }
+            BlockScaling::TwoD => {
+                let scales = self.tile_scales(xs, m, k);
+                let nkb = ceil_div(k, BLOCK);
+                let dt = self.dtype;
+                let scale_at = |i: usize, j: usize| scales[(i / BLOCK) * nkb + j / BLOCK];
+                let (ss_r, ss_c) = self.scale_shapes(m, k);
+                if let Some(rs) = rs {
+                    let rs = rs.as_mut_slice::<f32>()?;
+                    for (t, &s) in scales.iter().enumerate() {
+                        rs[(t / nkb) * ss_r[1] + t % nkb] = 1.0 / s;
+                    }
+                }
+                if let Some(cs) = cs {
+                    let cs = cs.as_mut_slice::<f32>()?;
+                    for (t, &s) in scales.iter().enumerate() {
+                        cs[(t % nkb) * ss_c[1] + t / nkb] = 1.0 / s;
+                    }
+                }
+                match (rd, cd) {
+                    (Some(rd), cd) => {
+                        let rb = rd.bytes_mut();
+                        rb.par_chunks_mut(k)
+                            .zip(xs.par_chunks(k))
+                            .enumerate()
+                            .for_each(|(i, (o, x))| {
+                                for (j, (o, v)) in o.iter_mut().zip(x).enumerate() {
+                                    *o = dt.encode(v.to_f32() * scale_at(i, j));
+                                }
+                            });
+                        if let Some(cd) = cd {
+                            transpose_bytes(rd.bytes(), cd.bytes_mut(), m, k);
+                        }
+                    }
+                    (None, Some(cd)) => transpose_map(xs, cd.bytes_mut(), m, k, |i, j, v| {
+                        dt.encode(v.to_f32() * scale_at(i, j))
+                    }),
+                    (None, None) => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// 1x128 rowwise: parallel over rows; each row's block scales are returned and then
+    /// scattered into the transposed `[ceil(K/128), roundup(M,4)]` layout.
+    fn rowwise_1d<T: Element>(
+        &self,
+        xs: &[T],
+        m: usize,
+        k: usize,
+        data: &mut [u8],
+        sinv: &mut [f32],
+    ) {
+        let nkb = ceil_div(k, BLOCK);
+        let mp = round_up(m, 4);
+        let dt = self.dtype;
+        let rows_per_task = (65536 / k.max(1)).max(1);
+        let row_scales: Vec<Vec<f32>> = data
+            .par_chunks_mut(rows_per_task * k)
+            .zip(xs.par_chunks(rows_per_task * k))
+            .map(|(out, x)| {
+                let mut s_inv = Vec::with_capacity(out.len() / k * nkb);
+                for (orow, xrow) in out.chunks_mut(k).zip(x.chunks(k)) {
+                    for (ob, xb) in orow.chunks_mut(BLOCK).zip(xrow.chunks(BLOCK)) {
+                        let scale = self.scale::<T>(amax_of(xb));
+                        for (o, v) in ob.iter_mut().zip(xb) {
+                            *o = dt.encode(v.to_f32() * scale);
+                        }
+                        s_inv.push(1.0 / scale);
+                    }
+                }
+                s_inv
+            })
+            .collect();
+        let mut row = 0;
+        for chunk in row_scales {
+            for r in chunk.chunks(nkb) {
+                for (kb, &s) in r.iter().enumerate() {
+                    sinv[kb * mp + row] = s;
+                }
+                row += 1;
+            }
+        }
+    }
+
+    /// 1x128 columnwise: 128 consecutive rows of one column per block, written transposed
+    /// (`[K, M]`). Parallel over chunks of columns (= chunks of destination rows).
+    fn columnwise_1d<T: Element>(
+        &self,
+        xs: &[T],
+        m: usize,
+        k: usize,
+        data: &mut [u8],
+        sinv: &mut [f32],
+    ) {
+        let kp = round_up(k, 4);
+        let nmb = ceil_div(m, BLOCK);
+        let dt = self.dtype;
+        let col_scales: Vec<Vec<f32>> = data
+            .par_chunks_mut(COL_CHUNK * m)
+            .enumerate()
+            .map(|(c, out)| {
+                let k0 = c * COL_CHUNK;
+                let kn = out.len() / m;
+                let mut s_inv = vec![0f32; nmb * kn];
+                let mut amax = vec![0f32; kn];
+                let mut scale = vec![0f32; kn];
+                for mb in 0..nmb {
+                    let (m0, m1) = (mb * BLOCK, ((mb + 1) * BLOCK).min(m));
+                    amax.fill(0.0);
+                    for i in m0..m1 {
+                        let row = &xs[i * k + k0..i * k + k0 + kn];
+                        for (a, v) in amax.iter_mut().zip(row) {
+                            *a = fmax_ignore_nan(*a, v.to_f32().abs());
+                        }
+                    }
+                    for j in 0..kn {
+                        scale[j] = self.scale::<T>(amax[j]);
+                        s_inv[mb * kn + j] = 1.0 / scale[j];
+                    }
+                    for i in m0..m1 {
+                        let row = &xs[i * k + k0..i * k + k0 + kn];
+                        for (j, v) in row.iter().enumerate() {
+                            out[j * m + i] = dt.encode(v.to_f32() * scale[j]);
+                        }
+                    }
+                }
+                s_inv
+            })
+            .collect();
+        for (c, s) in col_scales.iter().enumerate() {
+            let k0 = c * COL_CHUNK;
+            let kn = s.len() / nmb.max(1);
+            for mb in 0..nmb {
+                sinv[mb * kp + k0..mb * kp + k0 + kn].copy_from_slice(&s[mb * kn..(mb + 1) * kn]);
+            }
+        }
+    }
+
+    /// 128x128 tile scales, row-major over tiles `(mb, kb)`.
+    fn tile_scales<T: Element>(&self, xs: &[T], m: usize, k: usize) -> Vec<f32> {
+        let nkb = ceil_div(k, BLOCK);
+        let amax: Vec<Vec<f32>> = xs
+            .par_chunks(BLOCK * k)
+            .map(|rows| {
+                let mut a = vec![0f32; nkb];
+                for row in rows.chunks(k) {
+                    for (kb, blk) in row.chunks(BLOCK).enumerate() {
+                        a[kb] = fmax_ignore_nan(a[kb], amax_of(blk));
+                    }
+                }
+                a
+            })
+            .collect();
+        debug_assert_eq!(amax.len(), ceil_div(m, BLOCK));
+        amax.into_iter()
+            .flatten()
+            .map(|a| self.scale::<T>(a))
+            .collect()
+    }
+}
+
+impl Format for Fp8BlockQuantizer {
+    const NAME: &'static str = "fp8-block";
+    const OPTIONS: &'static [OptionHelp] = &[
+        OptionHelp {
+            name: "128x128",
+            help: "one scale per 128x128 tile (default; weights)",
+        },
+        OptionHelp {
+            name: "1x128",
+            help: "one scale per 128 elements of a row (activations)",
+        },
+        OptionHelp {
+            name: "fp32-scales",
+            help: "keep full fp32 scales instead of powers of two",
+        },
+        OptionHelp {
+            name: "pow2",
+            help: "power-of-two scales (default)",
+        },
+        OptionHelp {
+            name: "e4m3",
+            help: "E4M3 elements (default)",
+        },
+        OptionHelp {
+            name: "e5m2",
+            help: "E5M2 elements",
+        },
+        OptionHelp {
+            name: "eps=X",
+            help: "floor each block amax at X (default 0)",
+        },
+    ];
+    const SHAPE_RULE: &'static str =
+        "any shape: nothing to check (ragged edges become partial 128-blocks)";
+
+    fn from_spec(options: &[&str], usage: Usage) -> Result<Self> {
+        let mut q = Fp8BlockQuantizer::new(BlockScaling::TwoD, usage);
+        for &o in options {
+            match o {
+                "128x128" => q.block = BlockScaling::TwoD,
+                "1x128" => q.block = BlockScaling::OneD,
+                "fp32-scales" => q.force_pow2_scales = false,
+                "pow2" => q.force_pow2_scales = true,
+                "e4m3" => q.dtype = Fp8Dtype::E4M3,
+                "e5m2" => q.dtype = Fp8Dtype::E5M2,
+                _ => match o.strip_prefix("eps=") {
+                    Some(v) => {
+                        let eps: f32 = v.parse().map_err(|_| {
+                            Error::invalid("fp8-block option eps", v, "must be a number")
+                        })?;
+                        q = q.with_amax_epsilon(eps)?;
+                    }
+                    None => return Err(unknown_option::<Self>(o)),
+                },
+            }
+        }
+        Ok(q)
+    }
+
+    fn spec_options(&self) -> Vec<String> {
+        let mut v = vec![match self.block {
+            BlockScaling::OneD => "1x128".to_string(),
+            BlockScaling::TwoD => "128x128".to_string(),
+        }];
+        if !self.force_pow2_scales {
+            v.push("fp32-scales".into());
+        }
+        if self.dtype == Fp8Dtype::E5M2 {
+            v.push("e5m2".into());
+        }
+        if self.amax_epsilon.get() != 0.0 {
+            v.push(format!("eps={}", self.amax_epsilon.get()));
+        }
+        v
+    }
+
+    fn validate_options(&self) -> Result<()> {
+        self.usage.require_some()?;
+        self.amax_epsilon.validate()
+    }
+
+    fn usage(&self) -> Usage {
+        self.usage
+    }
+
+    fn with_usage(&self, usage: Usage) -> Self {
+        Fp8BlockQuantizer {
+            usage,
+            ..self.clone()
+        }
+    }
+
+    fn check_shape(&self, _shape: &Shape) -> Result<()> {
+        Ok(())
+    }
+
+    fn buffers(&self, shape: &Shape) -> Result<Vec<BufferDesc>> {
+        let (m, k) = shape.as_2d();
+        let (sr, sc) = self.scale_shapes(m, k);
+        let mut v = Vec::with_capacity(4);
+        if self.usage.rowwise {
+            v.push(BufferDesc::new("rowwise_data", DType::U8, shape.dims()));
+            v.push(BufferDesc::new("rowwise_scale_inv", DType::F32, &sr));
+        }
+        if self.usage.columnwise {
+            v.push(BufferDesc::new(
+                "columnwise_data",
+                DType::U8,
+                shape.transposed().dims(),
+            ));
+            v.push(BufferDesc::new("columnwise_scale_inv", DType::F32, &sc));
+        }
+        Ok(v)
+    }
+
+    fn quantize_into(&self, x: &HostTensor<'_>, out: &mut [Buffer]) -> Result<()> {
+        dispatch_elements!(x, |xs| self.cast(xs, x.shape(), out))
+    }
+
+    fn dequantize_into<T: Element>(
+        &self,
+        shape: &Shape,
+        bufs: &[Buffer],
+        dir: Direction,
+        out: &mut [T],
+    ) -> Result<()> {
+        let (m, k) = shape.as_2d();
+        let (sr, sc) = self.scale_shapes(m, k);
+        let table = self.dtype.decode_table();
+        match dir {
+            Direction::Rowwise => {
+                let q = buffer_by_name(bufs, "rowwise_data")?.bytes();
+                let s = buffer_by_name(bufs, "rowwise_scale_inv")?.as_slice::<f32>()?;
+                let block = self.block;
+                out.par_chunks_mut(k)
+                    .zip(q.par_chunks(k))
+                    .enumerate()
+                    .for_each(|(i, (o, q))| {
+                        for (j, (o, &b)) in o.iter_mut().zip(q).enumerate() {
+                            let si = match block {
+                                BlockScaling::OneD => s[(j / BLOCK) * sr[1] + i],
+                                BlockScaling::TwoD => s[(i / BLOCK) * sr[1] + j / BLOCK],
+                            };
+                            *o = T::from_f32(table[b as usize] * si);
+                        }
+                    });
+            }
+            Direction::Columnwise => {
+                let q = buffer_by_name(bufs, "columnwise_data")?.bytes();
+                let s = buffer_by_name(bufs, "columnwise_scale_inv")?.as_slice::<f32>()?;
+                let block = self.block;
+                // q is [K, M]: source row = k, source column = m.
+                transpose_map(q, out, k, m, |kk, mm, b| {
+                    let si = match block {
+                        BlockScaling::OneD => s[(mm / BLOCK) * sc[1] + kk],
+                        BlockScaling::TwoD => s[(kk / BLOCK) * sc[1] + mm / BLOCK],
+                    };
+                    T::from_f32(table[b as usize] * si)
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// 128x128 shares one scale per tile between directions, so either direction is the
+    /// bitwise transpose of the other (data and scales), as TE's `update_usage` allows.
+    /// 1x128 blocks are scaled separately per direction and refuse.
+    fn derive_buffers(
+        &self,
+        shape: &Shape,
+        bufs: &[Buffer],
+        missing: &[BufferDesc],
+    ) -> Result<Vec<Buffer>> {
+        if self.block == BlockScaling::OneD {
+            return Err(Error::unsupported(
+                Self::NAME,
+                "deriving the other direction of a 1x128 tensor",
+                "1x128 rowwise and columnwise blocks have different scales; quantize again with the new usage",
+            ));
+        }
+        let (m, k) = shape.as_2d();
+        let (sr, sc) = self.scale_shapes(m, k);
+        let (nmb, nkb) = (ceil_div(m, BLOCK), ceil_div(k, BLOCK));
+        missing
+            .iter()
+            .map(|d| {
+                let mut b = Buffer::zeroed(d.clone())?;
+                match d.name.as_str() {
+                    "columnwise_data" => transpose_bytes(
+                        buffer_by_name(bufs, "rowwise_data")?.bytes(),
+                        b.bytes_mut(),
+                        m,
+                        k,
+                    ),
+                    "rowwise_data" => transpose_bytes(
+                        buffer_by_name(bufs, "columnwise_data")?.bytes(),
+                        b.bytes_mut(),
+                        k,
+                        m,
+                    ),
+                    "columnwise_scale_inv" => {
+                        let src = buffer_by_name(bufs, "rowwise_scale_inv")?.as_slice::<f32>()?;
+                        let dst = b.as_mut_slice::<f32>()?;
+                        for mb in 0..nmb {
+                            for kb in 0..nkb {
+                                dst[kb * sc[1] + mb] = src[mb * sr[1] + kb];
+                            }
+                        }
+                    }
+                    "rowwise_scale_inv" => {
+                        let src =
+                            buffer_by_name(bufs, "columnwise_scale_inv")?.as_slice::<f32>()?;
+                        let dst = b.as_mut_slice::<f32>()?;
+                        for mb in 0..nmb {
+                            for kb in 0..nkb {
+                                dst[mb * sr[1] + kb] = src[kb * sc[1] + mb];
+                            }
+                        }
+                    }
+                    other => return Err(Error::buffer(other, "cannot be derived")),
+                }
+                Ok(b)
+            })
+            .collect()
+    }
+
+    fn validate_buffers(&self, shape: &Shape, bufs: &[Buffer]) -> Result<()> {
+        let (m, k) = shape.as_2d();
+        let (sr, sc) = self.scale_shapes(m, k);
+        let (nmb, nkb) = (ceil_div(m, BLOCK), ceil_div(k, BLOCK));
+        // Logical region of each scale matrix: (rows, cols) used within its padded shape.
+        let regions: [(&str, [usize; 2], usize, usize); 2] = match self.block {
+            BlockScaling::OneD => [
+                ("rowwise_scale_inv", sr, nkb, m),
+                ("columnwise_scale_inv", sc, nmb, k),
+            ],
+            BlockScaling::TwoD => [
+                ("rowwise_scale_inv", sr, nmb, nkb),
+                ("columnwise_scale_inv", sc, nkb, nmb),
+            ],
+        };
+        for (name, padded, rows, cols) in regions {
+            let Some(b) = bufs.iter().find(|b| b.name() == name) else {
+                continue;
+            };
+            let s = b.as_slice::<f32>()?;
+            for r in 0..rows {
+                for c in 0..cols {
+                    let v = s[r * padded[1] + c];
+                    if !(v.is_finite() && v > 0.0) {
+                        return Err(Error::buffer(
+                            name,
+                            format!(
+                                "entry ({r}, {c}) holds {v}; block scales must be finite and > 0"
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
