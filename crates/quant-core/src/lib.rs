@@ -33,6 +33,7 @@ pub mod dtype;
 pub mod error;
 pub mod format;
 pub mod io;
+pub mod layout;
 pub mod proto;
 pub mod registry;
 pub mod shape;

@@ -1,0 +1,112 @@
+//! Scale-layout math shared by block-scaled formats (MXFP8, NVFP4).
+//!
+//! ## The cuBLAS "128x4 tile" swizzle
+//!
+//! Block-scaled GEMMs (cuBLASLt `VEC32_UE8M0`, `VEC16_UE4M3`) read scale factors in
+//! 512-byte tiles of 128 rows x 4 columns of the (padded) scale matrix. Tiles are laid
+//! out row-major over `(i/128, j/4)`; inside a tile, row `r = i % 128` is stored at
+//! position `(r % 32) * 4 + r / 32` (rows 0, 32, 64, 96, 1, 33, ...), four bytes each
+//! (TE `gemm_swizzled_scale_idx`; torch `S.view(R/128,4,32,C/4,4).permute(0,3,2,1,4)`).
+//!
+//! ```
+//! use quant_core::layout::{swizzle, swizzled_index, unswizzle};
+//! assert_eq!(swizzled_index(0, 0, 4), 0);
+//! assert_eq!(swizzled_index(32, 0, 4), 4);   // row 32 follows row 0
+//! assert_eq!(swizzled_index(1, 0, 4), 16);
+//! assert_eq!(swizzled_index(0, 4, 8), 512);  // next tile along the columns
+//! let s: Vec<u8> = (0..=255).chain(0..=255).collect(); // 128 x 4
+//! let mut z = vec![0; 512];
+//! let mut back = vec![0; 512];
+//! swizzle(&s, &mut z, 128, 4).unwrap();
+//! unswizzle(&z, &mut back, 128, 4).unwrap();
+//! assert_eq!(back, s);
+//! ```
+
+use crate::error::{Error, Result};
+
+/// Rows per swizzle tile.
+pub const TILE_ROWS: usize = 128;
+/// Columns per swizzle tile.
+pub const TILE_COLS: usize = 4;
+
+/// Position of compact element `(i, j)` in the swizzled buffer of a scale matrix whose
+/// padded column count is `cols` (a multiple of 4).
+#[inline(always)]
+pub const fn swizzled_index(i: usize, j: usize, cols: usize) -> usize {
+    let tiles_x = cols / TILE_COLS;
+    ((i / TILE_ROWS) * tiles_x + j / TILE_COLS) * (TILE_ROWS * TILE_COLS)
+        + (i % 32) * 16
+        + ((i % TILE_ROWS) / 32) * 4
+        + (j % TILE_COLS)
+}
+
+fn check(len_src: usize, len_dst: usize, rows: usize, cols: usize) -> Result<()> {
+    if rows % TILE_ROWS != 0 || cols % TILE_COLS != 0 {
+        return Err(Error::invalid(
+            "scale matrix",
+            format!("[{rows}, {cols}]"),
+            "must be padded to multiples of [128, 4] before swizzling",
+        ));
+    }
+    let n = rows * cols;
+    if len_src != n || len_dst != n {
+        return Err(Error::invalid(
+            "scale buffers",
+            format!("{len_src} and {len_dst} bytes"),
+            format!("must both hold {rows} x {cols} = {n} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// Compact row-major `[rows, cols]` -> swizzled (both padded: rows % 128 == 0, cols % 4 == 0).
+pub fn swizzle(compact: &[u8], swizzled: &mut [u8], rows: usize, cols: usize) -> Result<()> {
+    check(compact.len(), swizzled.len(), rows, cols)?;
+    for i in 0..rows {
+        for j in 0..cols {
+            swizzled[swizzled_index(i, j, cols)] = compact[i * cols + j];
+        }
+    }
+    Ok(())
+}
+
+/// Swizzled -> compact row-major `[rows, cols]` (the exact inverse of [`swizzle`]).
+pub fn unswizzle(swizzled: &[u8], compact: &mut [u8], rows: usize, cols: usize) -> Result<()> {
+    check(compact.len(), swizzled.len(), rows, cols)?;
+    for i in 0..rows {
+        for j in 0..cols {
+            compact[i * cols + j] = swizzled[swizzled_index(i, j, cols)];
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn swizzle_is_a_permutation_matching_the_torch_view() {
+        let (rows, cols) = (256, 8);
+        // torch: S.view(R/128, 4, 32, C/4, 4).permute(0, 3, 2, 1, 4).flatten()
+        let mut expect = Vec::with_capacity(rows * cols);
+        for a in 0..rows / 128 {
+            for d in 0..cols / 4 {
+                for c in 0..32 {
+                    for b in 0..4 {
+                        for e in 0..4 {
+                            let i = a * 128 + b * 32 + c;
+                            let j = d * 4 + e;
+                            expect.push((i * cols + j) as u32);
+                        }
+                    }
+                }
+            }
+        }
+        for (pos, &flat) in expect.iter().enumerate() {
+            let (i, j) = (flat as usize / cols, flat as usize % cols);
+            assert_eq!(swizzled_index(i, j, cols), pos);
+        }
+        assert!(swizzle(&[0; 10], &mut [0; 10], 5, 2).is_err());
+    }
+}
