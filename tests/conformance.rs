@@ -1,1 +1,366 @@
+//! Cross-format conformance: every registered format passes the same contract suite.
+//!
+//! Nothing here names a format: the suite walks the facade's registry, so a new format
+//! is covered the moment it is registered.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
+use quantfmt::io::{Loaded, load, load_bytes, save};
+use quantfmt::{
+    AnyQuantizer, AnyStorage, Buffer, DType, Direction, Error, HostTensor, Quantizer, Shape,
+    Storage, TensorProto, Usage, registry,
+};
+
+/// Every registered format with default options, with both usages when it supports them.
+fn quantizers() -> Vec<Box<dyn Quantizer>> {
+    registry()
+        .entries()
+        .iter()
+        .map(|e| {
+            e.from_spec(&[], Usage::BOTH)
+                .or_else(|_| e.from_spec(&[], Usage::ROWWISE))
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Deterministic weight-like data with an outlier column and a few exact zeros.
+fn data(n: usize, k: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    (0..n * k)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            let u = (s as f32 / u32::MAX as f32) - 0.5;
+            if i % 97 == 0 {
+                0.0
+            } else if i % k == 3 {
+                u * 40.0
+            } else {
+                u
+            }
+        })
+        .collect()
+}
+
+const SHAPE: [usize; 2] = [256, 512];
+
+fn sqnr_db(x: &[f32], y: &[f32]) -> f64 {
+    let (mut s, mut n) = (0f64, 0f64);
+    for (&a, &b) in x.iter().zip(y) {
+        s += f64::from(a).powi(2);
+        n += (f64::from(a) - f64::from(b)).powi(2);
+    }
+    10.0 * (s / n).log10()
+}
+
+fn assert_same_bytes(a: &dyn Storage, b: &dyn Storage) {
+    assert_eq!(a.shape(), b.shape());
+    assert_eq!(a.buffers().len(), b.buffers().len());
+    for (x, y) in a.buffers().iter().zip(b.buffers()) {
+        assert_eq!(x.desc(), y.desc());
+        assert!(x.bytes() == y.bytes(), "buffer {} differs", x.name());
+    }
+}
+
+#[test]
+fn quantizers_are_send_sync_and_storages_too() {
+    fn check<T: Send + Sync + ?Sized>() {}
+    check::<dyn Quantizer>();
+    check::<dyn Storage>();
+    check::<AnyQuantizer>();
+    check::<AnyStorage>();
+}
+
+#[test]
+fn buffers_match_the_description_and_the_prototype() {
+    for q in quantizers() {
+        let w = data(SHAPE[0], SHAPE[1], 1);
+        let x = HostTensor::f32(&w, &SHAPE).unwrap();
+        let s = q.quantize(&x).unwrap();
+        let want = q.buffers(x.shape()).unwrap();
+        let got: Vec<_> = s.buffers().iter().map(|b| b.desc().clone()).collect();
+        assert_eq!(got, want, "{}", q.spec());
+        let proto = TensorProto::new(&SHAPE, DType::F32, q.as_ref()).unwrap();
+        assert_eq!(proto.nbytes().unwrap(), s.nbytes(), "{}", q.spec());
+        assert_eq!(proto.buffers().unwrap(), want);
+        assert_eq!(TensorProto::from_storage(&*s), proto, "{}", q.spec());
+        assert_eq!(s.proto(), proto);
+    }
+}
+
+#[test]
+fn dequantize_is_close_for_f32_bf16_f16_inputs() {
+    for q in quantizers() {
+        let w = data(SHAPE[0], SHAPE[1], 2);
+        let inputs = [
+            HostTensor::f32(&w, &SHAPE).unwrap(),
+            HostTensor::f32(&w, &SHAPE)
+                .unwrap()
+                .to_dtype(DType::BF16)
+                .unwrap(),
+            HostTensor::f32(&w, &SHAPE)
+                .unwrap()
+                .to_dtype(DType::F16)
+                .unwrap(),
+        ];
+        for x in &inputs {
+            let s = q.quantize(x).unwrap();
+            assert_eq!(s.dtype(), x.dtype());
+            let exact = x.to_f32_vec();
+            for dir in [Direction::Rowwise, Direction::Columnwise] {
+                if !s.usage().has(dir) {
+                    continue;
+                }
+                for out in [DType::F32, DType::BF16, DType::F16] {
+                    let y = s.dequantize(dir, out).unwrap();
+                    assert_eq!(y.shape(), x.shape());
+                    assert_eq!(y.dtype(), out);
+                    let y = y.to_f32_vec();
+                    assert!(y.iter().all(|v| v.is_finite()), "{} {dir}", q.spec());
+                    let db = sqnr_db(&exact, &y);
+                    assert!(
+                        db > 10.0,
+                        "{} {dir} {}: SQNR {db:.1} dB",
+                        q.spec(),
+                        x.dtype()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn flatten_unflatten_is_identity() {
+    for q in quantizers() {
+        let w = data(SHAPE[0], SHAPE[1], 3);
+        let s = q.quantize(&HostTensor::f32(&w, &SHAPE).unwrap()).unwrap();
+        // Rebuild from copies of (name, dtype, shape, bytes), in reverse order.
+        let bufs: Vec<Buffer> = s
+            .buffers()
+            .iter()
+            .rev()
+            .map(|b| Buffer::from_bytes(b.desc().clone(), b.bytes()).unwrap())
+            .collect();
+        let t = registry()
+            .unflatten(
+                s.format_name(),
+                &s.quantizer().options().unwrap(),
+                s.shape(),
+                s.dtype(),
+                bufs,
+            )
+            .unwrap();
+        assert_same_bytes(&*s, &*t);
+        assert!(t.quantizer().dyn_eq(s.quantizer()));
+        assert_eq!(t.dequantize_f32().unwrap(), s.dequantize_f32().unwrap());
+    }
+}
+
+#[test]
+fn unflatten_refuses_mismatched_buffers() {
+    for q in quantizers() {
+        let w = data(SHAPE[0], SHAPE[1], 4);
+        let s = q.quantize(&HostTensor::f32(&w, &SHAPE).unwrap()).unwrap();
+        let opts = s.quantizer().options().unwrap();
+        let copy = |b: &Buffer| Buffer::from_bytes(b.desc().clone(), b.bytes()).unwrap();
+        // A missing buffer.
+        let mut bufs: Vec<Buffer> = s.buffers().iter().map(copy).collect();
+        let gone = bufs.pop().unwrap();
+        let e = registry()
+            .unflatten(s.format_name(), &opts, s.shape(), s.dtype(), bufs)
+            .unwrap_err();
+        assert!(e.to_string().contains(gone.name()), "{e}");
+        // A buffer with the wrong shape (same byte count).
+        let mut bufs: Vec<Buffer> = s.buffers().iter().map(copy).collect();
+        let b0 = &bufs[0];
+        let mut d = b0.desc().clone();
+        let n: usize = d.shape.iter().product();
+        d.shape = vec![n];
+        if d.shape != b0.shape() {
+            bufs[0] = Buffer::from_bytes(d, b0.bytes()).unwrap();
+            let e = registry()
+                .unflatten(s.format_name(), &opts, s.shape(), s.dtype(), bufs)
+                .unwrap_err();
+            assert!(e.to_string().contains("shape"), "{e}");
+        }
+        // An extra, unknown buffer.
+        let mut bufs: Vec<Buffer> = s.buffers().iter().map(copy).collect();
+        bufs.push(Buffer::from_slice::<u8>("bogus", &[1], &[0]).unwrap());
+        let e = registry()
+            .unflatten(s.format_name(), &opts, s.shape(), s.dtype(), bufs)
+            .unwrap_err();
+        assert!(e.to_string().contains("bogus"), "{e}");
+    }
+}
+
+#[test]
+fn save_load_round_trips_and_plain_tensors_pass_through() {
+    let dir = tempfile::tempdir().unwrap();
+    for (i, q) in quantizers().into_iter().enumerate() {
+        let w = data(SHAPE[0], SHAPE[1], 5);
+        let x = HostTensor::f32(&w, &SHAPE)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        let s = q.quantize(&x).unwrap();
+        let path = dir.path().join(format!("t{i}.safetensors"));
+        save(&path, &[("layer.weight", &s)]).unwrap();
+        let f = load(&path).unwrap();
+        match f.get("layer.weight") {
+            Some(Loaded::Quantized(t)) => {
+                assert_same_bytes(&*s, &**t);
+                assert_eq!(t.dtype(), DType::BF16);
+                let any = AnyStorage::from_box(t.clone()).unwrap();
+                assert_eq!(any.format_name(), q.format_name());
+            }
+            other => panic!("{}: {other:?}", q.spec()),
+        }
+        // Bytes round-trip through memory too.
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(load_bytes(&bytes).is_ok());
+    }
+}
+
+#[test]
+fn file_with_a_wrong_buffer_is_refused_with_a_clear_message() {
+    let q = &quantizers()[0];
+    let w = data(64, 128, 6);
+    let s = q
+        .quantize(&HostTensor::f32(&w, &[64, 128]).unwrap())
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("w.safetensors");
+    save(&path, &[("w", &s)]).unwrap();
+    // Re-write the file with the first buffer reshaped (same bytes, different shape).
+    let bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&bytes[8..8 + n]).unwrap();
+    let first = &s.buffers()[0];
+    let old = format!("{:?}", first.shape()).replace(' ', "");
+    let numel: usize = first.shape().iter().product();
+    let new = format!("[{numel}]");
+    assert!(header.contains(&old), "{header}");
+    let patched = header.replacen(&old, &new, 1);
+    let mut out = Vec::new();
+    let pad = (8 - (patched.len() % 8)) % 8;
+    let h = format!("{patched}{}", " ".repeat(pad));
+    out.extend_from_slice(&(h.len() as u64).to_le_bytes());
+    out.extend_from_slice(h.as_bytes());
+    out.extend_from_slice(&bytes[8 + n..]);
+    let e = load_bytes(&out).unwrap_err().to_string();
+    assert!(e.contains(first.name()) && e.contains("shape"), "{e}");
+}
+
+#[test]
+fn quantize_into_reuses_the_allocation_and_gives_the_same_bytes() {
+    for q in quantizers() {
+        let a = data(SHAPE[0], SHAPE[1], 7);
+        let b = data(SHAPE[0], SHAPE[1], 8);
+        let xa = HostTensor::f32(&a, &SHAPE).unwrap();
+        let xb = HostTensor::f32(&b, &SHAPE).unwrap();
+        let mut s = q.quantize(&xa).unwrap();
+        q.quantize_into(&xb, &mut *s).unwrap();
+        let fresh = q.quantize(&xb).unwrap();
+        assert_same_bytes(&*s, &*fresh);
+        let mut empty = q
+            .allocate(&Shape::new(&SHAPE).unwrap(), DType::F32)
+            .unwrap();
+        q.quantize_into(&xb, &mut *empty).unwrap();
+        assert_same_bytes(&*empty, &*fresh);
+    }
+}
+
+#[test]
+fn usage_changes_drop_or_derive_consistently() {
+    for q in quantizers() {
+        if !(q.usage().rowwise && q.usage().columnwise) {
+            continue;
+        }
+        let w = data(SHAPE[0], SHAPE[1], 9);
+        let x = HostTensor::f32(&w, &SHAPE).unwrap();
+        let both = q.quantize(&x).unwrap();
+        for keep in [Usage::ROWWISE, Usage::COLUMNWISE] {
+            let mut s = both.clone();
+            s.update_usage(keep).unwrap();
+            assert_eq!(s.usage(), keep);
+            let only = q.with_usage(keep).quantize(&x).unwrap();
+            assert_same_bytes(&*s, &*only);
+            // Deriving back either works and equals the original, or is refused.
+            match s.update_usage(Usage::BOTH) {
+                Ok(()) => assert_same_bytes(&*s, &*both),
+                Err(e) => assert!(matches!(e, Error::Unsupported { .. }), "{e}"),
+            }
+        }
+        let mut s = both.clone();
+        assert!(
+            s.update_usage(Usage {
+                rowwise: false,
+                columnwise: false
+            })
+            .is_err()
+        );
+    }
+}
+
+#[test]
+fn bad_inputs_are_errors_not_panics() {
+    for q in quantizers() {
+        // Shapes that break most rules, an empty tensor and a rank-1 tensor.
+        for dims in [
+            vec![3usize, 5],
+            vec![0, 16],
+            vec![7],
+            vec![1, 1],
+            vec![100, 100],
+        ] {
+            let n: usize = dims.iter().product();
+            let v = vec![1.0f32; n];
+            let x = HostTensor::f32(&v, &dims).unwrap();
+            match q.quantize(&x) {
+                Ok(s) => assert_eq!(s.shape().dims(), &dims[..]),
+                Err(e) => assert!(!e.to_string().is_empty()),
+            }
+        }
+        // Non-finite values follow the format's saturation rules; nothing panics.
+        let mut v = data(SHAPE[0], SHAPE[1], 10);
+        v[0] = f32::NAN;
+        v[1] = f32::INFINITY;
+        v[2] = f32::NEG_INFINITY;
+        v[600] = 1e-42;
+        let x = HostTensor::f32(&v, &SHAPE).unwrap();
+        if let Ok(s) = q.quantize(&x) {
+            let _ = s.dequantize_f32().unwrap();
+        }
+        // Wrong destination for quantize_into.
+        let other = quantizers()
+            .into_iter()
+            .find(|o| o.format_name() != q.format_name());
+        if let Some(o) = other {
+            let w = data(SHAPE[0], SHAPE[1], 11);
+            let x = HostTensor::f32(&w, &SHAPE).unwrap();
+            let mut dst = o.quantize(&x).unwrap();
+            assert!(q.quantize_into(&x, &mut *dst).is_err());
+        }
+    }
+}
+
+#[test]
+fn any_quantizer_serializes_through_the_registry() {
+    for q in quantizers() {
+        let any = AnyQuantizer::from_dyn(q.as_ref()).unwrap();
+        let json = serde_json::to_string(&any).unwrap();
+        let back: AnyQuantizer = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, any);
+        assert_eq!(back.spec(), q.spec());
+        let respec: quantfmt::FormatSpec = q.spec().parse().unwrap();
+        let again = respec.quantizer(q.usage()).unwrap();
+        assert_eq!(
+            again,
+            any,
+            "{} does not round-trip through its spec",
+            q.spec()
+        );
+    }
+}

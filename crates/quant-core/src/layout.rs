@@ -41,7 +41,7 @@ pub const fn swizzled_index(i: usize, j: usize, cols: usize) -> usize {
 }
 
 fn check(len_src: usize, len_dst: usize, rows: usize, cols: usize) -> Result<()> {
-    if rows % TILE_ROWS != 0 || cols % TILE_COLS != 0 {
+    if !rows.is_multiple_of(TILE_ROWS) || !cols.is_multiple_of(TILE_COLS) {
         return Err(Error::invalid(
             "scale matrix",
             format!("[{rows}, {cols}]"),

@@ -13,6 +13,11 @@ use crate::shape::Shape;
 use crate::traits::{Quantizer, Storage};
 use crate::usage::Usage;
 
+/// Builds a quantizer from spec options and a usage.
+type FromSpecFn = fn(&[&str], Usage) -> Result<Box<dyn Quantizer>>;
+/// Builds a quantizer from serialized options.
+type FromOptionsFn = fn(&serde_json::Value) -> Result<Box<dyn Quantizer>>;
+
 /// One registered format.
 #[derive(Clone, Copy)]
 pub struct FormatEntry {
@@ -22,8 +27,8 @@ pub struct FormatEntry {
     pub options: &'static [OptionHelp],
     /// The shape rule in one line.
     pub shape_rule: &'static str,
-    from_spec: fn(&[&str], Usage) -> Result<Box<dyn Quantizer>>,
-    from_options: fn(&serde_json::Value) -> Result<Box<dyn Quantizer>>,
+    from_spec: FromSpecFn,
+    from_options: FromOptionsFn,
 }
 
 impl FormatEntry {

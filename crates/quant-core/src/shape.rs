@@ -84,13 +84,12 @@ impl Shape {
 
     /// `M`: the product of the leading dimensions (1 for a rank-1 tensor).
     pub fn rows(&self) -> usize {
-        let k = self.cols();
-        if k == 0 {
-            self.dims[..self.dims.len().saturating_sub(1)]
+        match self.numel.checked_div(self.cols()) {
+            Some(m) => m,
+            // K = 0: the element count says nothing about M; multiply the leading dims.
+            None => self.dims[..self.dims.len().saturating_sub(1)]
                 .iter()
-                .product()
-        } else {
-            self.numel / k
+                .product(),
         }
     }
 

@@ -1,1 +1,170 @@
-fn main() {}
+//! `quantfmt`: quantize, dequantize, inspect and compare low-precision tensor formats.
+//!
+//! Every error ends the program with a one-line reason and a non-zero exit code.
+#![deny(unsafe_code)]
+
+mod compare;
+mod dequantize;
+mod input;
+mod inspect;
+mod metrics;
+mod progress;
+mod quantize;
+mod synthetic;
+mod table;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use quant_core::{DType, Result, Usage};
+use quantfmt::FormatSpec;
+
+/// Low-precision tensor formats (FP8, FP8 blockwise, MXFP8, NVFP4, int4 tinygemm),
+/// bit-exact with TransformerEngine and torchao.
+#[derive(Parser)]
+#[command(name = "quantfmt", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Quantize each tensor with each format and print bits per value, SQNR, errors and
+    /// time. With no IN, uses an embedded synthetic transformer layer.
+    Compare {
+        /// A safetensors file (optional).
+        input: Option<PathBuf>,
+        /// Formats to compare: specs separated by commas, spaces or `;`, or repeated
+        /// (`--formats fp8,nvfp4:2d,swizzled,mxfp8`).
+        #[arg(long, short)]
+        formats: Vec<String>,
+    },
+    /// Quantize every f32/bf16/f16 tensor of rank >= 2 that the format accepts; others are
+    /// copied and listed with the reason.
+    Quantize {
+        /// Input safetensors file.
+        input: PathBuf,
+        /// Output file (native quantfmt layout).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Format spec `NAME[:OPT[,OPT...]]`, e.g. `fp8-block:1x128` (see `quantfmt formats`).
+        #[arg(long, short)]
+        format: FormatSpec,
+        /// Which operands to store.
+        #[arg(long, default_value = "rowwise")]
+        usage: Usage,
+        /// Fail if any tensor cannot be quantized.
+        #[arg(long)]
+        strict: bool,
+    },
+    /// Dequantize a native file back to plain tensors.
+    Dequantize {
+        /// Input file (native quantfmt layout).
+        input: PathBuf,
+        /// Output safetensors file.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Output dtype (default: each tensor's original dtype).
+        #[arg(long)]
+        dtype: Option<DType>,
+    },
+    /// Show what a file holds: per tensor its format, options, buffers, bytes and bits per
+    /// value, checked against the format's description.
+    Inspect {
+        /// A safetensors file.
+        file: PathBuf,
+    },
+    /// List the formats this build knows, their options and shape rules.
+    Formats,
+    /// Write the embedded synthetic model to a safetensors file (to try the other commands).
+    Example {
+        /// Output safetensors file.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Compare { input, formats } => compare::run(input, &formats),
+        Command::Quantize {
+            input,
+            output,
+            format,
+            usage,
+            strict,
+        } => quantize::run(&input, &output, &format, usage, strict),
+        Command::Dequantize {
+            input,
+            output,
+            dtype,
+        } => dequantize::run(&input, &output, dtype),
+        Command::Inspect { file } => inspect::run(&file),
+        Command::Formats => {
+            list_formats();
+            Ok(())
+        }
+        Command::Example { output } => write_example(&output),
+    }
+}
+
+fn list_formats() {
+    for e in quantfmt::registry().entries() {
+        println!("{}: {}", e.name, e.shape_rule);
+        for o in e.options {
+            println!("    {:<14} {}", o.name, o.help);
+        }
+    }
+}
+
+fn write_example(path: &std::path::Path) -> Result<()> {
+    let model = synthetic::default_model();
+    let raws: Vec<(String, quant_core::io::RawTensor)> = model
+        .iter()
+        .map(|t| {
+            let x = quant_core::HostTensor::bf16(&t.data, &t.shape)?;
+            Ok((t.name.clone(), quant_core::io::RawTensor::from_host(&x)))
+        })
+        .collect::<Result<_>>()?;
+    let items: Vec<_> = raws
+        .iter()
+        .map(|(n, r)| (n.clone(), quant_core::io::SaveItem::Plain(r)))
+        .collect();
+    quant_core::io::save_items(path, &items, &Default::default())?;
+    println!("wrote {} tensors to {}", raws.len(), path.display());
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    // A bug must still end in one line, never a backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        eprintln!("error: internal error (please report): {msg}");
+    }));
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e.to_string()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}

@@ -56,3 +56,8 @@ pub fn registry() -> &'static Registry {
         r
     })
 }
+
+/// The README's Rust examples, compiled and run as doctests.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -1,0 +1,157 @@
+//! `quantfmt quantize`: quantize every eligible tensor of a safetensors file.
+
+use std::path::Path;
+
+use quant_core::io::{RawTensor, SaveItem, load_quantized, save_items};
+use quant_core::{Error, Result, Storage, Usage};
+use quantfmt::{FormatSpec, Quantizer};
+
+use crate::input::{InputFile, as_host, not_candidate};
+use crate::progress::Progress;
+use crate::table::{Table, bytes};
+
+enum Out {
+    Quantized(Box<dyn Storage>),
+    Plain(RawTensor),
+}
+
+/// Runs `quantize`.
+pub fn run(
+    input: &Path,
+    output: &Path,
+    spec: &FormatSpec,
+    usage: Usage,
+    strict: bool,
+) -> Result<()> {
+    let q = spec.quantizer(usage)?;
+    let mut f = InputFile::open(input)?;
+    let mut outs: Vec<(String, Out)> = Vec::new();
+    let mut t = Table::new(&["tensor", "action", "shape", "dtype", "in", "out", "note"]);
+    let mut skipped = Vec::new();
+    let mut non_finite_total = 0usize;
+
+    // Tensors that are already quantized pass through as they are (after validation).
+    let registry = quantfmt::registry();
+    for (name, tm) in f.meta.tensors.clone() {
+        let s = load_quantized(&mut f.src, &f.header, &name, &tm, registry).map_err(|e| {
+            Error::file(input.display().to_string(), format!("tensor `{name}`: {e}"))
+        })?;
+        t.row(vec![
+            name.clone(),
+            "kept".into(),
+            format!("{:?}", tm.shape),
+            tm.dtype.to_string(),
+            bytes(s.nbytes() as u64),
+            bytes(s.nbytes() as u64),
+            format!("already quantized ({})", s.quantizer().spec()),
+        ]);
+        outs.push((name, Out::Quantized(s)));
+    }
+
+    let infos: Vec<_> = f
+        .header
+        .tensors
+        .iter()
+        .filter(|i| !f.is_quantized_buffer(i))
+        .cloned()
+        .collect();
+    let total: u64 = infos.iter().map(|i| i.nbytes()).sum();
+    let pb = Progress::bytes(total, "quantize");
+    for info in infos {
+        let reason = not_candidate(&info).or_else(|| {
+            quant_core::Shape::new(&info.shape)
+                .and_then(|s| q.check_shape(&s))
+                .err()
+                .map(|e| e.to_string())
+        });
+        let raw = f.raw(&info)?;
+        let dtype = raw.dtype.to_string();
+        match reason {
+            Some(why) => {
+                skipped.push(format!("{}: {why}", info.name));
+                t.row(vec![
+                    info.name.clone(),
+                    "copied".into(),
+                    format!("{:?}", info.shape),
+                    dtype,
+                    bytes(info.nbytes()),
+                    bytes(info.nbytes()),
+                    why,
+                ]);
+                outs.push((info.name.clone(), Out::Plain(raw)));
+            }
+            None => {
+                let x = as_host(&raw)?;
+                let nf = x.count_non_finite();
+                non_finite_total += nf;
+                let s = Quantizer::quantize(&q, &x).map_err(|e| {
+                    Error::file(
+                        input.display().to_string(),
+                        format!("tensor `{}`: {e}", info.name),
+                    )
+                })?;
+                t.row(vec![
+                    info.name.clone(),
+                    "quantized".into(),
+                    format!("{:?}", info.shape),
+                    dtype,
+                    bytes(info.nbytes()),
+                    bytes(s.nbytes() as u64),
+                    if nf > 0 {
+                        format!("{nf} non-finite input values (NaN/inf)")
+                    } else {
+                        String::new()
+                    },
+                ]);
+                outs.push((info.name.clone(), Out::Quantized(s)));
+            }
+        }
+        pb.inc(info.nbytes());
+    }
+    pb.finish();
+
+    if strict && !skipped.is_empty() {
+        return Err(Error::invalid(
+            "--strict",
+            format!("{} tensor(s) not quantized", skipped.len()),
+            format!("every tensor must be quantizable; first: {}", skipped[0]),
+        ));
+    }
+    let items: Vec<(String, SaveItem<'_>)> = outs
+        .iter()
+        .map(|(n, o)| {
+            (
+                n.clone(),
+                match o {
+                    Out::Quantized(s) => SaveItem::Quantized(&**s),
+                    Out::Plain(r) => SaveItem::Plain(r),
+                },
+            )
+        })
+        .collect();
+    let extra = f.header.metadata.clone();
+    save_items(output, &items, &extra)?;
+
+    print!("{}", t.render());
+    let n_q = outs
+        .iter()
+        .filter(|(_, o)| matches!(o, Out::Quantized(_)))
+        .count();
+    let in_total: u64 = f.header.tensors.iter().map(|i| i.nbytes()).sum();
+    let out_total = std::fs::metadata(output).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "{} -> {}: {n_q} quantized with {}, {} copied; {} -> {} on disk",
+        input.display(),
+        output.display(),
+        q.spec(),
+        skipped.len(),
+        bytes(in_total),
+        bytes(out_total)
+    );
+    if non_finite_total > 0 {
+        println!(
+            "warning: {non_finite_total} non-finite input values (NaN/inf) were quantized with the format's saturation rules"
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,152 @@
+//! End-to-end tests of the `quantfmt` binary.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn quantfmt(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_quantfmt"))
+        .args(args)
+        .output()
+        .expect("run quantfmt")
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = quantfmt(args);
+    assert!(
+        o.status.success(),
+        "quantfmt {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn fails(args: &[&str]) -> String {
+    let o = quantfmt(args);
+    assert!(!o.status.success(), "quantfmt {args:?} should fail");
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(err.starts_with("error: "), "{err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "one-line error expected: {err}"
+    );
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{err}"
+    );
+    err
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+#[test]
+fn compare_runs_on_the_embedded_default() {
+    let out = ok(&["compare", "--formats", "fp8,fp8-block:1x128"]);
+    assert!(out.contains("embedded synthetic"), "{out}");
+    assert!(
+        out.contains("SQNR dB") && out.contains("fp8-block:1x128"),
+        "{out}"
+    );
+    assert!(out.contains("summary"), "{out}");
+}
+
+#[test]
+fn quantize_inspect_dequantize_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model.safetensors");
+    let q = dir.path().join("model.q.safetensors");
+    let d = dir.path().join("model.deq.safetensors");
+    ok(&["example", "-o", p(&model)]);
+
+    let out = ok(&[
+        "quantize",
+        p(&model),
+        "-o",
+        p(&q),
+        "--format",
+        "fp8-block:1x128",
+        "--usage",
+        "both",
+    ]);
+    assert!(out.contains("quantized"), "{out}");
+    assert!(
+        out.contains("copied") && out.contains("rank 1"),
+        "norm vector is copied with its reason: {out}"
+    );
+
+    let out = ok(&["inspect", p(&q)]);
+    assert!(
+        out.contains("fp8-block:1x128") && out.contains("rowwise_scale_inv"),
+        "{out}"
+    );
+    assert!(
+        out.contains("bits/value") && !out.contains("MISSING"),
+        "{out}"
+    );
+    assert!(
+        out.contains("input_layernorm"),
+        "plain tensors listed: {out}"
+    );
+
+    let out = ok(&["dequantize", p(&q), "-o", p(&d), "--dtype", "f32"]);
+    assert!(out.contains("dequantized"), "{out}");
+    let out = ok(&["inspect", p(&d)]);
+    assert!(
+        out.contains("F32") && !out.contains("quantized tensors"),
+        "{out}"
+    );
+
+    // Quantizing an already quantized file keeps its quantized tensors.
+    let q2 = dir.path().join("again.safetensors");
+    let out = ok(&["quantize", p(&q), "-o", p(&q2), "--format", "fp8"]);
+    assert!(out.contains("already quantized"), "{out}");
+}
+
+#[test]
+fn strict_refuses_files_with_unquantizable_tensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model.safetensors");
+    ok(&["example", "-o", p(&model)]);
+    let out = dir.path().join("o.safetensors");
+    let err = fails(&[
+        "quantize",
+        p(&model),
+        "-o",
+        p(&out),
+        "--format",
+        "fp8",
+        "--strict",
+    ]);
+    assert!(err.contains("--strict"), "{err}");
+    assert!(!out.exists());
+}
+
+#[test]
+fn bad_specs_and_files_give_one_line_errors() {
+    let err = fails(&["compare", "--formats", "fp9"]);
+    assert!(
+        err.contains("unknown format `fp9`") && err.contains("fp8-block"),
+        "{err}"
+    );
+    let err = fails(&["compare", "--formats", "fp8:e3m4"]);
+    assert!(err.contains("valid options"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.safetensors");
+    std::fs::write(&junk, b"\xff\xff\xff\xff\xff\xff\xff\x7fnot a header").unwrap();
+    let err = fails(&["inspect", p(&junk)]);
+    assert!(err.contains("header length"), "{err}");
+    let err = fails(&["inspect", p(&dir.path().join("missing.safetensors"))]);
+    assert!(err.contains("missing.safetensors"), "{err}");
+}
+
+#[test]
+fn formats_lists_options() {
+    let out = ok(&["formats"]);
+    assert!(
+        out.contains("fp8-block") && out.contains("1x128") && out.contains("eps=X"),
+        "{out}"
+    );
+}
