@@ -16,8 +16,8 @@
 use quant_core::format::{buffer_by_name, buffers_by_name_mut, unknown_option};
 use quant_core::shape::{ceil_div, round_up};
 use quant_core::{
-    Buffer, BufferDesc, DType, Direction, Element, Error, Format, HostTensor, OptionHelp,
-    QuantizedTensor, Result, Shape, Usage, dispatch_elements,
+    Buffer, BufferDesc, BufferMut, DType, Direction, Element, Error, Format, HostTensor,
+    OptionHelp, QuantizedTensor, Result, Shape, Usage, dispatch_elements,
 };
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -140,7 +140,7 @@ impl Fp8BlockQuantizer {
         )
     }
 
-    fn cast<T: Element>(&self, xs: &[T], shape: &Shape, bufs: &mut [Buffer]) -> Result<()> {
+    fn cast<T: Element>(&self, xs: &[T], shape: &Shape, bufs: &mut [BufferMut<'_>]) -> Result<()> {
         let (m, k) = shape.as_2d();
         let [rd, rs, cd, cs] = buffers_by_name_mut(
             bufs,
@@ -437,7 +437,7 @@ impl Format for Fp8BlockQuantizer {
         Ok(v)
     }
 
-    fn quantize_into(&self, x: &HostTensor<'_>, out: &mut [Buffer]) -> Result<()> {
+    fn quantize_into(&self, x: &HostTensor<'_>, out: &mut [BufferMut<'_>]) -> Result<()> {
         dispatch_elements!(x, |xs| self.cast(xs, x.shape(), out))
     }
 

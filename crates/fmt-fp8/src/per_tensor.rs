@@ -7,8 +7,8 @@
 
 use quant_core::format::{buffer_by_name, buffers_by_name_mut, unknown_option};
 use quant_core::{
-    Buffer, BufferDesc, DType, Direction, Element, Error, Format, HostTensor, OptionHelp,
-    QuantizedTensor, Result, Shape, Usage, dispatch_elements,
+    Buffer, BufferDesc, BufferMut, DType, Direction, Element, Error, Format, HostTensor,
+    OptionHelp, QuantizedTensor, Result, Shape, Usage, dispatch_elements,
 };
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -119,7 +119,7 @@ impl Fp8Quantizer {
         xs: &[T],
         shape: &Shape,
         amax: f32,
-        bufs: &mut [Buffer],
+        bufs: &mut [BufferMut<'_>],
     ) -> Result<()> {
         let (m, k) = shape.as_2d();
         let scale = self.scale_from_amax(amax);
@@ -246,7 +246,7 @@ impl Format for Fp8Quantizer {
         Ok(v)
     }
 
-    fn quantize_into(&self, x: &HostTensor<'_>, out: &mut [Buffer]) -> Result<()> {
+    fn quantize_into(&self, x: &HostTensor<'_>, out: &mut [BufferMut<'_>]) -> Result<()> {
         dispatch_elements!(x, |xs| self.cast(xs, x.shape(), tensor_amax(xs), out))
     }
 

@@ -290,6 +290,14 @@ impl Buffer {
             .map_err(|e| Error::buffer(name, format!("cannot be viewed as {}: {e:?}", T::DTYPE)))
     }
 
+    /// A mutable view for kernels (copy-on-write first if the bytes are shared).
+    pub fn as_mut_view(&mut self) -> BufferMut<'_> {
+        BufferMut {
+            desc: &self.desc,
+            bytes: self.data.as_mut_slice(),
+        }
+    }
+
     /// A zero-copy view of `[offset, offset + desc.nbytes())` of this buffer's bytes.
     pub fn view(&self, desc: BufferDesc, offset: usize) -> Result<Buffer> {
         let n = desc.nbytes()?;
@@ -334,14 +342,94 @@ impl Buffer {
     }
 
     fn check_elem<T: BufferElem>(&self) -> Result<()> {
-        if self.desc.dtype == T::DTYPE {
-            Ok(())
-        } else {
-            Err(Error::buffer(
-                &self.desc.name,
-                format!("has dtype {}, not {}", self.desc.dtype, T::DTYPE),
-            ))
+        check_elem::<T>(&self.desc)
+    }
+}
+
+/// A writable view of one buffer: its description and its bytes, borrowed.
+///
+/// Kernels write through this type, so the same kernel fills a standalone tensor's
+/// buffers, a member's window of a grouped allocation, or caller-provided memory.
+#[derive(Debug)]
+pub struct BufferMut<'a> {
+    desc: &'a BufferDesc,
+    bytes: &'a mut [u8],
+}
+
+impl<'a> BufferMut<'a> {
+    /// A view over `bytes`, which must be exactly the described size.
+    pub fn new(desc: &'a BufferDesc, bytes: &'a mut [u8]) -> Result<BufferMut<'a>> {
+        let n = desc.nbytes()?;
+        if bytes.len() != n {
+            return Err(Error::buffer(
+                &desc.name,
+                format!(
+                    "view has {} bytes, but its description needs {n}",
+                    bytes.len()
+                ),
+            ));
         }
+        Ok(BufferMut { desc, bytes })
+    }
+
+    /// The description.
+    pub fn desc(&self) -> &BufferDesc {
+        self.desc
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        &self.desc.name
+    }
+
+    /// The element dtype.
+    pub fn dtype(&self) -> DType {
+        self.desc.dtype
+    }
+
+    /// The element shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.desc.shape
+    }
+
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        self.bytes
+    }
+
+    /// The bytes, writable.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        self.bytes
+    }
+
+    /// Typed view; the dtype must be `T`'s.
+    pub fn as_slice<T: BufferElem>(&self) -> Result<&[T]> {
+        check_elem::<T>(self.desc)?;
+        bytemuck::try_cast_slice(self.bytes).map_err(|e| {
+            Error::buffer(
+                &self.desc.name,
+                format!("cannot be viewed as {}: {e:?}", T::DTYPE),
+            )
+        })
+    }
+
+    /// Typed writable view; the dtype must be `T`'s.
+    pub fn as_mut_slice<T: BufferElem>(&mut self) -> Result<&mut [T]> {
+        check_elem::<T>(self.desc)?;
+        let name = &self.desc.name;
+        bytemuck::try_cast_slice_mut(self.bytes)
+            .map_err(|e| Error::buffer(name, format!("cannot be viewed as {}: {e:?}", T::DTYPE)))
+    }
+}
+
+fn check_elem<T: BufferElem>(desc: &BufferDesc) -> Result<()> {
+    if desc.dtype == T::DTYPE {
+        Ok(())
+    } else {
+        Err(Error::buffer(
+            &desc.name,
+            format!("has dtype {}, not {}", desc.dtype, T::DTYPE),
+        ))
     }
 }
 

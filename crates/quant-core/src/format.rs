@@ -14,7 +14,7 @@ use std::hash::Hash;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::buffer::{Buffer, BufferDesc};
+use crate::buffer::{Buffer, BufferDesc, BufferMut};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::shape::Shape;
@@ -69,9 +69,10 @@ pub trait Format:
     /// Called only with shapes that passed [`Format::check_shape`].
     fn buffers(&self, shape: &Shape) -> Result<Vec<BufferDesc>>;
 
-    /// Quantizes `x` into `out`, which holds the buffers of [`Format::buffers`] in that
-    /// order, zero-filled. `x.shape()` has passed [`Format::check_shape`].
-    fn quantize_into(&self, x: &HostTensor<'_>, out: &mut [Buffer]) -> Result<()>;
+    /// Quantizes `x` into `out`, writable views of the buffers of [`Format::buffers`] in
+    /// that order, zero-filled. `x.shape()` has passed [`Format::check_shape`]. The views
+    /// may be windows of a larger (grouped) allocation.
+    fn quantize_into(&self, x: &HostTensor<'_>, out: &mut [BufferMut<'_>]) -> Result<()>;
 
     /// Dequantizes the `dir` operand into `out` (the logical shape, row-major, never
     /// transposed). `bufs` matches [`Format::buffers`] and `dir` is in the usage.
@@ -136,13 +137,13 @@ pub fn unknown_option<F: Format>(option: &str) -> Error {
     }
 }
 
-/// Finds buffers by name in `bufs`, returning mutable references in the order of
+/// Finds buffer views by name in `bufs`, returning mutable references in the order of
 /// `names` (`None` for names not present). Lets a kernel hold several outputs at once.
-pub fn buffers_by_name_mut<'a, const N: usize>(
-    bufs: &'a mut [Buffer],
+pub fn buffers_by_name_mut<'a, 'b, const N: usize>(
+    bufs: &'a mut [BufferMut<'b>],
     names: [&str; N],
-) -> [Option<&'a mut Buffer>; N] {
-    let mut out: [Option<&'a mut Buffer>; N] = std::array::from_fn(|_| None);
+) -> [Option<&'a mut BufferMut<'b>>; N] {
+    let mut out: [Option<&'a mut BufferMut<'b>>; N] = std::array::from_fn(|_| None);
     for b in bufs.iter_mut() {
         if let Some(i) = names.iter().position(|n| *n == b.name()) {
             out[i] = Some(b);
@@ -287,10 +288,12 @@ impl<F: Format> QuantizedTensor<F> {
                 format!("must have the destination's shape {}", self.shape),
             ));
         }
-        for b in &mut self.buffers {
-            b.bytes_mut().fill(0);
+        let mut views: Vec<BufferMut<'_>> =
+            self.buffers.iter_mut().map(Buffer::as_mut_view).collect();
+        for v in &mut views {
+            v.bytes_mut().fill(0);
         }
-        self.format.quantize_into(x, &mut self.buffers)?;
+        self.format.quantize_into(x, &mut views)?;
         self.dtype = x.dtype();
         Ok(())
     }
@@ -376,25 +379,15 @@ impl<F: Format> QuantizedTensor<F> {
     }
 
     /// Lets a format's own entry points (quantizing with an externally reduced amax,
-    /// interop importers) write the buffers' bytes. Each buffer's description is checked
-    /// again afterwards, so the storage cannot leave this call inconsistent.
-    pub fn write_buffers<R>(&mut self, f: impl FnOnce(&mut [Buffer]) -> Result<R>) -> Result<R> {
-        let r = f(&mut self.buffers)?;
-        let want = self.format.buffers(&self.shape)?;
-        if want.len() != self.buffers.len() {
-            return Err(Error::buffer(
-                "(all)",
-                format!(
-                    "{} buffers after writing, {} expected",
-                    self.buffers.len(),
-                    want.len()
-                ),
-            ));
-        }
-        for (b, d) in self.buffers.iter().zip(&want) {
-            b.check_against(d)?;
-        }
-        Ok(r)
+    /// interop importers) write the buffers' bytes through views; descriptions cannot
+    /// change, so the storage stays consistent.
+    pub fn write_buffers<R>(
+        &mut self,
+        f: impl FnOnce(&mut [BufferMut<'_>]) -> Result<R>,
+    ) -> Result<R> {
+        let mut views: Vec<BufferMut<'_>> =
+            self.buffers.iter_mut().map(Buffer::as_mut_view).collect();
+        f(&mut views)
     }
 
     /// Splits into parts (for grouped layouts and interop).
@@ -406,7 +399,8 @@ impl<F: Format> QuantizedTensor<F> {
 /// Quantizes `x` with `format` into a new tensor (static dispatch, no boxing).
 pub fn quantize<F: Format>(format: &F, x: &HostTensor<'_>) -> Result<QuantizedTensor<F>> {
     let mut t = QuantizedTensor::allocate(format.clone(), x.shape(), x.dtype())?;
-    format.quantize_into(x, &mut t.buffers)?;
+    let mut views: Vec<BufferMut<'_>> = t.buffers.iter_mut().map(Buffer::as_mut_view).collect();
+    format.quantize_into(x, &mut views)?;
     Ok(t)
 }
 

@@ -41,7 +41,7 @@ pub mod tensor;
 pub mod traits;
 pub mod usage;
 
-pub use buffer::{Buffer, BufferDesc, BufferElem, HostBytes};
+pub use buffer::{Buffer, BufferDesc, BufferElem, BufferMut, HostBytes};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use format::{Format, OptionHelp, QuantizedTensor, quantize};
