@@ -364,3 +364,156 @@ fn any_quantizer_serializes_through_the_registry() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Grouped storage: the same contract for every format.
+
+fn member_inputs(shapes: &[[usize; 2]], seed: u32) -> Vec<Vec<f32>> {
+    shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| data(s[0], s[1], seed + i as u32))
+        .collect()
+}
+
+fn check_grouped_equals_members(q: &dyn Quantizer, shapes: &[[usize; 2]]) {
+    let vals = member_inputs(shapes, 20);
+    let xs: Vec<HostTensor<'_>> = vals
+        .iter()
+        .zip(shapes)
+        .map(|(v, s)| HostTensor::f32(v, s).unwrap())
+        .collect();
+    let g = q.quantize_grouped_list(&xs).unwrap();
+    assert_eq!(g.num_members(), shapes.len());
+    // One contiguous input gives the same bytes as the list.
+    let flat: Vec<f32> = vals.concat();
+    let shp: Vec<Shape> = shapes.iter().map(|s| Shape::new(s).unwrap()).collect();
+    let g2 = q
+        .quantize_grouped(&HostTensor::f32(&flat, &[flat.len()]).unwrap(), &shp)
+        .unwrap();
+    for (a, b) in g.buffers().iter().zip(g2.buffers()) {
+        assert!(a.bytes() == b.bytes(), "{} {}", q.spec(), a.name());
+    }
+    // Grouped bytes == concatenation of quantizing each member alone.
+    for (bi, gb) in g.buffers().iter().enumerate() {
+        let offs = g.byte_offsets(gb.name()).unwrap();
+        assert_eq!(offs.len(), shapes.len() + 1);
+        assert_eq!(*offs.last().unwrap(), gb.nbytes());
+        for (i, x) in xs.iter().enumerate() {
+            let alone = q.quantize(x).unwrap();
+            let mb = &alone.buffers()[bi];
+            assert_eq!(mb.name(), gb.name());
+            assert!(
+                &gb.bytes()[offs[i]..offs[i + 1]] == mb.bytes(),
+                "{}: member {i} buffer {} differs from quantizing it alone",
+                q.spec(),
+                gb.name()
+            );
+        }
+    }
+    // Members are zero-copy views that behave like any storage.
+    for (i, x) in xs.iter().enumerate() {
+        let m = g.member(i).unwrap();
+        assert_eq!(m.shape(), x.shape());
+        for (mb, gb) in m.buffers().iter().zip(g.buffers()) {
+            assert!(
+                mb.host().shares_allocation(gb.host()),
+                "member {i} is a view"
+            );
+        }
+        let alone = q.quantize(x).unwrap();
+        assert_eq!(m.dequantize_f32().unwrap(), alone.dequantize_f32().unwrap());
+        assert_eq!(m.proto(), alone.proto());
+    }
+    let offs = g.element_offsets();
+    assert_eq!(offs[0], 0);
+    assert_eq!(*offs.last().unwrap(), flat.len());
+}
+
+#[test]
+fn grouped_uniform_and_varying_first_dims_equal_their_members() {
+    for q in quantizers() {
+        check_grouped_equals_members(q.as_ref(), &[[128, 256], [128, 256], [128, 256]]);
+        check_grouped_equals_members(q.as_ref(), &[[256, 256], [128, 256], [384, 256]]);
+    }
+}
+
+#[test]
+fn grouped_varying_last_and_both_dims() {
+    for q in quantizers() {
+        check_grouped_equals_members(q.as_ref(), &[[128, 256], [128, 512]]);
+        check_grouped_equals_members(q.as_ref(), &[[128, 256], [256, 512], [128, 128]]);
+    }
+}
+
+#[test]
+fn grouped_save_load_round_trip_and_offsets_are_checked() {
+    use quantfmt::io::{SaveItem, save_items};
+    let dir = tempfile::tempdir().unwrap();
+    for (qi, q) in quantizers().into_iter().enumerate() {
+        let shapes = [[256, 256], [128, 256]];
+        let vals = member_inputs(&shapes, 30);
+        let xs: Vec<HostTensor<'_>> = vals
+            .iter()
+            .zip(&shapes)
+            .map(|(v, s)| HostTensor::f32(v, s).unwrap())
+            .collect();
+        let g = q.quantize_grouped_list(&xs).unwrap();
+        let path = dir.path().join(format!("g{qi}.safetensors"));
+        save_items(
+            &path,
+            &[("experts".to_string(), SaveItem::Grouped(&*g))],
+            &Default::default(),
+        )
+        .unwrap();
+        let f = load(&path).unwrap();
+        let Some(Loaded::Grouped(h)) = f.get("experts") else {
+            panic!("{}: grouped tensor not loaded back", q.spec());
+        };
+        assert_eq!(h.member_shapes(), g.member_shapes());
+        for (a, b) in g.buffers().iter().zip(h.buffers()) {
+            assert!(a.bytes() == b.bytes());
+        }
+        // Tamper with the stored element offsets: refused with the rule.
+        let bytes = std::fs::read(&path).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header = std::str::from_utf8(&bytes[8..8 + n]).unwrap();
+        let total = 256 * 256 + 128 * 256;
+        let bad = header.replacen(
+            &format!("element_offsets\\\":[0,65536,{total}]"),
+            &format!("element_offsets\\\":[0,65535,{total}]"),
+            1,
+        );
+        assert_ne!(bad, header, "{header}");
+        let mut out = (bad.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(bad.as_bytes());
+        out.extend_from_slice(&bytes[8 + n..]);
+        let e = load_bytes(&out).unwrap_err().to_string();
+        assert!(e.contains("element_offsets"), "{e}");
+    }
+}
+
+#[test]
+fn grouped_errors_name_the_member() {
+    for q in quantizers() {
+        let a = data(128, 256, 1);
+        let b = data(128, 256, 2);
+        let x = HostTensor::f32(&a, &[128, 256]).unwrap();
+        let y = HostTensor::f32(&b, &[128, 256])
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        let e = q
+            .quantize_grouped_list(&[x.clone(), y])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("member 1"), "{e}");
+        assert!(q.quantize_grouped_list(&[]).is_err());
+        let shp = [
+            Shape::new(&[128, 256]).unwrap(),
+            Shape::new(&[128, 256]).unwrap(),
+        ];
+        let e = q.quantize_grouped(&x, &shp).unwrap_err().to_string();
+        assert!(e.contains("elements"), "{e}");
+    }
+}

@@ -314,8 +314,10 @@ impl<F: Format> QuantizedTensor<F> {
     pub fn dequantize_as<T: Element>(&self, dir: Direction) -> Result<Vec<T>> {
         self.check_dir(dir)?;
         let mut out = vec![T::from_f32(0.0); self.shape.numel()];
-        self.format
-            .dequantize_into(&self.shape, &self.buffers, dir, &mut out)?;
+        if !out.is_empty() {
+            self.format
+                .dequantize_into(&self.shape, &self.buffers, dir, &mut out)?;
+        }
         Ok(out)
     }
 
@@ -388,6 +390,22 @@ impl<F: Format> QuantizedTensor<F> {
         let mut views: Vec<BufferMut<'_>> =
             self.buffers.iter_mut().map(Buffer::as_mut_view).collect();
         f(&mut views)
+    }
+
+    /// Assembles a tensor from parts the caller has already checked against the format
+    /// (grouped member views). Members with zero rows are allowed here.
+    pub(crate) fn from_parts_trusted(
+        format: F,
+        shape: Shape,
+        dtype: DType,
+        buffers: Vec<Buffer>,
+    ) -> Self {
+        QuantizedTensor {
+            format,
+            shape,
+            dtype,
+            buffers,
+        }
     }
 
     /// Splits into parts (for grouped layouts and interop).

@@ -11,6 +11,7 @@ use crate::buffer::{Buffer, BufferDesc};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::format::{Format, QuantizedTensor, quantize};
+use crate::grouped::{GroupKind, GroupedTensor};
 use crate::proto::TensorProto;
 use crate::shape::Shape;
 use crate::tensor::HostTensor;
@@ -58,6 +59,21 @@ pub trait Quantizer: Send + Sync + fmt::Debug + Any {
         dtype: DType,
         buffers: Vec<Buffer>,
     ) -> Result<Box<dyn Storage>>;
+    /// Quantizes members held back to back in one contiguous input into a grouped tensor.
+    fn quantize_grouped(
+        &self,
+        x: &HostTensor<'_>,
+        shapes: &[Shape],
+    ) -> Result<Box<dyn GroupedStorage>>;
+    /// Quantizes a list of member inputs into a grouped tensor.
+    fn quantize_grouped_list(&self, xs: &[HostTensor<'_>]) -> Result<Box<dyn GroupedStorage>>;
+    /// Rebuilds a grouped tensor from its grouped buffers, checking each one.
+    fn unflatten_grouped(
+        &self,
+        shapes: &[Shape],
+        dtype: DType,
+        buffers: Vec<Buffer>,
+    ) -> Result<Box<dyn GroupedStorage>>;
     /// Clones into a box.
     fn clone_box(&self) -> Box<dyn Quantizer>;
     /// Equality across the trait object (same format and options).
@@ -147,6 +163,29 @@ impl<F: Format> Quantizer for F {
         Ok(Box::new(QuantizedTensor::from_buffers(
             self.clone(),
             shape,
+            dtype,
+            buffers,
+        )?))
+    }
+    fn quantize_grouped(
+        &self,
+        x: &HostTensor<'_>,
+        shapes: &[Shape],
+    ) -> Result<Box<dyn GroupedStorage>> {
+        Ok(Box::new(GroupedTensor::quantize(self, x, shapes)?))
+    }
+    fn quantize_grouped_list(&self, xs: &[HostTensor<'_>]) -> Result<Box<dyn GroupedStorage>> {
+        Ok(Box::new(GroupedTensor::quantize_list(self, xs)?))
+    }
+    fn unflatten_grouped(
+        &self,
+        shapes: &[Shape],
+        dtype: DType,
+        buffers: Vec<Buffer>,
+    ) -> Result<Box<dyn GroupedStorage>> {
+        Ok(Box::new(GroupedTensor::from_buffers(
+            self.clone(),
+            shapes,
             dtype,
             buffers,
         )?))
@@ -258,17 +297,25 @@ impl<F: Format> Storage for QuantizedTensor<F> {
 /// N tensors of one quantizer in one contiguous allocation per buffer kind (MoE experts,
 /// grouped GEMM operands), laid out as TransformerEngine's `GroupedTensor`: members back
 /// to back, each keeping its own individually padded scale block, per-tensor scalars as
-/// arrays of length N.
-pub trait GroupedStorage: Send + Sync + fmt::Debug {
+/// arrays of length N. See [`crate::grouped`].
+pub trait GroupedStorage: Send + Sync + fmt::Debug + Any {
     /// The quantizer every member shares.
     fn quantizer(&self) -> &dyn Quantizer;
+    /// Registry key of the format.
+    fn format_name(&self) -> &'static str {
+        self.quantizer().format_name()
+    }
     /// High-precision dtype of the members.
     fn dtype(&self) -> DType;
     /// Number of members.
     fn num_members(&self) -> usize;
     /// Each member's logical shape.
     fn member_shapes(&self) -> &[Shape];
-    /// The grouped buffers (one per buffer kind, members concatenated).
+    /// Which dims vary between members.
+    fn kind(&self) -> GroupKind;
+    /// The logical 2-D shape (`[sum M_i, K]` for varying first dims, ...).
+    fn logical_shape(&self) -> [usize; 2];
+    /// The grouped buffers (one 1-D buffer per kind, members concatenated).
     fn buffers(&self) -> &[Buffer];
     /// Prefix sums of member element counts (`num_members + 1` entries).
     fn element_offsets(&self) -> &[usize];
@@ -280,4 +327,10 @@ pub trait GroupedStorage: Send + Sync + fmt::Debug {
     fn nbytes(&self) -> usize {
         self.buffers().iter().map(Buffer::nbytes).sum()
     }
+    /// Clones into a box (buffers are shared copy-on-write).
+    fn clone_box(&self) -> Box<dyn GroupedStorage>;
+    /// Downcasting support.
+    fn as_any(&self) -> &dyn Any;
+    /// Downcasting support for owned boxes.
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
 }

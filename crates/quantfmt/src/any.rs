@@ -11,8 +11,8 @@ use std::fmt;
 
 use enum_dispatch::enum_dispatch;
 use quant_core::{
-    Buffer, BufferDesc, DType, Direction, Error, Format, HostTensor, QuantizedTensor, Quantizer,
-    Result, Shape, Storage, TensorProto, Usage,
+    Buffer, BufferDesc, DType, Direction, Error, Format, GroupedStorage, HostTensor,
+    QuantizedTensor, Quantizer, Result, Shape, Storage, TensorProto, Usage,
 };
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -175,6 +175,25 @@ impl Quantizer for AnyQuantizer {
         buffers: Vec<Buffer>,
     ) -> Result<Box<dyn Storage>> {
         self.as_quantizer().unflatten(shape, dtype, buffers)
+    }
+    fn quantize_grouped(
+        &self,
+        x: &HostTensor<'_>,
+        shapes: &[Shape],
+    ) -> Result<Box<dyn GroupedStorage>> {
+        self.as_quantizer().quantize_grouped(x, shapes)
+    }
+    fn quantize_grouped_list(&self, xs: &[HostTensor<'_>]) -> Result<Box<dyn GroupedStorage>> {
+        self.as_quantizer().quantize_grouped_list(xs)
+    }
+    fn unflatten_grouped(
+        &self,
+        shapes: &[Shape],
+        dtype: DType,
+        buffers: Vec<Buffer>,
+    ) -> Result<Box<dyn GroupedStorage>> {
+        self.as_quantizer()
+            .unflatten_grouped(shapes, dtype, buffers)
     }
     fn clone_box(&self) -> Box<dyn Quantizer> {
         self.as_quantizer().clone_box()

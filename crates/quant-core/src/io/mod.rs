@@ -22,13 +22,14 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::buffer::{Buffer, HostBytes};
+use crate::buffer::{Buffer, BufferDesc, HostBytes};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::grouped::{GroupKind, GroupLayout};
 use crate::registry::Registry;
 use crate::shape::Shape;
 use crate::tensor::HostTensor;
-use crate::traits::Storage;
+use crate::traits::{GroupedStorage, Quantizer, Storage};
 use reader::{FileSource, Header, SliceSource, Source, read_header, read_tensor};
 
 /// The `__metadata__` key that holds quantfmt's JSON.
@@ -37,6 +38,8 @@ pub const METADATA_KEY: &str = "quantfmt";
 pub const FORMAT_VERSION: u32 = 1;
 /// Largest metadata JSON accepted (hostile files cannot make us parse more).
 pub const MAX_METADATA_BYTES: usize = 16 << 20;
+/// Most members a grouped tensor in a file may declare.
+pub const MAX_GROUP_MEMBERS: usize = 1 << 16;
 
 /// The `quantfmt` metadata of a file.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -62,6 +65,24 @@ pub struct TensorMeta {
     pub dtype: DType,
     /// Buffer names; each is stored as the safetensors tensor `NAME.<buffer>`.
     pub buffers: Vec<String>,
+    /// Present for grouped tensors: member shapes and offsets (`shape` is then the logical
+    /// 2-D shape and each buffer is the 1-D concatenation of the members' buffers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grouped: Option<GroupedMeta>,
+}
+
+/// Member layout of a grouped tensor, as stored in the metadata.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupedMeta {
+    /// Which dims vary.
+    pub kind: GroupKind,
+    /// Member shapes.
+    pub member_shapes: Vec<Vec<usize>>,
+    /// Prefix sums of member element counts (N+1 entries).
+    pub element_offsets: Vec<usize>,
+    /// Per buffer: prefix sums of member byte offsets (N+1 entries).
+    pub byte_offsets: BTreeMap<String, Vec<usize>>,
 }
 
 /// A tensor stored as-is (not quantized): any safetensors dtype.
@@ -101,6 +122,8 @@ impl RawTensor {
 pub enum SaveItem<'a> {
     /// A quantized tensor (stored as its buffers plus metadata).
     Quantized(&'a dyn Storage),
+    /// A grouped tensor (its grouped buffers plus member layout).
+    Grouped(&'a dyn GroupedStorage),
     /// A tensor stored untouched.
     Plain(&'a RawTensor),
 }
@@ -110,6 +133,8 @@ pub enum SaveItem<'a> {
 pub enum Loaded {
     /// A quantized tensor, rebuilt and checked.
     Quantized(Box<dyn Storage>),
+    /// A grouped tensor, rebuilt and checked.
+    Grouped(Box<dyn GroupedStorage>),
     /// A tensor that was stored untouched.
     Plain(RawTensor),
 }
@@ -159,6 +184,32 @@ pub fn tensor_meta(s: &dyn Storage) -> Result<TensorMeta> {
         shape: s.shape().dims().to_vec(),
         dtype: s.dtype(),
         buffers: s.buffers().iter().map(|b| b.name().to_string()).collect(),
+        grouped: None,
+    })
+}
+
+/// The metadata entry describing grouped tensor `g`.
+pub fn grouped_meta(g: &dyn GroupedStorage) -> Result<TensorMeta> {
+    let mut byte_offsets = BTreeMap::new();
+    for b in g.buffers() {
+        byte_offsets.insert(b.name().to_string(), g.byte_offsets(b.name())?.to_vec());
+    }
+    Ok(TensorMeta {
+        format: g.format_name().to_string(),
+        options: g.quantizer().options()?,
+        shape: g.logical_shape().to_vec(),
+        dtype: g.dtype(),
+        buffers: g.buffers().iter().map(|b| b.name().to_string()).collect(),
+        grouped: Some(GroupedMeta {
+            kind: g.kind(),
+            member_shapes: g
+                .member_shapes()
+                .iter()
+                .map(|s| s.dims().to_vec())
+                .collect(),
+            element_offsets: g.element_offsets().to_vec(),
+            byte_offsets,
+        }),
     })
 }
 
@@ -231,31 +282,33 @@ pub fn save_items(
         }
     };
     for (name, item) in items {
-        match item {
-            SaveItem::Quantized(s) => {
-                let tm = tensor_meta(*s)?;
-                for b in s.buffers() {
-                    views.push((
-                        claim(format!("{name}.{}", b.name()))?,
-                        View {
-                            dtype: b.dtype().to_safetensors(),
-                            shape: b.shape(),
-                            data: b.bytes(),
-                        },
-                    ));
-                }
-                if meta.tensors.insert(name.clone(), tm).is_some() {
-                    return Err(Error::invalid("tensor name", name, "is used twice"));
-                }
+        let (tm, bufs) = match item {
+            SaveItem::Quantized(s) => (tensor_meta(*s)?, s.buffers()),
+            SaveItem::Grouped(g) => (grouped_meta(*g)?, g.buffers()),
+            SaveItem::Plain(t) => {
+                views.push((
+                    claim(name.clone())?,
+                    View {
+                        dtype: t.dtype,
+                        shape: &t.shape,
+                        data: t.data.as_slice(),
+                    },
+                ));
+                continue;
             }
-            SaveItem::Plain(t) => views.push((
-                claim(name.clone())?,
+        };
+        for b in bufs {
+            views.push((
+                claim(format!("{name}.{}", b.name()))?,
                 View {
-                    dtype: t.dtype,
-                    shape: &t.shape,
-                    data: t.data.as_slice(),
+                    dtype: b.dtype().to_safetensors(),
+                    shape: b.shape(),
+                    data: b.bytes(),
                 },
-            )),
+            ));
+        }
+        if meta.tensors.insert(name.clone(), tm).is_some() {
+            return Err(Error::invalid("tensor name", name, "is used twice"));
         }
     }
     let mut md: HashMap<String, String> = extra_metadata
@@ -343,18 +396,22 @@ pub fn load_from<S: Source + ?Sized>(src: &mut S, registry: &Registry) -> Result
             .collect(),
     };
     for (tname, tm) in &meta.tensors {
-        let storage = load_quantized(src, &header, tname, tm, registry).map_err(|e| match e {
+        let wrap = |e: Error| match e {
             Error::File { .. } => e,
             other => Error::file(&name, format!("tensor `{tname}`: {other}")),
-        })?;
+        };
+        let item = if tm.grouped.is_some() {
+            Loaded::Grouped(load_grouped(src, &header, tname, tm, registry).map_err(wrap)?)
+        } else {
+            Loaded::Quantized(load_quantized(src, &header, tname, tm, registry).map_err(wrap)?)
+        };
         for b in &tm.buffers {
             let full = format!("{tname}.{b}");
             if let Some(info) = header.get(&full) {
                 claimed.insert(info.name.as_str());
             }
         }
-        out.tensors
-            .push((tname.clone(), Loaded::Quantized(storage)));
+        out.tensors.push((tname.clone(), item));
     }
     for info in &header.tensors {
         if claimed.contains(info.name.as_str()) {
@@ -374,25 +431,23 @@ pub fn load_from<S: Source + ?Sized>(src: &mut S, registry: &Registry) -> Result
     Ok(out)
 }
 
-/// Rebuilds one quantized tensor described by `tm` from the file.
-pub fn load_quantized<S: Source + ?Sized>(
+/// Checks that the metadata lists exactly the buffers `want`, then reads each from the
+/// file, checking its dtype and shape against the description before reading any bytes.
+fn read_buffers<S: Source + ?Sized>(
     src: &mut S,
     header: &Header,
     name: &str,
     tm: &TensorMeta,
-    registry: &Registry,
-) -> Result<Box<dyn Storage>> {
-    let shape = Shape::new(&tm.shape)?;
-    let q = registry.quantizer(&tm.format, &tm.options)?;
-    // Compare the listed buffers with what the format needs before reading any bytes.
-    let want = q.buffers(&shape)?;
+    q: &dyn Quantizer,
+    want: Vec<BufferDesc>,
+) -> Result<Vec<Buffer>> {
     let listed: BTreeSet<&str> = tm.buffers.iter().map(String::as_str).collect();
     let needed: BTreeSet<&str> = want.iter().map(|d| d.name.as_str()).collect();
-    if listed != needed {
+    if listed != needed || listed.len() != tm.buffers.len() {
         return Err(Error::buffer(
             tm.buffers.join(", "),
             format!(
-                "listed buffers differ from what {} {shape} stores ({})",
+                "listed buffers differ from what {} stores ({})",
                 q.spec(),
                 want.iter()
                     .map(|d| d.name.as_str())
@@ -410,8 +465,7 @@ pub fn load_quantized<S: Source + ?Sized>(
                 format!("tensor `{full}` is missing from the file"),
             )
         })?;
-        let dt = DType::from_safetensors(info.dtype);
-        if dt != Some(desc.dtype) {
+        if DType::from_safetensors(info.dtype) != Some(desc.dtype) {
             return Err(Error::buffer(
                 &desc.name,
                 format!(
@@ -426,7 +480,7 @@ pub fn load_quantized<S: Source + ?Sized>(
             return Err(Error::buffer(
                 &desc.name,
                 format!(
-                    "`{full}` has shape {:?}, but {} {shape} needs {:?}",
+                    "`{full}` has shape {:?}, but {} needs {:?}",
                     info.shape,
                     q.spec(),
                     desc.shape
@@ -436,5 +490,92 @@ pub fn load_quantized<S: Source + ?Sized>(
         let data = read_tensor(src, header, info)?;
         buffers.push(Buffer::from_host_bytes(desc, data)?);
     }
+    Ok(buffers)
+}
+
+/// Rebuilds one quantized tensor described by `tm` from the file.
+pub fn load_quantized<S: Source + ?Sized>(
+    src: &mut S,
+    header: &Header,
+    name: &str,
+    tm: &TensorMeta,
+    registry: &Registry,
+) -> Result<Box<dyn Storage>> {
+    if tm.grouped.is_some() {
+        return Err(Error::invalid(
+            "tensor",
+            name,
+            "is grouped; load it with load_grouped",
+        ));
+    }
+    let shape = Shape::new(&tm.shape)?;
+    let q = registry.quantizer(&tm.format, &tm.options)?;
+    let want = q.buffers(&shape)?;
+    let buffers = read_buffers(src, header, name, tm, &*q, want)?;
     q.unflatten(&shape, tm.dtype, buffers)
+}
+
+/// Rebuilds one grouped tensor described by `tm` from the file; the stored offsets must
+/// equal the ones the member shapes imply.
+pub fn load_grouped<S: Source + ?Sized>(
+    src: &mut S,
+    header: &Header,
+    name: &str,
+    tm: &TensorMeta,
+    registry: &Registry,
+) -> Result<Box<dyn GroupedStorage>> {
+    let gm = tm
+        .grouped
+        .as_ref()
+        .ok_or_else(|| Error::invalid("tensor", name, "is not grouped"))?;
+    if gm.member_shapes.is_empty() || gm.member_shapes.len() > MAX_GROUP_MEMBERS {
+        return Err(Error::invalid(
+            "grouped members",
+            gm.member_shapes.len(),
+            format!("must be between 1 and {MAX_GROUP_MEMBERS}"),
+        ));
+    }
+    let shapes = gm
+        .member_shapes
+        .iter()
+        .map(|d| Shape::new(d))
+        .collect::<Result<Vec<_>>>()?;
+    let q = registry.quantizer(&tm.format, &tm.options)?;
+    let layout = GroupLayout::new(&*q, &shapes)?;
+    if layout.kind() != gm.kind || layout.logical_shape()[..] != tm.shape[..] {
+        return Err(Error::invalid(
+            "grouped shape",
+            format!("{:?} {:?}", gm.kind, tm.shape),
+            format!(
+                "does not match the member shapes ({:?} {:?})",
+                layout.kind(),
+                layout.logical_shape()
+            ),
+        ));
+    }
+    if layout.element_offsets() != &gm.element_offsets[..] {
+        return Err(Error::invalid(
+            "element_offsets",
+            format!("{:?}", gm.element_offsets),
+            "do not add up to the member shapes' prefix sums",
+        ));
+    }
+    let want = layout.grouped_descs();
+    for (b, d) in want.iter().enumerate() {
+        if gm.byte_offsets.get(&d.name).map(Vec::as_slice) != Some(layout.byte_offsets_of(b)) {
+            return Err(Error::buffer(
+                &d.name,
+                "stored byte offsets do not add up to the members' buffer sizes",
+            ));
+        }
+    }
+    if gm.byte_offsets.len() != want.len() {
+        return Err(Error::invalid(
+            "byte_offsets",
+            gm.byte_offsets.len(),
+            format!("must list exactly the {} grouped buffers", want.len()),
+        ));
+    }
+    let buffers = read_buffers(src, header, name, tm, &*q, want)?;
+    q.unflatten_grouped(&shapes, tm.dtype, buffers)
 }
