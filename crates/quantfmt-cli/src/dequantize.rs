@@ -30,6 +30,47 @@ pub fn run(input: &Path, output: &Path, dtype: Option<DType>) -> Result<()> {
                 ]);
                 outs.push((name.clone(), RawTensor::from_host(&x)));
             }
+            Loaded::Grouped(g) => {
+                let dt = dtype.unwrap_or(g.dtype());
+                let shapes = g.member_shapes();
+                let uniform = shapes.iter().all(|s| s == &shapes[0]);
+                let mut parts = Vec::with_capacity(shapes.len());
+                for i in 0..g.num_members() {
+                    let m = g.member(i)?;
+                    let dir = m
+                        .usage()
+                        .preferred()
+                        .unwrap_or(quant_core::Direction::Rowwise);
+                    parts.push(m.dequantize(dir, dt)?);
+                }
+                if uniform {
+                    // Stack back into [E, member dims...].
+                    let mut dims = vec![shapes.len()];
+                    dims.extend_from_slice(shapes[0].dims());
+                    let bytes: Vec<u8> = parts.iter().flat_map(|p| p.as_bytes().to_vec()).collect();
+                    let stacked = quant_core::HostTensor::from_le_bytes(dt, &bytes, &dims)?;
+                    t.row(vec![
+                        name.clone(),
+                        "dequantized".into(),
+                        format!("{dims:?}"),
+                        dt.to_string(),
+                        format!("{} (grouped x{})", g.quantizer().spec(), shapes.len()),
+                    ]);
+                    outs.push((name.clone(), RawTensor::from_host(&stacked)));
+                } else {
+                    for (i, p) in parts.iter().enumerate() {
+                        let member = format!("{name}.member{i}");
+                        t.row(vec![
+                            member.clone(),
+                            "dequantized".into(),
+                            format!("{:?}", p.shape().dims()),
+                            dt.to_string(),
+                            format!("{} (member {i} of a grouped tensor)", g.quantizer().spec()),
+                        ]);
+                        outs.push((member, RawTensor::from_host(p)));
+                    }
+                }
+            }
             Loaded::Plain(r) => {
                 t.row(vec![
                     name.clone(),

@@ -25,9 +25,17 @@ pub fn run(path: &Path) -> Result<()> {
             .quantizer(&tm.format, &tm.options)
             .map_err(|e| Error::file(&src, format!("tensor `{name}`: {e}")))?;
         let shape = Shape::new(&tm.shape)?;
-        let want = q
-            .buffers(&shape)
-            .map_err(|e| Error::file(&src, format!("tensor `{name}`: {e}")))?;
+        let want = match &tm.grouped {
+            None => q.buffers(&shape),
+            Some(gm) => gm
+                .member_shapes
+                .iter()
+                .map(|d| Shape::new(d))
+                .collect::<Result<Vec<_>>>()
+                .and_then(|m| quant_core::GroupLayout::new(&*q, &m))
+                .map(|l| l.grouped_descs()),
+        }
+        .map_err(|e| Error::file(&src, format!("tensor `{name}`: {e}")))?;
         let mut total = 0u64;
         let mut t = Table::new(&["buffer", "dtype", "shape", "bytes", "check"]);
         for d in &want {
@@ -66,6 +74,15 @@ pub fn run(path: &Path) -> Result<()> {
             total as f64 * 8.0 / numel
         );
         println!("  options: {}", tm.options);
+        if let Some(gm) = &tm.grouped {
+            println!(
+                "  grouped: {} members ({:?}), member shapes {:?}",
+                gm.member_shapes.len(),
+                gm.kind,
+                gm.member_shapes
+            );
+            println!("  element offsets {:?}", gm.element_offsets);
+        }
         print!("{}", indent(&t.render()));
     }
     let plain: Vec<_> = f

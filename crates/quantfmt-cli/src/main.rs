@@ -58,6 +58,10 @@ enum Command {
         /// Fail if any tensor cannot be quantized.
         #[arg(long)]
         strict: bool,
+        /// Store every rank-3 tensor `[E, n, k]` as a grouped tensor of E members `[n, k]`
+        /// (MoE experts in one allocation per buffer kind).
+        #[arg(long)]
+        grouped: bool,
     },
     /// Dequantize a native file back to plain tensors.
     Dequantize {
@@ -95,7 +99,8 @@ fn run(cli: Cli) -> Result<()> {
             format,
             usage,
             strict,
-        } => quantize::run(&input, &output, &format, usage, strict),
+            grouped,
+        } => quantize::run(&input, &output, &format, usage, strict, grouped),
         Command::Dequantize {
             input,
             output,

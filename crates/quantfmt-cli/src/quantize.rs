@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
-use quant_core::io::{RawTensor, SaveItem, load_quantized, save_items};
-use quant_core::{Error, Result, Storage, Usage};
+use quant_core::io::{RawTensor, SaveItem, load_grouped, load_quantized, save_items};
+use quant_core::{Error, GroupedStorage, Result, Shape, Storage, Usage};
 use quantfmt::{FormatSpec, Quantizer};
 
 use crate::input::{InputFile, as_host, not_candidate};
@@ -12,7 +12,14 @@ use crate::table::{Table, bytes};
 
 enum Out {
     Quantized(Box<dyn Storage>),
+    Grouped(Box<dyn GroupedStorage>),
     Plain(RawTensor),
+}
+
+/// Member shapes of a rank-3 `[E, n, k]` tensor stored as a grouped tensor of E members.
+fn expert_shapes(dims: &[usize]) -> Result<Vec<Shape>> {
+    let member = Shape::new(&dims[1..])?;
+    Ok(vec![member; dims[0]])
 }
 
 /// Runs `quantize`.
@@ -22,6 +29,7 @@ pub fn run(
     spec: &FormatSpec,
     usage: Usage,
     strict: bool,
+    grouped: bool,
 ) -> Result<()> {
     let q = spec.quantizer(usage)?;
     let mut f = InputFile::open(input)?;
@@ -33,19 +41,27 @@ pub fn run(
     // Tensors that are already quantized pass through as they are (after validation).
     let registry = quantfmt::registry();
     for (name, tm) in f.meta.tensors.clone() {
-        let s = load_quantized(&mut f.src, &f.header, &name, &tm, registry).map_err(|e| {
-            Error::file(input.display().to_string(), format!("tensor `{name}`: {e}"))
-        })?;
+        let wrap =
+            |e: Error| Error::file(input.display().to_string(), format!("tensor `{name}`: {e}"));
+        let (out, n, spec) = if tm.grouped.is_some() {
+            let g = load_grouped(&mut f.src, &f.header, &name, &tm, registry).map_err(wrap)?;
+            let (n, spec) = (g.nbytes(), g.quantizer().spec());
+            (Out::Grouped(g), n, spec)
+        } else {
+            let s = load_quantized(&mut f.src, &f.header, &name, &tm, registry).map_err(wrap)?;
+            let (n, spec) = (s.nbytes(), s.quantizer().spec());
+            (Out::Quantized(s), n, spec)
+        };
         t.row(vec![
             name.clone(),
             "kept".into(),
             format!("{:?}", tm.shape),
             tm.dtype.to_string(),
-            bytes(s.nbytes() as u64),
-            bytes(s.nbytes() as u64),
-            format!("already quantized ({})", s.quantizer().spec()),
+            bytes(n as u64),
+            bytes(n as u64),
+            format!("already quantized ({spec})"),
         ]);
-        outs.push((name, Out::Quantized(s)));
+        outs.push((name, out));
     }
 
     let infos: Vec<_> = f
@@ -58,11 +74,14 @@ pub fn run(
     let total: u64 = infos.iter().map(|i| i.nbytes()).sum();
     let pb = Progress::bytes(total, "quantize");
     for info in infos {
+        let as_group = grouped && info.shape.len() == 3;
         let reason = not_candidate(&info).or_else(|| {
-            quant_core::Shape::new(&info.shape)
-                .and_then(|s| q.check_shape(&s))
-                .err()
-                .map(|e| e.to_string())
+            let check = if as_group {
+                expert_shapes(&info.shape).and_then(|m| q.check_shape(&m[0]))
+            } else {
+                Shape::new(&info.shape).and_then(|s| q.check_shape(&s))
+            };
+            check.err().map(|e| e.to_string())
         });
         let raw = f.raw(&info)?;
         let dtype = raw.dtype.to_string();
@@ -84,26 +103,36 @@ pub fn run(
                 let x = as_host(&raw)?;
                 let nf = x.count_non_finite();
                 non_finite_total += nf;
-                let s = Quantizer::quantize(&q, &x).map_err(|e| {
+                let wrap = |e: Error| {
                     Error::file(
                         input.display().to_string(),
                         format!("tensor `{}`: {e}", info.name),
                     )
-                })?;
+                };
+                let (out, n, action) = if as_group {
+                    let members = expert_shapes(&info.shape)?;
+                    let g = q.quantize_grouped(&x, &members).map_err(wrap)?;
+                    let n = g.nbytes();
+                    (Out::Grouped(g), n, format!("grouped x{}", info.shape[0]))
+                } else {
+                    let s = Quantizer::quantize(&q, &x).map_err(wrap)?;
+                    let n = s.nbytes();
+                    (Out::Quantized(s), n, "quantized".to_string())
+                };
                 t.row(vec![
                     info.name.clone(),
-                    "quantized".into(),
+                    action,
                     format!("{:?}", info.shape),
                     dtype,
                     bytes(info.nbytes()),
-                    bytes(s.nbytes() as u64),
+                    bytes(n as u64),
                     if nf > 0 {
                         format!("{nf} non-finite input values (NaN/inf)")
                     } else {
                         String::new()
                     },
                 ]);
-                outs.push((info.name.clone(), Out::Quantized(s)));
+                outs.push((info.name.clone(), out));
             }
         }
         pb.inc(info.nbytes());
@@ -124,6 +153,7 @@ pub fn run(
                 n.clone(),
                 match o {
                     Out::Quantized(s) => SaveItem::Quantized(&**s),
+                    Out::Grouped(g) => SaveItem::Grouped(&**g),
                     Out::Plain(r) => SaveItem::Plain(r),
                 },
             )

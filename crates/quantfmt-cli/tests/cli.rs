@@ -106,6 +106,36 @@ fn quantize_inspect_dequantize_round_trip() {
 }
 
 #[test]
+fn grouped_quantize_stores_experts_in_one_allocation() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model.safetensors");
+    let q = dir.path().join("g.safetensors");
+    let d = dir.path().join("d.safetensors");
+    ok(&["example", "-o", p(&model)]);
+    let out = ok(&[
+        "quantize",
+        p(&model),
+        "-o",
+        p(&q),
+        "--format",
+        "fp8",
+        "--grouped",
+    ]);
+    assert!(out.contains("grouped x4"), "{out}");
+    let out = ok(&["inspect", p(&q)]);
+    assert!(out.contains("grouped: 4 members (Uniform)"), "{out}");
+    assert!(
+        out.contains("scale_inv") && out.contains("[4]"),
+        "one fp8 scale per expert: {out}"
+    );
+    let out = ok(&["dequantize", p(&q), "-o", p(&d)]);
+    assert!(
+        out.contains("grouped x4") && out.contains("[4, 1024, 512]"),
+        "{out}"
+    );
+}
+
+#[test]
 fn strict_refuses_files_with_unquantizable_tensors() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("model.safetensors");

@@ -38,9 +38,9 @@ pub use any::{AnyQuantizer, AnyStorage, QuantizerVariant, StorageVariant};
 pub use spec::FormatSpec;
 
 pub use quant_core::{
-    Buffer, BufferDesc, DType, Direction, Element, Error, Format, GroupedStorage, HostData,
-    HostTensor, QuantizedTensor, Quantizer, Registry, Result, Shape, Storage, TensorProto, Usage,
-    codec, dispatch_elements, half, quantize,
+    Buffer, BufferDesc, DType, Direction, Element, Error, Format, GroupKind, GroupedStorage,
+    GroupedTensor, HostData, HostTensor, QuantizedTensor, Quantizer, Registry, Result, Shape,
+    Storage, TensorProto, Usage, codec, dispatch_elements, half, quantize,
 };
 
 /// The FP8 formats.
