@@ -11,7 +11,7 @@
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use quantfmt::{FormatSpec, HostTensor, Shape, Storage, Usage};
+use quantfmt::{FormatSpec, HostTensor, Quantizer, Shape, Usage};
 
 fn main() {
     let spec: FormatSpec = std::env::args()
