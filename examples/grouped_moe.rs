@@ -14,11 +14,14 @@
 use quantfmt::{FormatSpec, HostTensor, Quantizer, Shape, Usage};
 
 fn main() {
-    let spec: FormatSpec = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "fp8-block:1x128".into())
-        .parse()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let arg = std::env::args().nth(1).unwrap_or_else(|| "fp8-block:1x128".into());
+    let spec: FormatSpec = match arg.parse() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
     let q = spec.quantizer(Usage::BOTH).expect("quantizer");
     let hidden = 512;
     // Token counts per expert after routing (multiples of 128 keep every format happy).
