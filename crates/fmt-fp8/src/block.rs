@@ -13,7 +13,10 @@
 //! transpose of the rowwise data. Ragged edges are partial blocks; scale padding is zero.
 //! `value_for_inf` (a subnormal amax) is the input dtype's max finite value.
 
+use std::ops::Range;
+
 use quant_core::format::{buffer_by_name, buffers_by_name_mut, unknown_option};
+use quant_core::layout::{block_ranges, gather_col_ranges, gather_row_ranges};
 use quant_core::shape::{ceil_div, round_up};
 use quant_core::{
     Buffer, BufferDesc, BufferMut, DType, Direction, Element, Error, Format, HostTensor,
@@ -542,6 +545,58 @@ impl Format for Fp8BlockQuantizer {
                         }
                     }
                     other => return Err(Error::buffer(other, "cannot be derived")),
+                }
+                Ok(b)
+            })
+            .collect()
+    }
+
+    /// 1x128 rowwise scales are per row; columnwise and 128x128 blocks span 128 rows.
+    fn row_granularity(&self) -> Option<usize> {
+        match (self.block, self.usage.columnwise) {
+            (BlockScaling::OneD, false) => Some(1),
+            _ => Some(BLOCK),
+        }
+    }
+
+    fn gather_rows(
+        &self,
+        shape: &Shape,
+        bufs: &[Buffer],
+        ranges: &[Range<usize>],
+        out_shape: &Shape,
+    ) -> Result<Vec<Buffer>> {
+        let (m, k) = shape.as_2d();
+        let m_out = out_shape.rows();
+        let (sr, sc) = self.scale_shapes(m, k);
+        let (sr_out, sc_out) = self.scale_shapes(m_out, k);
+        let blocks = block_ranges(ranges, BLOCK);
+        Format::buffers(self, out_shape)?
+            .into_iter()
+            .map(|d| {
+                let name = d.name.clone();
+                let mut b = Buffer::zeroed(d)?;
+                let src = buffer_by_name(bufs, &name)?.bytes();
+                let dst = b.bytes_mut();
+                match (name.as_str(), self.block) {
+                    ("rowwise_data", _) => gather_row_ranges(src, k, ranges, dst)?,
+                    ("columnwise_data", _) => gather_col_ranges(src, k, m, dst, m_out, ranges, 1)?,
+                    // [ceil(K/128), roundup(M,4)]: rows are columns here.
+                    ("rowwise_scale_inv", BlockScaling::OneD) => {
+                        gather_col_ranges(src, sr[0], sr[1], dst, sr_out[1], ranges, 4)?
+                    }
+                    // [ceil(M/128), roundup(K,4)] and [ceil(M/128), ...]: block rows.
+                    ("columnwise_scale_inv", BlockScaling::OneD) => {
+                        gather_row_ranges(src, sc[1] * 4, &blocks, dst)?
+                    }
+                    ("rowwise_scale_inv", BlockScaling::TwoD) => {
+                        gather_row_ranges(src, sr[1] * 4, &blocks, dst)?
+                    }
+                    // [ceil(K/128), roundup(ceil(M/128),4)]: block columns.
+                    ("columnwise_scale_inv", BlockScaling::TwoD) => {
+                        gather_col_ranges(src, sc[0], sc[1], dst, sc_out[1], &blocks, 4)?
+                    }
+                    (other, _) => return Err(Error::buffer(other, "has no row-gather rule")),
                 }
                 Ok(b)
             })

@@ -5,7 +5,11 @@
 //! `q = fp8(x * scale)`, `scale_inv = 1/scale`. The columnwise operand is the bitwise
 //! transpose of the rowwise bytes (same scale), stored as `[K, d0, ..., d_{n-2}]`.
 
+use std::ops::Range;
+
 use quant_core::format::{buffer_by_name, buffers_by_name_mut, unknown_option};
+use quant_core::layout::{gather_col_ranges, gather_row_ranges};
+use quant_core::parallel::AmaxReducer;
 use quant_core::{
     Buffer, BufferDesc, BufferMut, DType, Direction, Element, Error, Format, HostTensor,
     OptionHelp, QuantizedTensor, Result, Shape, Usage, dispatch_elements,
@@ -303,6 +307,43 @@ impl Format for Fp8Quantizer {
                 Ok(b)
             })
             .collect()
+    }
+
+    /// One scale for the whole tensor: any rows can move.
+    fn row_granularity(&self) -> Option<usize> {
+        Some(1)
+    }
+
+    fn gather_rows(
+        &self,
+        shape: &Shape,
+        bufs: &[Buffer],
+        ranges: &[Range<usize>],
+        out_shape: &Shape,
+    ) -> Result<Vec<Buffer>> {
+        let (m, k) = shape.as_2d();
+        let m_out = out_shape.rows();
+        Format::buffers(self, out_shape)?
+            .into_iter()
+            .map(|d| {
+                let mut b = Buffer::zeroed(d)?;
+                let src = buffer_by_name(bufs, b.name())?.bytes();
+                match b.name() {
+                    "rowwise_data" => gather_row_ranges(src, k, ranges, b.bytes_mut())?,
+                    "columnwise_data" => gather_col_ranges(src, k, m, b.bytes_mut(), m_out, ranges, 1)?,
+                    _ => b.bytes_mut().copy_from_slice(src),
+                }
+                Ok(b)
+            })
+            .collect()
+    }
+
+    /// Reduces the shard's amax across ranks first, so each shard gets the whole tensor's
+    /// scale (and bytes equal to the matching slice of the whole tensor's quantization).
+    fn quantize_reduced(&self, x: &HostTensor<'_>, reducer: &dyn AmaxReducer) -> Result<QuantizedTensor<Self>> {
+        let mut amax = [dispatch_elements!(x, |xs| tensor_amax(xs))];
+        reducer.all_reduce_max(&mut amax)?;
+        self.quantize_with_amax(x, amax[0])
     }
 
     fn validate_buffers(&self, _shape: &Shape, bufs: &[Buffer]) -> Result<()> {

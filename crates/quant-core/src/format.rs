@@ -10,6 +10,7 @@
 
 use std::fmt;
 use std::hash::Hash;
+use std::ops::Range;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -100,6 +101,42 @@ pub trait Format:
             format!("deriving {} from the stored direction", names.join(", ")),
             "this format scales each direction separately from the high-precision input; quantize again with the new usage",
         ))
+    }
+
+    /// Row granularity of this quantizer: row ranges given to [`Format::gather_rows`] must
+    /// start and end on multiples of it (the height of the tallest scale block, e.g. 128
+    /// for 1x128 columnwise or 128x128 tiles, 32 for MXFP8, 16 for NVFP4, 1 for per-row or
+    /// per-tensor scales). `None` when the format cannot move rows without requantizing.
+    fn row_granularity(&self) -> Option<usize> {
+        None
+    }
+
+    /// Copies row ranges of the 2-D view `[M, K]` into buffers for a tensor of
+    /// `out_shape` (`[sum of range lengths, ...]`), moving every row's scales with it,
+    /// without dequantizing. Ranges are already checked against
+    /// [`Format::row_granularity`] and `M`. Used for tensor-parallel slicing and for GLU
+    /// interleaving of quantized weights.
+    fn gather_rows(
+        &self,
+        shape: &Shape,
+        bufs: &[Buffer],
+        ranges: &[Range<usize>],
+        out_shape: &Shape,
+    ) -> Result<Vec<Buffer>> {
+        let _ = (shape, bufs, ranges, out_shape);
+        Err(Error::unsupported(
+            Self::NAME,
+            "moving rows of a quantized tensor",
+            "this format has no row-gather kernel",
+        ))
+    }
+
+    /// Quantizes `x` with a tensor-wide amax reduced across ranks by `reducer` (TE's
+    /// `with_amax_reduction`), so every shard gets the scale the whole tensor would.
+    /// Formats without a tensor-wide amax ignore the reducer.
+    fn quantize_reduced(&self, x: &HostTensor<'_>, reducer: &dyn crate::parallel::AmaxReducer) -> Result<QuantizedTensor<Self>> {
+        let _ = reducer;
+        quantize(self, x)
     }
 
     /// Checks buffer *contents* after they were rebuilt from untrusted bytes (shapes
@@ -406,6 +443,71 @@ impl<F: Format> QuantizedTensor<F> {
             dtype,
             buffers,
         }
+    }
+
+    /// The rows `ranges` of the leading dimension (dim 0), concatenated, without
+    /// dequantizing: each row keeps its bytes and scales. Every range boundary must be a
+    /// multiple of the format's row granularity (in rows of the 2-D view).
+    ///
+    /// This is how a tensor-parallel shard is cut from a quantized weight, and how GLU
+    /// weights are (de)interleaved in quantized form.
+    pub fn gather_dim0(&self, ranges: &[Range<usize>]) -> Result<Self> {
+        let dims = self.shape.dims();
+        if dims.len() < 2 {
+            return Err(Error::invalid(
+                "tensor",
+                &self.shape,
+                "has rank 1; rows can only be gathered from a tensor of rank >= 2",
+            ));
+        }
+        let d0 = dims[0];
+        let inner: usize = dims[1..dims.len() - 1].iter().product();
+        let gran = self.format.row_granularity().ok_or_else(|| {
+            Error::unsupported(
+                F::NAME,
+                "moving rows of a quantized tensor",
+                format!("{} scales blocks that cannot be split", self.format.spec()),
+            )
+        })?;
+        let m = self.shape.rows();
+        let mut rows = Vec::with_capacity(ranges.len());
+        let mut total = 0usize;
+        for (i, r) in ranges.iter().enumerate() {
+            if r.start > r.end || r.end > d0 {
+                return Err(Error::invalid(
+                    "range",
+                    format!("{}..{}", r.start, r.end),
+                    format!("must lie within dim 0 of size {d0}"),
+                ));
+            }
+            let (a, b) = (r.start * inner, r.end * inner);
+            // A partial block at the end of the tensor may only stay at the end.
+            let end_ok = b % gran == 0 || (b == m && i + 1 == ranges.len());
+            if a % gran != 0 || !end_ok {
+                return Err(Error::invalid(
+                    "range",
+                    format!("{}..{}", r.start, r.end),
+                    format!(
+                        "must start and end on multiples of {gran} rows ({} keeps one scale per {gran} rows)",
+                        self.format.spec()
+                    ),
+                ));
+            }
+            total += r.end - r.start;
+            rows.push(a..b);
+        }
+        let mut out_dims = dims.to_vec();
+        out_dims[0] = total;
+        let out_shape = Shape::new(&out_dims)?;
+        out_shape.require_nonempty(F::NAME)?;
+        self.format.check_shape(&out_shape)?;
+        let bufs = self.format.gather_rows(&self.shape, &self.buffers, &rows, &out_shape)?;
+        QuantizedTensor::from_buffers(self.format.clone(), &out_shape, self.dtype, bufs)
+    }
+
+    /// Rows `range` of dim 0 (see [`QuantizedTensor::gather_dim0`]).
+    pub fn slice_dim0(&self, range: Range<usize>) -> Result<Self> {
+        self.gather_dim0(std::slice::from_ref(&range))
     }
 
     /// Splits into parts (for grouped layouts and interop).

@@ -81,6 +81,76 @@ pub fn unswizzle(swizzled: &[u8], compact: &mut [u8], rows: usize, cols: usize) 
     Ok(())
 }
 
+/// Concatenates row ranges of a row-major matrix of `row_bytes`-byte rows into `dst`
+/// (which must hold exactly the selected rows). Used to move rows with their data.
+pub fn gather_row_ranges(
+    src: &[u8],
+    row_bytes: usize,
+    ranges: &[std::ops::Range<usize>],
+    dst: &mut [u8],
+) -> Result<()> {
+    let mut at = 0;
+    for r in ranges {
+        let part = src
+            .get(r.start * row_bytes..r.end * row_bytes)
+            .ok_or_else(|| Error::invalid("row range", format!("{}..{}", r.start, r.end), "lies outside the source"))?;
+        let out = dst
+            .get_mut(at..at + part.len())
+            .ok_or_else(|| Error::invalid("destination", at + part.len(), "is too small for the selected rows"))?;
+        out.copy_from_slice(part);
+        at += part.len();
+    }
+    Ok(())
+}
+
+/// For each of `rows` rows of a row-major matrix with `src_cols` columns of `elem`-byte
+/// elements, concatenates the column ranges into the row of a matrix with `dst_cols`
+/// columns (columns past the selection stay as they are: zero padding). Used to move
+/// rows of a tensor whose buffer stores them transposed (columnwise data, transposed
+/// scale matrices).
+pub fn gather_col_ranges(
+    src: &[u8],
+    rows: usize,
+    src_cols: usize,
+    dst: &mut [u8],
+    dst_cols: usize,
+    ranges: &[std::ops::Range<usize>],
+    elem: usize,
+) -> Result<()> {
+    let selected: usize = ranges.iter().map(|r| r.end - r.start).sum();
+    if selected > dst_cols
+        || src.len() < rows * src_cols * elem
+        || dst.len() < rows * dst_cols * elem
+        || ranges.iter().any(|r| r.start > r.end || r.end > src_cols)
+    {
+        return Err(Error::invalid(
+            "column gather",
+            format!("{selected} of {src_cols} columns into {dst_cols}"),
+            "ranges must lie inside the source and fit the destination",
+        ));
+    }
+    for row in 0..rows {
+        let s = &src[row * src_cols * elem..(row + 1) * src_cols * elem];
+        let d = &mut dst[row * dst_cols * elem..(row + 1) * dst_cols * elem];
+        let mut at = 0;
+        for r in ranges {
+            let n = (r.end - r.start) * elem;
+            d[at..at + n].copy_from_slice(&s[r.start * elem..r.end * elem]);
+            at += n;
+        }
+    }
+    Ok(())
+}
+
+/// Maps row ranges to the ranges of the `block`-row blocks that cover them (boundaries
+/// are multiples of `block`, or the end of the tensor).
+pub fn block_ranges(ranges: &[std::ops::Range<usize>], block: usize) -> Vec<std::ops::Range<usize>> {
+    ranges
+        .iter()
+        .map(|r| r.start / block..r.end.div_ceil(block))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,5 +178,18 @@ mod tests {
             assert_eq!(swizzled_index(i, j, cols), pos);
         }
         assert!(swizzle(&[0; 10], &mut [0; 10], 5, 2).is_err());
+    }
+
+    #[test]
+    fn gathers() {
+        let src: Vec<u8> = (0..12).collect(); // 3 rows x 4 cols
+        let mut d = vec![0; 8];
+        gather_row_ranges(&src, 4, &[2..3, 0..1], &mut d).unwrap();
+        assert_eq!(d, [8, 9, 10, 11, 0, 1, 2, 3]);
+        let mut d = vec![0; 9];
+        gather_col_ranges(&src, 3, 4, &mut d, 3, &[3..4, 0..1], 1).unwrap();
+        assert_eq!(d, [3, 0, 0, 7, 4, 0, 11, 8, 0]);
+        assert!(gather_col_ranges(&src, 3, 4, &mut d, 3, &[0..4], 1).is_err());
+        assert_eq!(block_ranges(&[0..256, 384..400], 128), vec![0..2, 3..4]);
     }
 }

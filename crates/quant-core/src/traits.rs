@@ -6,12 +6,14 @@
 
 use std::any::Any;
 use std::fmt;
+use std::ops::Range;
 
 use crate::buffer::{Buffer, BufferDesc};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::format::{Format, QuantizedTensor, quantize};
 use crate::grouped::{GroupKind, GroupedTensor};
+use crate::parallel::AmaxReducer;
 use crate::proto::TensorProto;
 use crate::shape::Shape;
 use crate::tensor::HostTensor;
@@ -47,6 +49,9 @@ pub trait Quantizer: Send + Sync + fmt::Debug + Any {
     fn buffers(&self, shape: &Shape) -> Result<Vec<BufferDesc>>;
     /// Quantizes into a new storage.
     fn quantize(&self, x: &HostTensor<'_>) -> Result<Box<dyn Storage>>;
+    /// Quantizes a shard with the tensor-wide amax reduced across ranks (see
+    /// [`crate::parallel`]); formats without a tensor-wide amax ignore `reducer`.
+    fn quantize_reduced(&self, x: &HostTensor<'_>, reducer: &dyn AmaxReducer) -> Result<Box<dyn Storage>>;
     /// Quantizes into an existing storage of the same format and shape, reusing its memory.
     fn quantize_into(&self, x: &HostTensor<'_>, out: &mut dyn Storage) -> Result<()>;
     /// A zero-filled storage for a tensor of `shape` quantized from `dtype`.
@@ -122,6 +127,11 @@ impl<F: Format> Quantizer for F {
     }
     fn quantize(&self, x: &HostTensor<'_>) -> Result<Box<dyn Storage>> {
         Ok(Box::new(quantize(self, x)?))
+    }
+    fn quantize_reduced(&self, x: &HostTensor<'_>, reducer: &dyn AmaxReducer) -> Result<Box<dyn Storage>> {
+        x.shape().require_nonempty(F::NAME)?;
+        Format::check_shape(self, x.shape())?;
+        Ok(Box::new(Format::quantize_reduced(self, x, reducer)?))
     }
     fn quantize_into(&self, x: &HostTensor<'_>, out: &mut dyn Storage) -> Result<()> {
         let name = out.format_name();
@@ -237,6 +247,13 @@ pub trait Storage: Send + Sync + fmt::Debug + Any {
     fn dequantize_f32(&self) -> Result<Vec<f32>>;
     /// Drops or derives directions.
     fn update_usage(&mut self, usage: Usage) -> Result<()>;
+    /// Rows `ranges` of dim 0, concatenated, without dequantizing (scales move with their
+    /// rows); boundaries must be multiples of the format's row granularity.
+    fn gather_dim0(&self, ranges: &[Range<usize>]) -> Result<Box<dyn Storage>>;
+    /// Rows `range` of dim 0 (a tensor-parallel shard), without dequantizing.
+    fn slice_dim0(&self, range: Range<usize>) -> Result<Box<dyn Storage>> {
+        self.gather_dim0(std::slice::from_ref(&range))
+    }
     /// The data-free prototype of this tensor.
     fn proto(&self) -> TensorProto;
     /// Clones into a box (buffers are shared copy-on-write, so this is cheap).
@@ -276,6 +293,9 @@ impl<F: Format> Storage for QuantizedTensor<F> {
     }
     fn update_usage(&mut self, usage: Usage) -> Result<()> {
         QuantizedTensor::update_usage(self, usage)
+    }
+    fn gather_dim0(&self, ranges: &[Range<usize>]) -> Result<Box<dyn Storage>> {
+        Ok(Box::new(QuantizedTensor::gather_dim0(self, ranges)?))
     }
     fn proto(&self) -> TensorProto {
         TensorProto::from_storage(self)

@@ -8,8 +8,10 @@
 
 use std::any::Any;
 use std::fmt;
+use std::ops::Range;
 
 use enum_dispatch::enum_dispatch;
+use quant_core::parallel::AmaxReducer;
 use quant_core::{
     Buffer, BufferDesc, DType, Direction, Error, Format, GroupedStorage, HostTensor,
     QuantizedTensor, Quantizer, Result, Shape, Storage, TensorProto, Usage,
@@ -158,6 +160,9 @@ impl Quantizer for AnyQuantizer {
     fn quantize(&self, x: &HostTensor<'_>) -> Result<Box<dyn Storage>> {
         Quantizer::quantize(self.as_quantizer(), x)
     }
+    fn quantize_reduced(&self, x: &HostTensor<'_>, reducer: &dyn AmaxReducer) -> Result<Box<dyn Storage>> {
+        self.as_quantizer().quantize_reduced(x, reducer)
+    }
     fn quantize_into(&self, x: &HostTensor<'_>, out: &mut dyn Storage) -> Result<()> {
         // An AnyStorage destination is unwrapped to its variant first.
         match out.as_any_mut().downcast_mut::<AnyStorage>() {
@@ -230,6 +235,9 @@ impl Storage for AnyStorage {
     }
     fn update_usage(&mut self, usage: Usage) -> Result<()> {
         self.as_storage_mut().update_usage(usage)
+    }
+    fn gather_dim0(&self, ranges: &[Range<usize>]) -> Result<Box<dyn Storage>> {
+        self.as_storage().gather_dim0(ranges)
     }
     fn proto(&self) -> TensorProto {
         self.as_storage().proto()
