@@ -29,8 +29,8 @@ oracles (`tests/pytorch/references/*.py`) differ from the kernels, the kernels w
   bfloat16 / numpy float16, round to nearest even), in the LOGICAL (untransposed) shape.
 
 Every case stores `caseN.input` (f32 / bf16 / f16), every quantized buffer under its
-library name (`caseN.rowwise_data`, ...), and `caseN.dequant.<rowwise|columnwise>.crc32`,
-the CRC32 of the reference dequantization's bytes in the case's dequant dtype (kept as a
+library name (`caseN.rowwise_data`, ...), and `caseN.dequant.<rowwise|columnwise>.<f32|bf16|f16>.crc32`,
+the CRC32 of the reference dequantization's bytes in that output dtype (kept as a
 checksum so the files stay small); the JSON metadata (`__metadata__["json"]`) describes each case.
 
 Run: python3 tests/golden/fp8.py   (writes tests/golden/data/fp8*.safetensors)
@@ -205,8 +205,12 @@ def cast_out(v32, dtype):
         return v32.astype(INPUT[dtype][0])
 
 
+DEQUANT_DTYPES = ["f32", "bf16", "f16"]
+
+
 def dequantize(bufs, deq_scales, shape, c):
-    """decode(q) * scale_inv per element in fp32, cast, in the logical shape."""
+    """decode(q) * scale_inv per element in fp32, then cast to each output dtype, in the
+    logical shape: {(direction, dtype): array}."""
     out = {}
     m = int(np.prod(shape[:-1]))
     k = shape[-1]
@@ -216,7 +220,8 @@ def dequantize(bufs, deq_scales, shape, c):
             v = fp8_decode(q, c["fp8"]) * s  # may overflow to inf (e.g. a saturated 448)
         if d == "columnwise":
             v = v.T
-        out[d] = np.ascontiguousarray(cast_out(v, c["dequant"])).reshape(shape)
+        for dt in DEQUANT_DTYPES:
+            out[(d, dt)] = np.ascontiguousarray(cast_out(v, dt)).reshape(shape)
     return out
 
 
@@ -392,7 +397,6 @@ def make_cases():
     dtypes = ["f32", "bf16", "f16"]
     fmts = ["e4m3", "e5m2"]
     usages = ["both", "rowwise", "columnwise"]
-    deqs = ["f32", "bf16", "f16"]
     cases = []
 
     def add(**c):
@@ -406,7 +410,7 @@ def make_cases():
         for dtype in dtypes:
             add(
                 format="fp8", shape=small[i % len(small)], dtype=dtype, fp8=fmts[i % 2],
-                pow2=bool((i // 2) % 2), usage=usages[i % 3], dequant=deqs[(i // 3) % 3],
+                pow2=bool((i // 2) % 2), usage=usages[i % 3],
                 content=kind,
             )
             i += 1
@@ -415,11 +419,11 @@ def make_cases():
         [([129, 257], "f32"), ([200, 128], "bf16"), ([2, 70, 130], "f16"), ([129, 257], "bf16")]
     ):
         add(format="fp8", shape=shape, dtype=dtype, fp8=fmts[j % 2], pow2=bool(j % 2),
-            usage="both", dequant=deqs[j % 3], content="randn" if j % 2 else "wide")
+            usage="both", content="randn" if j % 2 else "wide")
     # ties after scaling, both formats, pow2 on and off (scale is exactly 2^k either way)
     for j in range(8):
         add(format="fp8", shape=[3, 130], dtype=dtypes[j % 3], fp8=fmts[j % 2],
-            pow2=bool((j // 2) % 2), usage=usages[j % 3], dequant=deqs[(j + 1) % 3],
+            pow2=bool((j // 2) % 2), usage=usages[j % 3],
             content="ties")
     # amax epsilon: tiny (zeros -> value_for_inf = FLT_MAX), 1 (floor above a small
     # amax), big; NaN amax is never clamped
@@ -429,9 +433,9 @@ def make_cases():
     ):
         add(format="fp8", shape=small[j % len(small)], dtype=dtypes[j % 3], fp8=fmts[j % 2],
             pow2=bool(j % 2 == 0) if j < 2 else bool((j // 2) % 2), usage=usages[j % 3],
-            dequant=deqs[j % 3], content=kind, eps_kind=ek)
+            content=kind, eps_kind=ek)
     add(format="fp8", shape=[4, 8], dtype="f32", fp8="e4m3", pow2=False, usage="both",
-        dequant="f32", content="nan_only")
+        content="nan_only")
     # an amax supplied from outside (after a cross-rank reduction): NaN is not clamped by
     # eps and gives scale 1, as do inf and 0; a larger amax than the local one; a tiny one
     for j, (amax, ek, pow2) in enumerate(
@@ -439,16 +443,15 @@ def make_cases():
          (1234.5, "0", True), (1e-42, "0", True), (1e-42, "0", False), (0.5, "1", False)]
     ):
         add(format="fp8", shape=small[j % len(small)], dtype=dtypes[j % 3], fp8=fmts[j % 2],
-            pow2=pow2, usage=usages[j % 3], dequant=deqs[(j + 1) % 3], content="randn",
+            pow2=pow2, usage=usages[j % 3], content="randn",
             eps_kind=ek, amax=F32(amax))
 
     # every FP8 code dequantized, with amax values where fp32-then-cast double rounding
     # differs from a single rounding of the exact product
-    for fmt, amax, deq in [("e4m3", 627.0385131835938, "f16"), ("e4m3", 267.0, "bf16"),
-                           ("e5m2", 124.75000762939453, "bf16"),
-                           ("e5m2", 124.75000762939453, "f16")]:
+    for fmt, amax in [("e4m3", 627.0385131835938), ("e4m3", 267.0),
+                      ("e5m2", 124.75000762939453)]:
         add(format="fp8", shape=[2, 128], dtype="f32", fp8=fmt, pow2=False, usage="both",
-            dequant=deq, content="all_codes", code_amax=amax)
+            content="all_codes", code_amax=amax)
 
     # ---- blockwise: every shape x block x input dtype, mixed regions
     j = 0
@@ -457,7 +460,7 @@ def make_cases():
             for dtype in dtypes:
                 add(format="fp8-block", block=block, shape=shape, dtype=dtype,
                     fp8=fmts[j % 2], pow2=(j // 2) % 3 != 0, usage=usages[j % 3],
-                    dequant=deqs[(j // 3) % 3], content="mixed")
+                    content="mixed")
                 j += 1
         large = {
             "1x128": [([129, 257], "f32"), ([200, 128], "bf16"), ([2, 70, 130], "f16")],
@@ -465,7 +468,7 @@ def make_cases():
         }
         for shape, dtype in large[block]:
             add(format="fp8-block", block=block, shape=shape, dtype=dtype, fp8=fmts[j % 2],
-                pow2=j % 3 != 0, usage="both", dequant=deqs[j % 3], content="mixed")
+                pow2=j % 3 != 0, usage="both", content="mixed")
             j += 1
     # value_for_inf per input dtype: all-zero blocks with eps = 2^-149, pow2 on and off
     # (f32 -> FLT_MAX / 2^127, bf16 -> 0x7F7F0000 / 2^127, f16 -> 65504 / 2^15)
@@ -474,10 +477,10 @@ def make_cases():
             for pow2 in [True, False]:
                 add(format="fp8-block", block=block, shape=[3, 130], dtype=dtype,
                     fp8="e4m3" if pow2 else "e5m2", pow2=pow2, usage="both",
-                    dequant=dtype, content="zeros", eps_kind="tiny")
+                    content="zeros", eps_kind="tiny")
     for block in ["1x128", "128x128"]:
         add(format="fp8-block", block=block, shape=[1, 256], dtype="f32", fp8="e4m3",
-            pow2=False, usage="rowwise", dequant="bf16", content="all_codes", code_amax=267.0)
+            pow2=False, usage="rowwise", content="all_codes", code_amax=267.0)
     # ties, near-max, epsilon
     for jj, (kind, ek) in enumerate(
         [("ties", "0"), ("ties", "0"), ("ties", "1"), ("near_max", "0"), ("near_max", "0"),
@@ -490,7 +493,7 @@ def make_cases():
                 shape = [5, 300]
             add(format="fp8-block", block=block, shape=shape,
                 dtype=dtypes[jj % 3], fp8=fmts[jj % 2], pow2=jj % 2 == 0 if kind != "ties" else jj != 1,
-                usage=usages[jj % 3], dequant=deqs[(jj + 2) % 3], content=kind, eps_kind=ek)
+                usage=usages[jj % 3], content=kind, eps_kind=ek)
     return rng, cases
 
 
@@ -529,10 +532,10 @@ def main():
         tensors[f"case{n}.input"] = np.ascontiguousarray(x)
         for name, b in bufs.items():
             tensors[f"case{n}.{name}"] = np.ascontiguousarray(b)
-        for d, v in deq.items():
+        for (d, dt), v in deq.items():
             # the reference dequantization is kept as a CRC32 of its bytes (little-endian,
-            # dequant dtype): the Rust test compares the library output's CRC32
-            tensors[f"case{n}.dequant.{d}.crc32"] = np.array(
+            # output dtype): the Rust test compares the library output's CRC32
+            tensors[f"case{n}.dequant.{d}.{dt}.crc32"] = np.array(
                 [zlib.crc32(v.tobytes()) & 0xFFFFFFFF], dtype=np.uint32
             )
         meta = {
@@ -543,7 +546,6 @@ def main():
             "pow2": bool(c["pow2"]),
             "eps_bits": int(np.asarray(c["eps"], dtype=F32).view(np.uint32)),
             "usage": c["usage"],
-            "dequant_dtype": c["dequant"],
             "content": c["content"],
             "buffers": list(bufs.keys()),
         }
