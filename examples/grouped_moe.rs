@@ -14,7 +14,9 @@
 use quantfmt::{FormatSpec, HostTensor, Quantizer, Shape, Usage};
 
 fn main() {
-    let arg = std::env::args().nth(1).unwrap_or_else(|| "fp8-block:1x128".into());
+    let arg = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "fp8-block:1x128".into());
     let spec: FormatSpec = match arg.parse() {
         Ok(s) => s,
         Err(e) => {

@@ -517,3 +517,141 @@ fn grouped_errors_name_the_member() {
         assert!(e.contains("elements"), "{e}");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Slicing, GLU interleave and sharded quantization.
+
+use quantfmt::glu::{
+    deinterleave_glu, deinterleave_glu_storage, interleave_glu, interleave_glu_storage,
+};
+use quantfmt::parallel::InProcessGroup;
+
+#[test]
+fn sharded_quantization_agrees_with_the_whole_tensor() {
+    let (m, k) = (1024, 256);
+    let w = data(m, k, 40);
+    let whole_x = HostTensor::f32(&w, &[m, k]).unwrap();
+    for q in quantizers() {
+        let whole = q.quantize(&whole_x).unwrap();
+        for ranks in [2usize, 4, 8] {
+            let rows = m / ranks;
+            let group = InProcessGroup::new(ranks).unwrap();
+            let shards: Vec<Box<dyn Storage>> = std::thread::scope(|s| {
+                let handles: Vec<_> = group
+                    .iter()
+                    .enumerate()
+                    .map(|(r, rank)| {
+                        let q = &q;
+                        let w = &w;
+                        s.spawn(move || {
+                            let part = &w[r * rows * k..(r + 1) * rows * k];
+                            let x = HostTensor::f32(part, &[rows, k]).unwrap();
+                            q.quantize_reduced(&x, rank).unwrap()
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for (r, shard) in shards.iter().enumerate() {
+                let cut = whole
+                    .slice_dim0(r * rows..(r + 1) * rows)
+                    .unwrap_or_else(|e| panic!("{}: slicing the whole tensor: {e}", q.spec()));
+                assert_same_bytes(&**shard, &*cut);
+            }
+        }
+    }
+}
+
+#[test]
+fn glu_interleave_round_trips_on_plain_and_quantized_tensors() {
+    let (m, k) = (1024, 256);
+    let w = data(m, k, 41);
+    let x = HostTensor::f32(&w, &[m, k]).unwrap();
+    for q in quantizers() {
+        let block = 128;
+        let s = q.quantize(&x).unwrap();
+        let inter = interleave_glu_storage(&*s, block).unwrap();
+        let back = deinterleave_glu_storage(&*inter, block).unwrap();
+        assert_same_bytes(&*s, &*back);
+        // Moving quantized rows equals quantizing the moved rows.
+        let xi = interleave_glu(&x, block).unwrap();
+        let direct = q.quantize(&xi).unwrap();
+        assert_same_bytes(&*inter, &*direct);
+        assert_eq!(deinterleave_glu(&xi, block).unwrap().to_f32_vec(), w);
+    }
+}
+
+#[test]
+fn misaligned_row_moves_are_refused_with_the_rule() {
+    let w = data(512, 256, 42);
+    let x = HostTensor::f32(&w, &[512, 256]).unwrap();
+    for q in quantizers() {
+        let s = q.quantize(&x).unwrap();
+        let e = interleave_glu_storage(&*s, 3).unwrap_err().to_string();
+        assert!(e.contains("512") && e.contains('6'), "{}: {e}", q.spec());
+        let e = interleave_glu_storage(&*s, 0).unwrap_err().to_string();
+        assert!(e.contains("interleave_size"), "{e}");
+        assert!(s.slice_dim0(0..600).is_err());
+        // A cut at row 1 is fine for per-row scales and refused for row blocks.
+        match s.slice_dim0(0..1) {
+            Ok(t) => assert_eq!(t.shape().dims(), &[1, 256]),
+            Err(e) => assert!(e.to_string().contains("multiples of"), "{}: {e}", q.spec()),
+        }
+    }
+}
+
+#[test]
+fn plan_linear_answers_shapes_usages_and_bytes() {
+    use quantfmt::plan::{Parallelism, plan_linear};
+    let q = registry().parse_spec("fp8", Usage::ROWWISE).unwrap();
+    let x = TensorProto::new(&[512, 4, 1024], DType::BF16, q.as_ref()).unwrap();
+    let w = TensorProto::new(&[2816, 1024], DType::BF16, q.as_ref()).unwrap();
+    let p = plan_linear(&x, &w, q.as_ref(), true, Parallelism::None).unwrap();
+    assert_eq!(p.output_shape, vec![512, 4, 2816]);
+    assert_eq!(p.weight.dgrad, Some(Usage::COLUMNWISE));
+    assert_eq!(p.input.wgrad, Some(Usage::COLUMNWISE));
+    assert_eq!(p.grad_output.proto.shape().dims(), &[512, 4, 2816]);
+    // Saved: x and W columnwise (fp8: transposed data + shared scale).
+    assert_eq!(p.saved_bytes, 512 * 4 * 1024 + 4 + 2816 * 1024 + 4);
+    assert_eq!(
+        p.total_bytes,
+        x.with_usage(Usage::BOTH).unwrap().nbytes().unwrap()
+            + w.with_usage(Usage::BOTH).unwrap().nbytes().unwrap()
+            + p.grad_output.proto.nbytes().unwrap()
+            + 2816 * 2
+            + 512 * 4 * 2816 * 2
+    );
+    // Column-parallel with sequence parallelism gathers the input's leading dim.
+    let p = plan_linear(
+        &x,
+        &w,
+        q.as_ref(),
+        false,
+        Parallelism::Column {
+            tp: 4,
+            sequence_parallel: true,
+        },
+    )
+    .unwrap();
+    assert_eq!(p.gemm_input_shape, vec![2048, 4, 1024]);
+    assert_eq!(p.output_shape, vec![2048, 4, 2816]);
+    // Row-parallel with sequence parallelism scatters the output's leading dim.
+    let p = plan_linear(
+        &x,
+        &w,
+        q.as_ref(),
+        false,
+        Parallelism::Row {
+            tp: 4,
+            sequence_parallel: true,
+        },
+    )
+    .unwrap();
+    assert_eq!(p.output_shape, vec![128, 4, 2816]);
+    // K mismatch is named.
+    let bad = TensorProto::new(&[16, 1000], DType::BF16, q.as_ref()).unwrap();
+    let e = plan_linear(&bad, &w, q.as_ref(), false, Parallelism::None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("K = 1024"), "{e}");
+}

@@ -330,7 +330,9 @@ impl Format for Fp8Quantizer {
                 let src = buffer_by_name(bufs, b.name())?.bytes();
                 match b.name() {
                     "rowwise_data" => gather_row_ranges(src, k, ranges, b.bytes_mut())?,
-                    "columnwise_data" => gather_col_ranges(src, k, m, b.bytes_mut(), m_out, ranges, 1)?,
+                    "columnwise_data" => {
+                        gather_col_ranges(src, k, m, b.bytes_mut(), m_out, ranges, 1)?
+                    }
                     _ => b.bytes_mut().copy_from_slice(src),
                 }
                 Ok(b)
@@ -340,7 +342,11 @@ impl Format for Fp8Quantizer {
 
     /// Reduces the shard's amax across ranks first, so each shard gets the whole tensor's
     /// scale (and bytes equal to the matching slice of the whole tensor's quantization).
-    fn quantize_reduced(&self, x: &HostTensor<'_>, reducer: &dyn AmaxReducer) -> Result<QuantizedTensor<Self>> {
+    fn quantize_reduced(
+        &self,
+        x: &HostTensor<'_>,
+        reducer: &dyn AmaxReducer,
+    ) -> Result<QuantizedTensor<Self>> {
         let mut amax = [dispatch_elements!(x, |xs| tensor_amax(xs))];
         reducer.all_reduce_max(&mut amax)?;
         self.quantize_with_amax(x, amax[0])

@@ -134,7 +134,11 @@ pub trait Format:
     /// Quantizes `x` with a tensor-wide amax reduced across ranks by `reducer` (TE's
     /// `with_amax_reduction`), so every shard gets the scale the whole tensor would.
     /// Formats without a tensor-wide amax ignore the reducer.
-    fn quantize_reduced(&self, x: &HostTensor<'_>, reducer: &dyn crate::parallel::AmaxReducer) -> Result<QuantizedTensor<Self>> {
+    fn quantize_reduced(
+        &self,
+        x: &HostTensor<'_>,
+        reducer: &dyn crate::parallel::AmaxReducer,
+    ) -> Result<QuantizedTensor<Self>> {
         let _ = reducer;
         quantize(self, x)
     }
@@ -501,7 +505,9 @@ impl<F: Format> QuantizedTensor<F> {
         let out_shape = Shape::new(&out_dims)?;
         out_shape.require_nonempty(F::NAME)?;
         self.format.check_shape(&out_shape)?;
-        let bufs = self.format.gather_rows(&self.shape, &self.buffers, &rows, &out_shape)?;
+        let bufs = self
+            .format
+            .gather_rows(&self.shape, &self.buffers, &rows, &out_shape)?;
         QuantizedTensor::from_buffers(self.format.clone(), &out_shape, self.dtype, bufs)
     }
 

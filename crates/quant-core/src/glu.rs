@@ -33,7 +33,10 @@ fn check(dim0: usize, k: usize) -> Result<usize> {
         return Err(Error::invalid(
             "dim 0",
             dim0,
-            format!("must be divisible by 2 * interleave_size = {} (interleave_size = {k})", 2 * k),
+            format!(
+                "must be divisible by 2 * interleave_size = {} (interleave_size = {k})",
+                2 * k
+            ),
         ));
     }
     Ok(dim0 / (2 * k))
@@ -58,7 +61,10 @@ pub fn deinterleave_ranges(dim0: usize, k: usize) -> Result<Vec<Range<usize>>> {
 }
 
 /// Rows `ranges` of dim 0 of a plain tensor, concatenated.
-pub fn gather_dim0_host(x: &HostTensor<'_>, ranges: &[Range<usize>]) -> Result<HostTensor<'static>> {
+pub fn gather_dim0_host(
+    x: &HostTensor<'_>,
+    ranges: &[Range<usize>],
+) -> Result<HostTensor<'static>> {
     let dims = x.shape().dims();
     let d0 = dims[0];
     let row = x.shape().numel().checked_div(d0).unwrap_or(0) * x.dtype().size();
@@ -108,8 +114,16 @@ mod tests {
     #[test]
     fn ranges_are_inverse_permutations() {
         for (d0, k) in [(8, 1), (8, 2), (8, 4), (12, 3)] {
-            let fwd: Vec<usize> = interleave_ranges(d0, k).unwrap().into_iter().flatten().collect();
-            let back: Vec<usize> = deinterleave_ranges(d0, k).unwrap().into_iter().flatten().collect();
+            let fwd: Vec<usize> = interleave_ranges(d0, k)
+                .unwrap()
+                .into_iter()
+                .flatten()
+                .collect();
+            let back: Vec<usize> = deinterleave_ranges(d0, k)
+                .unwrap()
+                .into_iter()
+                .flatten()
+                .collect();
             let composed: Vec<usize> = back.iter().map(|&i| fwd[i]).collect();
             assert_eq!(composed, (0..d0).collect::<Vec<_>>());
         }

@@ -93,10 +93,20 @@ pub fn gather_row_ranges(
     for r in ranges {
         let part = src
             .get(r.start * row_bytes..r.end * row_bytes)
-            .ok_or_else(|| Error::invalid("row range", format!("{}..{}", r.start, r.end), "lies outside the source"))?;
-        let out = dst
-            .get_mut(at..at + part.len())
-            .ok_or_else(|| Error::invalid("destination", at + part.len(), "is too small for the selected rows"))?;
+            .ok_or_else(|| {
+                Error::invalid(
+                    "row range",
+                    format!("{}..{}", r.start, r.end),
+                    "lies outside the source",
+                )
+            })?;
+        let out = dst.get_mut(at..at + part.len()).ok_or_else(|| {
+            Error::invalid(
+                "destination",
+                at + part.len(),
+                "is too small for the selected rows",
+            )
+        })?;
         out.copy_from_slice(part);
         at += part.len();
     }
@@ -144,7 +154,10 @@ pub fn gather_col_ranges(
 
 /// Maps row ranges to the ranges of the `block`-row blocks that cover them (boundaries
 /// are multiples of `block`, or the end of the tensor).
-pub fn block_ranges(ranges: &[std::ops::Range<usize>], block: usize) -> Vec<std::ops::Range<usize>> {
+pub fn block_ranges(
+    ranges: &[std::ops::Range<usize>],
+    block: usize,
+) -> Vec<std::ops::Range<usize>> {
     ranges
         .iter()
         .map(|r| r.start / block..r.end.div_ceil(block))

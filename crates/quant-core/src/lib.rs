@@ -37,6 +37,7 @@ pub mod grouped;
 pub mod io;
 pub mod layout;
 pub mod parallel;
+pub mod plan;
 pub mod proto;
 pub mod registry;
 pub mod shape;

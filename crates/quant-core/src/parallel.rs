@@ -63,7 +63,11 @@ impl InProcessGroup {
     /// `n` rank handles sharing one group; give one to each thread.
     pub fn new(n: usize) -> Result<Vec<InProcessGroup>> {
         if n == 0 {
-            return Err(Error::invalid("ranks", 0, "a group needs at least one rank"));
+            return Err(Error::invalid(
+                "ranks",
+                0,
+                "a group needs at least one rank",
+            ));
         }
         let shared = Arc::new(Shared {
             barrier: Barrier::new(n),
@@ -80,7 +84,13 @@ impl InProcessGroup {
 
 impl AmaxReducer for InProcessGroup {
     fn all_reduce_max(&self, values: &mut [f32]) -> Result<()> {
-        let poisoned = || Error::invalid("amax reduction", "poisoned", "a rank panicked during the reduction");
+        let poisoned = || {
+            Error::invalid(
+                "amax reduction",
+                "poisoned",
+                "a rank panicked during the reduction",
+            )
+        };
         // Phase 1: everyone folds its values in; the first to arrive sizes the buffer.
         let leader = self.shared.barrier.wait().is_leader();
         if leader {
@@ -95,7 +105,10 @@ impl AmaxReducer for InProcessGroup {
                 return Err(Error::invalid(
                     "amax reduction",
                     values.len(),
-                    format!("every rank must reduce the same number of values ({})", acc.len()),
+                    format!(
+                        "every rank must reduce the same number of values ({})",
+                        acc.len()
+                    ),
                 ));
             }
             for (a, &v) in acc.iter_mut().zip(values.iter()) {

@@ -51,7 +51,11 @@ pub trait Quantizer: Send + Sync + fmt::Debug + Any {
     fn quantize(&self, x: &HostTensor<'_>) -> Result<Box<dyn Storage>>;
     /// Quantizes a shard with the tensor-wide amax reduced across ranks (see
     /// [`crate::parallel`]); formats without a tensor-wide amax ignore `reducer`.
-    fn quantize_reduced(&self, x: &HostTensor<'_>, reducer: &dyn AmaxReducer) -> Result<Box<dyn Storage>>;
+    fn quantize_reduced(
+        &self,
+        x: &HostTensor<'_>,
+        reducer: &dyn AmaxReducer,
+    ) -> Result<Box<dyn Storage>>;
     /// Quantizes into an existing storage of the same format and shape, reusing its memory.
     fn quantize_into(&self, x: &HostTensor<'_>, out: &mut dyn Storage) -> Result<()>;
     /// A zero-filled storage for a tensor of `shape` quantized from `dtype`.
@@ -128,7 +132,11 @@ impl<F: Format> Quantizer for F {
     fn quantize(&self, x: &HostTensor<'_>) -> Result<Box<dyn Storage>> {
         Ok(Box::new(quantize(self, x)?))
     }
-    fn quantize_reduced(&self, x: &HostTensor<'_>, reducer: &dyn AmaxReducer) -> Result<Box<dyn Storage>> {
+    fn quantize_reduced(
+        &self,
+        x: &HostTensor<'_>,
+        reducer: &dyn AmaxReducer,
+    ) -> Result<Box<dyn Storage>> {
         x.shape().require_nonempty(F::NAME)?;
         Format::check_shape(self, x.shape())?;
         Ok(Box::new(Format::quantize_reduced(self, x, reducer)?))

@@ -5,6 +5,7 @@
 
 mod compare;
 mod dequantize;
+mod glu;
 mod input;
 mod inspect;
 mod metrics;
@@ -80,6 +81,30 @@ enum Command {
         /// A safetensors file.
         file: PathBuf,
     },
+    /// Convert fused gate/up (fc1) weights between `[W; V]` and block-interleaved
+    /// `[W0:k, V0:k, W1:k, V1:k, ...]` along dim 0; quantized tensors are converted without
+    /// dequantizing (rows move with their scales).
+    Glu {
+        /// Input safetensors file (plain or native quantized).
+        input: PathBuf,
+        /// Output file.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Interleave with block size K.
+        #[arg(
+            long,
+            value_name = "K",
+            conflicts_with = "deinterleave",
+            required_unless_present = "deinterleave"
+        )]
+        interleave: Option<usize>,
+        /// De-interleave with block size K.
+        #[arg(long, value_name = "K")]
+        deinterleave: Option<usize>,
+        /// Glob patterns of tensor names to convert.
+        #[arg(long, default_values_t = ["*gate_up*".to_string(), "*fc1*".to_string()])]
+        pattern: Vec<String>,
+    },
     /// List the formats this build knows, their options and shape rules.
     Formats,
     /// Write the embedded synthetic model to a safetensors file (to try the other commands).
@@ -107,6 +132,26 @@ fn run(cli: Cli) -> Result<()> {
             dtype,
         } => dequantize::run(&input, &output, dtype),
         Command::Inspect { file } => inspect::run(&file),
+        Command::Glu {
+            input,
+            output,
+            interleave,
+            deinterleave,
+            pattern,
+        } => {
+            let dir = match (interleave, deinterleave) {
+                (Some(k), None) => glu::Direction::Interleave(k),
+                (None, Some(k)) => glu::Direction::Deinterleave(k),
+                _ => {
+                    return Err(quant_core::Error::invalid(
+                        "glu",
+                        "--interleave/--deinterleave",
+                        "give exactly one of them",
+                    ));
+                }
+            };
+            glu::run(&input, &output, dir, &pattern)
+        }
         Command::Formats => {
             list_formats();
             Ok(())

@@ -136,6 +136,72 @@ fn grouped_quantize_stores_experts_in_one_allocation() {
 }
 
 #[test]
+fn glu_interleave_and_back_on_quantized_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model.safetensors");
+    let q = dir.path().join("q.safetensors");
+    let i = dir.path().join("i.safetensors");
+    let b = dir.path().join("b.safetensors");
+    ok(&["example", "-o", p(&model)]);
+    ok(&[
+        "quantize",
+        p(&model),
+        "-o",
+        p(&q),
+        "--format",
+        "fp8-block:1x128",
+    ]);
+    let out = ok(&[
+        "glu",
+        p(&q),
+        "-o",
+        p(&i),
+        "--interleave",
+        "64",
+        "--pattern",
+        "*gate_proj*",
+    ]);
+    assert!(out.contains("interleaved k=64"), "{out}");
+    ok(&[
+        "glu",
+        p(&i),
+        "-o",
+        p(&b),
+        "--deinterleave",
+        "64",
+        "--pattern",
+        "*gate_proj*",
+    ]);
+    assert_eq!(
+        std::fs::read(&q).unwrap(),
+        std::fs::read(&b).unwrap(),
+        "round trip is byte-exact"
+    );
+    let err = fails(&[
+        "glu",
+        p(&q),
+        "-o",
+        p(&i),
+        "--interleave",
+        "1000",
+        "--pattern",
+        "*gate_proj*",
+    ]);
+    assert!(err.contains("2816") && err.contains("2000"), "{err}");
+    let err = fails(&[
+        "glu",
+        p(&q),
+        "-o",
+        p(&i),
+        "--interleave",
+        "8",
+        "--pattern",
+        "nothing*",
+    ]);
+    assert!(err.contains("matched no tensor"), "{err}");
+}
+
+#[test]
 fn strict_refuses_files_with_unquantizable_tensors() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("model.safetensors");

@@ -160,7 +160,11 @@ impl Quantizer for AnyQuantizer {
     fn quantize(&self, x: &HostTensor<'_>) -> Result<Box<dyn Storage>> {
         Quantizer::quantize(self.as_quantizer(), x)
     }
-    fn quantize_reduced(&self, x: &HostTensor<'_>, reducer: &dyn AmaxReducer) -> Result<Box<dyn Storage>> {
+    fn quantize_reduced(
+        &self,
+        x: &HostTensor<'_>,
+        reducer: &dyn AmaxReducer,
+    ) -> Result<Box<dyn Storage>> {
         self.as_quantizer().quantize_reduced(x, reducer)
     }
     fn quantize_into(&self, x: &HostTensor<'_>, out: &mut dyn Storage) -> Result<()> {

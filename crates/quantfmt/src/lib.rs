@@ -40,7 +40,7 @@ pub use spec::FormatSpec;
 pub use quant_core::{
     Buffer, BufferDesc, DType, Direction, Element, Error, Format, GroupKind, GroupedStorage,
     GroupedTensor, HostData, HostTensor, QuantizedTensor, Quantizer, Registry, Result, Shape,
-    Storage, TensorProto, Usage, codec, dispatch_elements, half, quantize,
+    Storage, TensorProto, Usage, codec, dispatch_elements, glu, half, parallel, plan, quantize,
 };
 
 /// The FP8 formats.

@@ -39,7 +39,8 @@ pub fn exp2_rcp(code: u8) -> f32 {
     }
 }
 
-/// TransformerEngine's rule: the smallest power of two `>= val`, saturating at `2^127`.
+/// TransformerEngine's rule: the smallest power of two `>= |val|`, saturating at `2^127`.
+/// The sign is ignored (TE only passes non-negative values: an amax times `1/max`).
 #[inline(always)]
 pub fn from_f32_ceil(val: f32) -> u8 {
     if val.is_nan() {
