@@ -29,7 +29,7 @@ fn check(dim0: usize, k: usize) -> Result<usize> {
     if k == 0 {
         return Err(Error::invalid("interleave_size", 0, "must be > 0"));
     }
-    if dim0 % (2 * k) != 0 {
+    if !dim0.is_multiple_of(2 * k) {
         return Err(Error::invalid(
             "dim 0",
             dim0,

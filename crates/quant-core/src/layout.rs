@@ -202,7 +202,8 @@ mod tests {
         let mut d = vec![0; 9];
         gather_col_ranges(&src, 3, 4, &mut d, 3, &[3..4, 0..1], 1).unwrap();
         assert_eq!(d, [3, 0, 0, 7, 4, 0, 11, 8, 0]);
-        assert!(gather_col_ranges(&src, 3, 4, &mut d, 3, &[0..4], 1).is_err());
+        let all = vec![0..2, 2..4];
+        assert!(gather_col_ranges(&src, 3, 4, &mut d, 3, &all, 1).is_err()); // 4 columns into 3
         assert_eq!(block_ranges(&[0..256, 384..400], 128), vec![0..2, 3..4]);
     }
 }

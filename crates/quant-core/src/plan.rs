@@ -160,7 +160,7 @@ pub fn plan_linear(
             "needs a leading dim to reduce-scatter over with sequence parallelism",
         ));
     }
-    if out[0] % scatter != 0 {
+    if !out[0].is_multiple_of(scatter) {
         return Err(Error::invalid(
             "output leading dim",
             out[0],
