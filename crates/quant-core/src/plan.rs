@@ -93,9 +93,9 @@ fn bytes_of(descs: &[BufferDesc]) -> Result<usize> {
 /// quantizer for `dy` (TE's HYBRID recipe uses E5M2 there); usages are set by the plan.
 ///
 /// ```
+/// # #![allow(dead_code)]
 /// # use quant_core::*;
 /// # use quant_core::plan::*;
-/// # #![allow(dead_code)]
 /// # fn demo(q: &dyn Quantizer) -> Result<()> {
 /// let x = TensorProto::new(&[2048, 4, 4096], DType::BF16, q)?;
 /// let w = TensorProto::new(&[11008, 4096], DType::BF16, q)?;
