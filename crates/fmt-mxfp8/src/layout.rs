@@ -140,10 +140,10 @@ pub const fn columnwise_scale_index(
 
 /// Checks that `[m, k]` is an MXFP8 matrix (both multiples of 32).
 pub fn check_dims(m: usize, k: usize) -> Result<()> {
-    if k % BLOCK != 0 {
+    if !k.is_multiple_of(BLOCK) {
         return Err(Error::shape("mxfp8", "K", k, "must be a multiple of 32"));
     }
-    if m % BLOCK != 0 {
+    if !m.is_multiple_of(BLOCK) {
         return Err(Error::shape("mxfp8", "M", m, "must be a multiple of 32"));
     }
     Ok(())

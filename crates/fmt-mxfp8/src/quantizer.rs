@@ -330,12 +330,7 @@ fn check_len(name: &str, len: usize, n: usize) -> Result<()> {
     }
 }
 
-fn dir_bytes<'a>(
-    bufs: &'a [Buffer],
-    dir: Direction,
-    m: usize,
-    k: usize,
-) -> Result<(&'a [u8], &'a [u8])> {
+fn dir_bytes(bufs: &[Buffer], dir: Direction, m: usize, k: usize) -> Result<(&[u8], &[u8])> {
     let d = buffer_by_name(bufs, data_name(dir))?;
     let s = buffer_by_name(bufs, scale_name(dir))?;
     check_len(d.name(), d.bytes().len(), m * k)?;
@@ -419,10 +414,10 @@ impl Format for Mxfp8Quantizer {
     fn check_shape(&self, shape: &Shape) -> Result<()> {
         shape.require_nonempty(Self::NAME)?;
         let (m, k) = shape.as_2d();
-        if k % BLOCK != 0 {
+        if !k.is_multiple_of(BLOCK) {
             return Err(Error::shape(Self::NAME, "K", k, "must be a multiple of 32"));
         }
-        if m % BLOCK != 0 {
+        if !m.is_multiple_of(BLOCK) {
             let rule = if shape.rank() == 2 {
                 "must be a multiple of 32".to_string()
             } else {
