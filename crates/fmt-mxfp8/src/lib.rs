@@ -30,7 +30,7 @@
 //!
 //! ```
 //! use fmt_mxfp8::{Mxfp8Quantizer, Mxfp8TensorExt, ScaleRule};
-//! use quant_core::{Direction, DType, Format, HostTensor, Usage};
+//! use quant_core::{Direction, Format, HostTensor, Usage};
 //! let mut x = vec![0.5f32; 32 * 32];
 //! x[0] = 470.0; // one block whose max is above 448
 //! let x = HostTensor::f32(&x, &[32, 32])?;

@@ -5,8 +5,8 @@
 //! readers who want the rule without the optimisations.
 //!
 //! ```
-//! use fmt_mxfp8::{reference, Mxfp8Quantizer, Mxfp8TensorExt};
-//! use quant_core::{Direction, HostTensor, Usage};
+//! use fmt_mxfp8::{reference, Mxfp8Quantizer};
+//! use quant_core::{HostTensor, Usage};
 //! let x: Vec<f32> = (0..32 * 64).map(|i| (i as f32 - 900.0) * 0.37).collect();
 //! let q = Mxfp8Quantizer::new(Usage::BOTH);
 //! let r = reference::quantize(&q, &x, 32, 64)?;
@@ -81,20 +81,21 @@ pub fn block_code(q: &Mxfp8Quantizer, amax: f32) -> u8 {
     }
 }
 
-/// The block `(row0.., col0..)` ranges that scale element `(i, j)` in direction `dir`.
+/// The element ranges `(rows, cols)` of the block that scales element `(i, j)` in
+/// direction `dir`: 1x32 rowwise, 32x1 columnwise, 32x32 in 2-D mode.
 fn block_of(
     q: &Mxfp8Quantizer,
     dir: Direction,
     i: usize,
     j: usize,
-) -> (usize, usize, usize, usize) {
+) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
     let (bi, bj) = (i / BLOCK * BLOCK, j / BLOCK * BLOCK);
     if q.is_2d() {
-        (bi, bi + BLOCK, bj, bj + BLOCK)
+        (bi..bi + BLOCK, bj..bj + BLOCK)
     } else {
         match dir {
-            Direction::Rowwise => (i, i + 1, bj, bj + BLOCK),
-            Direction::Columnwise => (bi, bi + BLOCK, j, j + 1),
+            Direction::Rowwise => (i..i + 1, bj..bj + BLOCK),
+            Direction::Columnwise => (bi..bi + BLOCK, j..j + 1),
         }
     }
 }
@@ -119,25 +120,36 @@ pub fn quantize(q: &Mxfp8Quantizer, x: &[f32], m: usize, k: usize) -> Result<Ref
     for dir in [Direction::Rowwise, Direction::Columnwise] {
         let [rows, cols] = scale_shape(dir, m, k);
         let mut compact = vec![0u8; rows * cols];
+        // The scale entry (compact position) of element (i, j).
+        let entry = |i: usize, j: usize| match dir {
+            Direction::Rowwise => i * cols + j / BLOCK,
+            Direction::Columnwise => (i / BLOCK) * cols + j,
+        };
+        // 1. One code per scale entry, from its block's amax.
+        let mut done = vec![false; rows * cols];
         for i in 0..m {
             for j in 0..k {
-                let (r0, r1, c0, c1) = block_of(q, dir, i, j);
-                let amax = block_amax(
-                    q.scale_rule(),
-                    (r0..r1).flat_map(|r| (c0..c1).map(move |c| x[r * k + c])),
-                );
-                let code = block_code(q, amax);
-                let byte = q.dtype().encode(x[i * k + j] * e8m0::exp2_rcp(code));
-                match dir {
-                    Direction::Rowwise => {
-                        out.rowwise_data[i * k + j] = byte;
-                        compact[i * cols + j / BLOCK] = code;
-                    }
-                    Direction::Columnwise => {
-                        out.columnwise_data[i * k + j] = byte;
-                        compact[(i / BLOCK) * cols + j] = code;
-                    }
+                let e = entry(i, j);
+                if !done[e] {
+                    let (rr, cc) = block_of(q, dir, i, j);
+                    let amax = block_amax(
+                        q.scale_rule(),
+                        rr.flat_map(|r| cc.clone().map(move |c| x[r * k + c])),
+                    );
+                    compact[e] = block_code(q, amax);
+                    done[e] = true;
                 }
+            }
+        }
+        // 2. Every element: fp8(x * 2^(127 - code)).
+        let data = match dir {
+            Direction::Rowwise => &mut out.rowwise_data,
+            Direction::Columnwise => &mut out.columnwise_data,
+        };
+        for i in 0..m {
+            for j in 0..k {
+                let code = compact[entry(i, j)];
+                data[i * k + j] = q.dtype().encode(x[i * k + j] * e8m0::exp2_rcp(code));
             }
         }
         let mut scales = vec![0u8; rows * cols];
