@@ -6,7 +6,7 @@
 //! | block amax | `max(|x|)` from 0, **NaN ignored** (`fmaxf`/`__hmax`) | `max(|x|)`, **NaN and inf propagate** (`torch.amax`) |
 //! | code | `ceil(log2(amax * float(1/max)))` + 127, via [`e8m0::from_f32_ceil`] | `floor(log2(amax)) - emax_elem` + 127, clamped to `>= 0` |
 //! | amax = 0 or tiny | `0x00` (2^-127) | `0x00` |
-//! | amax = inf | `0xFE` (2^127): finite elements flush to ±0, inf saturates | `0xFF` (NaN): the whole block is NaN |
+//! | amax = inf | `0xFE` (2^127): finite elements become `fp8(x * 2^-127)`, inf saturates | `0xFF` (NaN): the whole block is NaN |
 //! | NaN element | ignored by the scale, element encodes to `0x7F` | `0xFF`: the whole block is NaN |
 //! | block max after scaling | `<= max` always: never clips | in `[2^emax, 2^(emax+1))`: may exceed `max` and clip |
 //!

@@ -297,6 +297,33 @@ fn te_rule_special_blocks() {
 }
 
 #[test]
+fn documented_rule_comparison_table_holds() {
+    // docs/formats/mxfp8.md: block max -> (TE code, TE byte, OCP code, OCP byte).
+    let te = Mxfp8Quantizer::new(Usage::ROWWISE);
+    let ocp = te.clone().with_scale_rule(ScaleRule::Ocp);
+    for (amax, te_c, te_b, ocp_c, ocp_b) in [
+        (300.0, 127, 0x79, 127, 0x79),
+        (448.0, 127, 0x7E, 127, 0x7E),
+        (460.0, 128, 0x76, 127, 0x7E),
+        (470.0, 128, 0x77, 127, 0x7E),
+        (511.0, 128, 0x78, 127, 0x7E),
+        (512.0, 128, 0x78, 128, 0x78),
+    ] {
+        let (c, d) = one_block(&[amax], &te);
+        assert_eq!((c, d[0]), (te_c, te_b), "TE {amax}");
+        let (c, d) = one_block(&[amax], &ocp);
+        assert_eq!((c, d[0]), (ocp_c, ocp_b), "OCP {amax}");
+    }
+    // inf block under TE: 1e36 * 2^-127 survives, 1e30 does not.
+    let (c, d) = one_block(&[f32::INFINITY, 1e36, 1e30], &te);
+    assert_eq!(
+        (c, d[1], d[2]),
+        (0xFE, Mxfp8Dtype::E4M3.encode(1e36 * 2f32.powi(-127)), 0)
+    );
+    assert_ne!(d[1], 0);
+}
+
+#[test]
 fn ocp_rule_special_blocks() {
     let q = Mxfp8Quantizer::new(Usage::ROWWISE).with_scale_rule(ScaleRule::Ocp);
     assert_eq!(one_block(&[], &q).0, 0);
