@@ -52,10 +52,15 @@ pub(crate) fn rowwise<T: Element>(
                 .zip(x.chunks_exact(BLOCK))
                 .zip(s.iter_mut())
             {
-                let key = xb.iter().fold(0u32, |m, v| m.max(cfg.rule.key(v.to_f32())));
+                // Widen once; the block is read twice (amax, then encode).
+                let mut xf = [0f32; BLOCK];
+                for (d, v) in xf.iter_mut().zip(xb) {
+                    *d = v.to_f32();
+                }
+                let key = xf.iter().fold(0u32, |m, &v| m.max(cfg.rule.key(v)));
                 let code = cfg.code(key);
                 *s = code;
-                encode_scaled(cfg.dtype, xb, multiplier(code), ob);
+                encode_scaled(cfg.dtype, &xf, multiplier(code), ob);
             }
         });
 }

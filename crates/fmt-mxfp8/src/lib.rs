@@ -50,7 +50,9 @@
 //!
 //! * The spec calls the PyTorch oracles' `amax / 448.0` (division) equivalent and asks
 //!   for the kernel's multiply by `float(1/448)`; implemented as the multiply, with a
-//!   test that `448·2^k` and its next float land on the expected codes.
+//!   test that `448·2^k` and its next float land on the expected codes. (A numpy sweep
+//!   over every 7th finite f32 amax, 611M values for E4M3 and E5M2 together, found no
+//!   code where the division and the multiply differ.)
 //! * TE's specialized cast-only kernel has an `_ENABLE_MXFMA` variant that multiplies a
 //!   bf16/fp16 amax by a **bf16** `1/max` (`0x3B12`); no build defines it, so the
 //!   default `__fmaf_ieee_rn(amax, 0x3B124925, 0)` (= the multiply) is followed.
