@@ -15,6 +15,9 @@ the Rust code:
 * data = fp8(float32(x) * 2^(127 - code)) (TE exp2f_rcp: code 254 -> 2^-127, 255 -> NaN),
   round-to-nearest-even with saturation to +-max (TE satfinite; torchao clamps), NaN -> 0x7F.
   Rounding is ml_dtypes' cast after np.clip.
+* sign of zero: for bf16/fp16 input, 1-D, TE rule, TE (sm_100+) runs its cast-only kernels
+  (specialized/quantize_mxfp8.cuh), which scale with fma(x, s, +0): -0.0 -> +0 (0x00); the
+  generic kernel (f32 input, 2d) keeps -0 (0x80). All cases here quantize both directions.
 * rowwise: 1x32 blocks along K; columnwise: 32x1 blocks along M, same [M, K] layout;
   2d: one code per 32x32 tile for both directions (TE tests/pytorch/test_mxfp8_2d_quantize.py).
 * scales: compact [roundup(M,128), roundup(K/32,4)] and [roundup(M/32,4), roundup(K,128)], zero
@@ -132,7 +135,16 @@ def swizzle_columnwise(s):
 # ---------------------------------------------------------------- quantize / dequantize
 
 
-def quantize(x32, m, k, elem, rule, two_d, layout):
+def te_fast_kernel(rule, two_d, in_dtype, m):
+    """TE's dispatch (quantize_mxfp8.cuh) for usage rowwise+columnwise: bf16/fp16 input,
+    1-D, ceil(M/32) <= 65535 -> the cast-only kernels of specialized/quantize_mxfp8.cuh,
+    which scale with fma.rn.f32x2(x, s, +0): an input -0.0 becomes +0; nonzero products
+    round as with a plain multiply (underflow keeps the sign)."""
+    return rule == "te" and not two_d and in_dtype in ("bf16", "f16") and -(-m // 32) <= 65535
+
+
+def quantize(x32, m, k, elem, rule, two_d, layout, in_dtype):
+    fast = te_fast_kernel(rule, two_d, in_dtype, m)
     if two_d:
         tiles = x32.reshape(m // 32, 32, k // 32, 32).transpose(0, 2, 1, 3).reshape(m // 32, k // 32, 1024)
         t = codes(tiles, rule, elem)
@@ -142,8 +154,15 @@ def quantize(x32, m, k, elem, rule, two_d, layout):
         row_codes = codes(x32.reshape(m, k // 32, 32), rule, elem)
         col_codes = codes(x32.reshape(m // 32, 32, k).transpose(0, 2, 1), rule, elem)
     with np.errstate(all="ignore"):
-        row_data = to_fp8((x32 * np.repeat(multiplier(row_codes), 32, axis=1)).astype(np.float32), elem)
-        col_data = to_fp8((x32 * np.repeat(multiplier(col_codes), 32, axis=0)).astype(np.float32), elem)
+        row_prod = (x32 * np.repeat(multiplier(row_codes), 32, axis=1)).astype(np.float32)
+        col_prod = (x32 * np.repeat(multiplier(col_codes), 32, axis=0)).astype(np.float32)
+        if fast:
+            # fma(x, s, +0): an exact zero product (x = -0.0) is +0; a nonzero product is
+            # rounded once and keeps its sign even when it underflows.
+            row_prod = np.where(x32 == 0, np.float32(0.0), row_prod).astype(np.float32)
+            col_prod = np.where(x32 == 0, np.float32(0.0), col_prod).astype(np.float32)
+        row_data = to_fp8(row_prod, elem)
+        col_data = to_fp8(col_prod, elem)
     rs = np.zeros((roundup(m, 128), roundup(k // 32, 4)), np.uint8)
     rs[:m, : k // 32] = row_codes
     cs = np.zeros((roundup(m // 32, 4), roundup(k, 128)), np.uint8)
@@ -249,6 +268,8 @@ def make_input(seed, m, k, elem, in_dtype):
         lambda: rng.uniform(-1, 1, 32) * np.ldexp(np.float32(1), int(rng.integers(-124, -115))),
         # huge values near the input dtype's max
         lambda: np.concatenate([[big, -big], rng.uniform(-1, 1, 30) * big]),
+        # huge max with tiny and zero neighbours: products underflow to -0 / +0, and -0.0
+        lambda: np.concatenate([[big / 4, np.float32(-1e-30), np.float32(-0.0), np.float32(1e-30)], rng.standard_normal(28)]),
         # a block whose max is a power of two (OCP boundary)
         lambda: np.concatenate([[np.ldexp(np.float32(1), 8 + s())], rng.uniform(-1, 1, 31) * 100]),
     ]
@@ -336,7 +357,7 @@ def main():
         else:
             x = make_input(1000 + i, m, k, elem, in_dtype)
             kind = "random+specials"
-        bufs, (row_codes, col_codes) = quantize(x, m, k, elem, rule, two_d, layout)
+        bufs, (row_codes, col_codes) = quantize(x, m, k, elem, rule, two_d, layout, in_dtype)
         if in_dtype == "bf16":
             tensors[f"{name}.input"] = x.astype(ml_dtypes.bfloat16).view(np.uint16).reshape(shape)
         else:

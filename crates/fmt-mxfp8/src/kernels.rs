@@ -14,6 +14,11 @@ use crate::scale::{BLOCK, Mxfp8Dtype, ScaleRule, multiplier, scale};
 pub(crate) struct Cfg {
     pub dtype: Mxfp8Dtype,
     pub rule: ScaleRule,
+    /// Scale as TE's fast cast kernels do, `fma(x, s, +0)`: the same as `x * s` except
+    /// that an input `-0.0` gives `+0` (a nonzero product that underflows keeps its
+    /// sign, since the fma rounds the exact nonzero sum once). Otherwise a plain `x * s`.
+    /// See [`crate::Mxfp8Quantizer::flushes_negative_zero`].
+    pub plus_zero: bool,
 }
 
 impl Cfg {
@@ -22,13 +27,25 @@ impl Cfg {
     fn code(self, key: u32) -> u8 {
         self.rule.code(f32::from_bits(key), self.dtype)
     }
+
+    /// `fp8(x * mult)`: one IEEE f32 multiply (or TE's `fma(x, mult, +0)`), then RNE +
+    /// satfinite.
+    #[inline(always)]
+    fn encode(self, x: f32, mult: f32) -> u8 {
+        let p = if self.plus_zero && x == 0.0 {
+            0.0
+        } else {
+            x * mult
+        };
+        self.dtype.encode(p)
+    }
 }
 
-/// `out[i] = fp8(x[i] * mult)`: one IEEE f32 multiply, then RNE + satfinite.
+/// `out[i] = fp8(x[i] * mult)` for one block.
 #[inline(always)]
-fn encode_scaled<T: Element>(dtype: Mxfp8Dtype, xs: &[T], mult: f32, out: &mut [u8]) {
+fn encode_scaled<T: Element>(cfg: Cfg, xs: &[T], mult: f32, out: &mut [u8]) {
     for (o, v) in out.iter_mut().zip(xs) {
-        *o = dtype.encode(v.to_f32() * mult);
+        *o = cfg.encode(v.to_f32(), mult);
     }
 }
 
@@ -60,7 +77,7 @@ pub(crate) fn rowwise<T: Element>(
                 let key = xf.iter().fold(0u32, |m, &v| m.max(cfg.rule.key(v)));
                 let code = cfg.code(key);
                 *s = code;
-                encode_scaled(cfg.dtype, &xf, multiplier(code), ob);
+                encode_scaled(cfg, &xf, multiplier(code), ob);
             }
         });
 }
@@ -94,7 +111,7 @@ pub(crate) fn columnwise<T: Element>(
             }
             for (orow, xrow) in out.chunks_exact_mut(k).zip(x.chunks_exact(k)) {
                 for ((o, v), &m) in orow.iter_mut().zip(xrow).zip(&mult) {
-                    *o = cfg.dtype.encode(v.to_f32() * m);
+                    *o = cfg.encode(v.to_f32(), m);
                 }
             }
         });
@@ -128,7 +145,7 @@ pub(crate) fn two_d<T: Element>(cfg: Cfg, xs: &[T], k: usize, data: &mut [u8]) -
                     .zip(xrow.chunks_exact(BLOCK))
                     .zip(&mult)
                 {
-                    encode_scaled(cfg.dtype, xb, m, ob);
+                    encode_scaled(cfg, xb, m, ob);
                 }
             }
         });

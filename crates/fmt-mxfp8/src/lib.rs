@@ -61,6 +61,13 @@
 //!   which is what the TE rule implements for every input dtype.
 //! * TE's `MXFP8TensorStorage.update_usage` refuses to add a direction even in 2-D mode;
 //!   quantfmt derives it there (the directions are identical by construction).
+//! * The spec gives one element formula, `fp8(x * mult)`; TE's bf16/fp16 cast-only fast
+//!   kernels compute `fma(x, mult, +0)` instead, which stores an input `-0.0` as `+0`.
+//!   quantfmt reproduces TE's dispatch for the sign of zero
+//!   ([`Mxfp8Quantizer::flushes_negative_zero`]); nothing else depends on the path.
+//! * TE's bf16 both-directions fast kernel takes the columnwise amax with
+//!   `redux.sync.max.abs.f32` on sm_100/103 but with an integer bit-pattern max elsewhere
+//!   (NaN would win there); quantfmt is NaN-ignoring everywhere.
 #![deny(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 

@@ -130,10 +130,56 @@ impl Mxfp8Quantizer {
         (rowwise_scale_shape(m, k), columnwise_scale_shape(m, k))
     }
 
-    fn cfg(&self) -> Cfg {
+    /// Whether quantizing an `[m, k]` tensor of `input` dtype maps an input `-0.0` to
+    /// `+0` (byte `0x00`) instead of `-0` (`0x80`), as TransformerEngine does on the path
+    /// it takes for that call; nothing else about the bytes depends on the path.
+    ///
+    /// On sm_100+, TE's `quantize_mxfp8.cuh::quantize` dispatches bf16/fp16 inputs
+    /// (without fused activation, dbias or noop flag, and without 2-D scaling) to the
+    /// cast-only kernels of `specialized/quantize_mxfp8.cuh` when
+    ///
+    /// * rowwise only: `K % 128 == 0` and `ceil(M/4) <= 65535`, or
+    /// * both directions: `ceil(M/32) <= 65535` (M, K multiples of 32 always hold);
+    ///
+    /// those compute `x * s` as `fma.rn.f32x2(x, s, +0)`: for `x = -0.0` the exact result
+    /// is `-0 + +0 = +0`, while a nonzero product keeps its sign even when it underflows
+    /// (one rounding of a nonzero value). Every other
+    /// case — f32 input, columnwise only, `2d`, larger `M`, rowwise with `K % 128 != 0` —
+    /// runs the generic kernel's `mul.f32x2`, which keeps the sign. The `ocp` rule follows
+    /// torchao's plain multiply and always keeps it.
+    ///
+    /// ```
+    /// use fmt_mxfp8::Mxfp8Quantizer;
+    /// use quant_core::{DType, Usage};
+    /// let both = Mxfp8Quantizer::new(Usage::BOTH);
+    /// assert!(both.flushes_negative_zero(DType::BF16, 4096, 4096));
+    /// assert!(!both.flushes_negative_zero(DType::F32, 4096, 4096));
+    /// assert!(!both.with_2d(true).flushes_negative_zero(DType::BF16, 4096, 4096));
+    /// let row = Mxfp8Quantizer::new(Usage::ROWWISE);
+    /// assert!(row.flushes_negative_zero(DType::F16, 64, 256));
+    /// assert!(!row.flushes_negative_zero(DType::F16, 64, 96)); // K % 128 != 0
+    /// assert!(!Mxfp8Quantizer::new(Usage::COLUMNWISE).flushes_negative_zero(DType::BF16, 64, 256));
+    /// ```
+    pub fn flushes_negative_zero(&self, input: DType, m: usize, k: usize) -> bool {
+        const MAX_GRID_Y: usize = 65535;
+        if self.scale_rule != ScaleRule::Te
+            || self.two_d
+            || !matches!(input, DType::BF16 | DType::F16)
+        {
+            return false;
+        }
+        match (self.usage.rowwise, self.usage.columnwise) {
+            (true, false) => k.is_multiple_of(128) && m.div_ceil(4) <= MAX_GRID_Y,
+            (true, true) => m.div_ceil(32) <= MAX_GRID_Y,
+            _ => false,
+        }
+    }
+
+    fn cfg(&self, input: DType, m: usize, k: usize) -> Cfg {
         Cfg {
             dtype: self.dtype,
             rule: self.scale_rule,
+            plus_zero: self.flushes_negative_zero(input, m, k),
         }
     }
 
@@ -157,7 +203,7 @@ impl Mxfp8Quantizer {
                 check_len(s.name(), s.bytes().len(), shape[0] * shape[1])?;
             }
         }
-        let cfg = self.cfg();
+        let cfg = self.cfg(T::DTYPE, m, k);
         // Compact scales are written in place; swizzled ones go through a compact copy.
         let mut compact_r = vec![
             0u8;

@@ -6,10 +6,10 @@
 //!
 //! ```
 //! use fmt_mxfp8::{reference, Mxfp8Quantizer};
-//! use quant_core::{HostTensor, Usage};
+//! use quant_core::{DType, HostTensor, Usage};
 //! let x: Vec<f32> = (0..32 * 64).map(|i| (i as f32 - 900.0) * 0.37).collect();
 //! let q = Mxfp8Quantizer::new(Usage::BOTH);
-//! let r = reference::quantize(&q, &x, 32, 64)?;
+//! let r = reference::quantize(&q, &x, DType::F32, 32, 64)?;
 //! let t = q.quantize(&HostTensor::f32(&x, &[32, 64])?)?;
 //! assert_eq!(t.buffer("rowwise_data")?.bytes(), &r.rowwise_data[..]);
 //! assert_eq!(t.buffer("columnwise_scale_inv")?.bytes(), &r.columnwise_scale_inv[..]);
@@ -17,7 +17,7 @@
 //! ```
 
 use quant_core::codec::e8m0;
-use quant_core::{Direction, Error, Result};
+use quant_core::{DType, Direction, Error, Result};
 
 use crate::layout::{ScaleLayout, check_dims, convert_scales, scale_shape};
 use crate::quantizer::Mxfp8Quantizer;
@@ -100,9 +100,16 @@ fn block_of(
     }
 }
 
-/// Quantizes `x` (`[m, k]` row-major; bf16/f16 inputs widened exactly to f32) in both
-/// directions, whatever the quantizer's usage.
-pub fn quantize(q: &Mxfp8Quantizer, x: &[f32], m: usize, k: usize) -> Result<ReferenceOutput> {
+/// Quantizes `x` (`[m, k]` row-major, widened exactly to f32 from its original dtype
+/// `input`) in both directions, whatever the quantizer's usage. `input` and the usage
+/// matter only for the sign of zero (see [`Mxfp8Quantizer::flushes_negative_zero`]).
+pub fn quantize(
+    q: &Mxfp8Quantizer,
+    x: &[f32],
+    input: DType,
+    m: usize,
+    k: usize,
+) -> Result<ReferenceOutput> {
     check_dims(m, k)?;
     if x.len() != m * k {
         return Err(Error::invalid(
@@ -141,7 +148,9 @@ pub fn quantize(q: &Mxfp8Quantizer, x: &[f32], m: usize, k: usize) -> Result<Ref
                 }
             }
         }
-        // 2. Every element: fp8(x * 2^(127 - code)).
+        // 2. Every element: fp8(x * 2^(127 - code)); where TE's fast kernels compute
+        //    fma(x, s, +0), an exact zero product is +0 (-0 + +0 = +0 under RN).
+        let plus_zero = q.flushes_negative_zero(input, m, k);
         let data = match dir {
             Direction::Rowwise => &mut out.rowwise_data,
             Direction::Columnwise => &mut out.columnwise_data,
@@ -149,7 +158,13 @@ pub fn quantize(q: &Mxfp8Quantizer, x: &[f32], m: usize, k: usize) -> Result<Ref
         for i in 0..m {
             for j in 0..k {
                 let code = compact[entry(i, j)];
-                data[i * k + j] = q.dtype().encode(x[i * k + j] * e8m0::exp2_rcp(code));
+                let xv = x[i * k + j];
+                let v = if plus_zero && xv == 0.0 {
+                    0.0
+                } else {
+                    xv * e8m0::exp2_rcp(code)
+                };
+                data[i * k + j] = q.dtype().encode(v);
             }
         }
         let mut scales = vec![0u8; rows * cols];

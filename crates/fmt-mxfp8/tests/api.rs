@@ -101,7 +101,7 @@ fn fast_path_equals_reference_on_every_option_combination() {
                     .unwrap();
                 let xf = xt.to_f32_vec();
                 let t = q.quantize(&xt).unwrap();
-                let r = reference::quantize(&q, &xf, m, k).unwrap();
+                let r = reference::quantize(&q, &xf, dtype, m, k).unwrap();
                 let ctx = format!("{} {dtype} [{m}, {k}]", q.spec());
                 assert_eq!(bytes(&t, "rowwise_data"), r.rowwise_data, "{ctx}");
                 assert_eq!(bytes(&t, "rowwise_scale_inv"), r.rowwise_scale_inv, "{ctx}");
@@ -294,6 +294,45 @@ fn te_rule_special_blocks() {
         one_block(&[f32::from_bits(57344f32.to_bits() + 1)], &q5).0,
         128
     );
+}
+
+#[test]
+fn negative_zero_follows_the_te_kernel_path() {
+    // Row 0: [-0.0, 3e38, -1e-30, ...]: the product of -1e-30 underflows and keeps its sign
+    // on every path; -0.0 becomes +0 only where TE runs its fma-based fast kernels.
+    let (m, k) = (64, 128);
+    let mut x = vec![1.0f32; m * k];
+    x[0] = -0.0;
+    x[1] = 3e38;
+    x[2] = -1e-30;
+    let run = |q: Mxfp8Quantizer, dtype: DType, dir: &str| {
+        let xt = HostTensor::f32(&x, &[m, k])
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let t = q.quantize(&xt).unwrap();
+        let d = bytes(&t, dir);
+        (d[0], d[2])
+    };
+    let both = Mxfp8Quantizer::new(Usage::BOTH);
+    assert_eq!(run(both.clone(), DType::BF16, "rowwise_data"), (0x00, 0x80));
+    assert_eq!(run(both.clone(), DType::F16, "columnwise_data").0, 0x00);
+    assert_eq!(run(both.clone(), DType::F32, "rowwise_data"), (0x80, 0x80));
+    assert_eq!(
+        run(both.clone().with_2d(true), DType::BF16, "rowwise_data"),
+        (0x80, 0x80)
+    );
+    let ocp = both.clone().with_scale_rule(ScaleRule::Ocp);
+    assert_eq!(run(ocp, DType::BF16, "rowwise_data").0, 0x80);
+    let col = Mxfp8Quantizer::new(Usage::COLUMNWISE);
+    assert_eq!(run(col, DType::BF16, "columnwise_data").0, 0x80);
+    let row = Mxfp8Quantizer::new(Usage::ROWWISE);
+    assert_eq!(run(row.clone(), DType::BF16, "rowwise_data"), (0x00, 0x80)); // K % 128 == 0
+    // Grid limits of TE's fast kernels.
+    assert!(row.flushes_negative_zero(DType::BF16, 262_140, 128));
+    assert!(!row.flushes_negative_zero(DType::BF16, 262_144, 128));
+    assert!(both.flushes_negative_zero(DType::BF16, 2_097_120, 32));
+    assert!(!both.flushes_negative_zero(DType::BF16, 2_097_152, 32));
 }
 
 #[test]
