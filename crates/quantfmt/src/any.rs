@@ -123,6 +123,7 @@ macro_rules! formats {
 formats! {
     Fp8(fmt_fp8::Fp8Quantizer),
     Fp8Block(fmt_fp8::Fp8BlockQuantizer),
+    Mxfp8(fmt_mxfp8::Mxfp8Quantizer),
 }
 
 impl AnyQuantizer {

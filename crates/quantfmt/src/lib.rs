@@ -47,6 +47,12 @@ pub use quant_core::{
 pub use fmt_fp8;
 pub use fmt_fp8::{BlockScaling, Fp8BlockQuantizer, Fp8Dtype, Fp8Quantizer};
 
+/// MXFP8.
+pub use fmt_mxfp8;
+pub use fmt_mxfp8::{
+    Mxfp8Dtype, Mxfp8Quantizer, Mxfp8Tensor, Mxfp8TensorExt, ScaleLayout, ScaleRule,
+};
+
 /// The registry of every format this build ships.
 pub fn registry() -> &'static Registry {
     static R: OnceLock<Registry> = OnceLock::new();
