@@ -606,18 +606,6 @@ impl Format for Mxfp8Quantizer {
             .collect()
     }
 
-    /// What a file may hold, and what is refused:
-    ///
-    /// * Every E8M0 byte is accepted, `0xFF` included: it is the E8M0 NaN, which the OCP
-    ///   rule writes for blocks holding NaN or inf (and TE's `float_to_e8m0` for a NaN
-    ///   amax); such a block dequantizes to NaN, as the format defines.
-    /// * Every FP8 byte is a valid E4M3/E5M2 code.
-    /// * Scale padding is accepted whatever it holds and never read: TE leaves compact
-    ///   padding uninitialised (`at::empty`), so files written from TE tensors may carry
-    ///   garbage there; quantfmt itself writes zeros.
-    /// * A `2d` tensor must be one: every scale entry equals its 32x32 tile's code, and
-    ///   with both directions present their codes and data bytes are identical. (Usage
-    ///   changes copy one direction into the other on that premise.)
     /// Rowwise scales are per row and columnwise scales per 32 rows (and the shape rule
     /// keeps M a multiple of 32), so rows move in blocks of 32.
     fn row_granularity(&self) -> Option<usize> {
@@ -683,6 +671,18 @@ impl Format for Mxfp8Quantizer {
             .collect()
     }
 
+    /// What a file may hold, and what is refused:
+    ///
+    /// * Every E8M0 byte is accepted, `0xFF` included: it is the E8M0 NaN, which the OCP
+    ///   rule writes for blocks holding NaN or inf (and TE's `float_to_e8m0` for a NaN
+    ///   amax); such a block dequantizes to NaN, as the format defines.
+    /// * Every FP8 byte is a valid E4M3/E5M2 code.
+    /// * Scale padding is accepted whatever it holds and never read: TE leaves compact
+    ///   padding uninitialised (`at::empty`), so files written from TE tensors may carry
+    ///   garbage there; quantfmt itself writes zeros.
+    /// * A `2d` tensor must be one: every scale entry equals its 32x32 tile's code, and
+    ///   with both directions present their codes and data bytes are identical. (Usage
+    ///   changes copy one direction into the other on that premise.)
     fn validate_buffers(&self, shape: &Shape, bufs: &[Buffer]) -> Result<()> {
         if !self.two_d {
             return Ok(());
