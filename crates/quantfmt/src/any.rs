@@ -121,6 +121,7 @@ macro_rules! formats {
 formats! {
     Fp8(fmt_fp8::Fp8Quantizer),
     Fp8Block(fmt_fp8::Fp8BlockQuantizer),
+    Nvfp4(fmt_nvfp4::Nvfp4Quantizer),
 }
 
 impl AnyQuantizer {

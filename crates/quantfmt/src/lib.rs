@@ -47,6 +47,10 @@ pub use quant_core::{
 pub use fmt_fp8;
 pub use fmt_fp8::{BlockScaling, Fp8BlockQuantizer, Fp8Dtype, Fp8Quantizer};
 
+/// The NVFP4 format.
+pub use fmt_nvfp4;
+pub use fmt_nvfp4::Nvfp4Quantizer;
+
 /// The registry of every format this build ships.
 pub fn registry() -> &'static Registry {
     static R: OnceLock<Registry> = OnceLock::new();
