@@ -60,7 +60,7 @@ pub(crate) fn quantize_rows<T: Element>(
     scale_stride: usize,
 ) {
     let (rows, cols) = (q.rows, q.cols);
-    debug_assert!(rows % BLOCK == 0 && cols % BLOCK == 0);
+    debug_assert!(rows.is_multiple_of(BLOCK) && cols.is_multiple_of(BLOCK));
     debug_assert_eq!(x.len(), rows * cols);
     debug_assert_eq!(data.len(), rows * cols / 2);
     debug_assert!(scales.len() >= rows * scale_stride);

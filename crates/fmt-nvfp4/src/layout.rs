@@ -102,7 +102,7 @@ pub(crate) fn transpose<T: Element>(src: &[T], rows: usize, cols: usize) -> Vec<
 /// along `cols`; the result holds `[cols, rows]` codes packed along `rows` (`rows` and
 /// `cols` even). Used to derive one 2-D direction from the other.
 pub fn nibble_transpose(src: &[u8], rows: usize, cols: usize) -> Result<Vec<u8>> {
-    if rows % 2 != 0 || cols % 2 != 0 || src.len() != rows * cols / 2 {
+    if !rows.is_multiple_of(2) || !cols.is_multiple_of(2) || src.len() != rows * cols / 2 {
         return Err(Error::invalid(
             "packed codes",
             format!("{} bytes for [{rows}, {cols}]", src.len()),

@@ -575,10 +575,10 @@ impl Format for Nvfp4Quantizer {
     fn check_shape(&self, shape: &Shape) -> Result<()> {
         self.validate()?;
         let (m, k) = shape.as_2d();
-        if k % BLOCK != 0 {
+        if !k.is_multiple_of(BLOCK) {
             return Err(Error::shape(Self::NAME, "K", k, "must be a multiple of 16"));
         }
-        if m % BLOCK != 0 {
+        if !m.is_multiple_of(BLOCK) {
             return Err(Error::shape(
                 Self::NAME,
                 "M",
@@ -759,7 +759,7 @@ impl Format for Nvfp4Quantizer {
                 }
             }
             let a = buffer_by_name(bufs, aname)?.as_slice::<f32>()?;
-            if let Some((i, v)) = a.iter().enumerate().find(|(_, v)| !(**v >= 0.0)) {
+            if let Some((i, v)) = a.iter().enumerate().find(|(_, v)| v.is_nan() || **v < 0.0) {
                 return Err(Error::buffer(
                     aname,
                     format!("entry {i} holds {v}; an amax must be >= 0 and not NaN"),

@@ -131,15 +131,15 @@ mod tests {
             .enumerate()
             .fold(0u16, |m, (i, &v)| m | (u16::from(v == -1) << i));
         assert_eq!(mask, SIGN_MASK);
-        for i in 0..DIM {
-            for j in 0..DIM {
+        for (i, ri) in R.iter().enumerate() {
+            for (j, (rij, rj)) in ri.iter().zip(R.iter()).enumerate() {
                 let h = if (i & j).count_ones() % 2 == 1 {
                     -1.0
                 } else {
                     1.0
                 };
-                assert_eq!(R[i][j], s[i] as f32 * h * 0.25);
-                let dot: f32 = (0..DIM).map(|k| R[i][k] * R[j][k]).sum();
+                assert_eq!(*rij, s[i] as f32 * h * 0.25);
+                let dot: f32 = ri.iter().zip(rj).map(|(a, b)| a * b).sum();
                 assert_eq!(dot, if i == j { 1.0 } else { 0.0 });
             }
         }
