@@ -79,7 +79,7 @@
 //!   e4m3(min(base, 448))` and `sdb4 = e4m3(min(1.5 base, 448))`, `base = (block_amax/6) *
 //!   S_enc`, and keep the candidate with the smaller summed absolute (or squared) error
 //!   in the input domain; ties keep map-to-6; in 2-D the 16 row errors of a tile are
-//!   tree-summed as the CUDA warp reduction does ([`kernel`](crate) internals).
+//!   tree-summed in the order of the CUDA warp reduction.
 //! * `swizzled`: both scale buffers in the cuBLAS tile layout; [`with_scale_layout`]
 //!   converts a stored tensor exactly in either direction.
 //!
