@@ -394,6 +394,7 @@ impl<F: Format> QuantizedTensor<F> {
             return Ok(());
         }
         let new_format = self.format.with_usage(usage);
+        new_format.validate_options()?;
         let want = new_format.buffers(&self.shape)?;
         let missing: Vec<BufferDesc> = want
             .iter()

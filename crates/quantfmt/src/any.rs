@@ -124,6 +124,7 @@ formats! {
     Fp8(fmt_fp8::Fp8Quantizer),
     Fp8Block(fmt_fp8::Fp8BlockQuantizer),
     Mxfp8(fmt_mxfp8::Mxfp8Quantizer),
+    Nvfp4(fmt_nvfp4::Nvfp4Quantizer),
 }
 
 impl AnyQuantizer {

@@ -52,6 +52,9 @@ pub use fmt_mxfp8;
 pub use fmt_mxfp8::{
     Mxfp8Dtype, Mxfp8Quantizer, Mxfp8Tensor, Mxfp8TensorExt, ScaleLayout, ScaleRule,
 };
+/// The NVFP4 format.
+pub use fmt_nvfp4;
+pub use fmt_nvfp4::Nvfp4Quantizer;
 
 /// The registry of every format this build ships.
 pub fn registry() -> &'static Registry {
