@@ -29,6 +29,9 @@
 
 pub mod buffer;
 pub mod codec;
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)] // FFI and kernel launches; every block has a SAFETY comment
+pub mod cuda;
 pub mod dtype;
 pub mod error;
 pub mod format;

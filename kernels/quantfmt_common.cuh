@@ -1,0 +1,213 @@
+// quantfmt shared CUDA header: element types, exact conversions, IEEE helpers.
+//
+// Compiled by NVRTC with --fmad=false --ftz=false --prec-div=true --prec-sqrt=true, so every
+// float operation below is one IEEE binary32 (or binary64) operation with round-to-nearest-even,
+// exactly as the Rust CPU path computes it (Rust never contracts a*b+c into an fma). No standard
+// header is included: NVRTC provides the CUDA built-ins (__float_as_uint, rintf, ...) itself.
+//
+// Element types are plain structs over their bits, so no cuda_fp16.h / cuda_bf16.h is needed and
+// every conversion is spelled out bit for bit (the CPU path uses the `half` crate; its exact
+// conversion rules are reproduced here, including its quirks, see qf_f64_to_bf16).
+#pragma once
+
+typedef unsigned char qf_u8;
+typedef unsigned short qf_u16;
+typedef unsigned int qf_u32;
+typedef unsigned long long qf_u64;
+typedef long long qf_i64;
+
+// bf16 and f16 elements: 16-bit storage, converted by hand.
+struct __align__(2) qf_bf16 {
+    qf_u16 bits;
+};
+struct __align__(2) qf_f16 {
+    qf_u16 bits;
+};
+
+#define QF_F32_MAX_BITS 0x7F7FFFFFu
+#define QF_F32_INF_BITS 0x7F800000u
+#define QF_F32_ABS_MASK 0x7FFFFFFFu
+
+__device__ __forceinline__ float qf_f32_max() { return __uint_as_float(QF_F32_MAX_BITS); }
+__device__ __forceinline__ bool qf_is_nan(float x) {
+    return (__float_as_uint(x) & QF_F32_ABS_MASK) > QF_F32_INF_BITS;
+}
+__device__ __forceinline__ bool qf_is_inf(float x) {
+    return (__float_as_uint(x) & QF_F32_ABS_MASK) == QF_F32_INF_BITS;
+}
+__device__ __forceinline__ float qf_abs(float x) {
+    return __uint_as_float(__float_as_uint(x) & QF_F32_ABS_MASK);
+}
+
+// Correctly rounded IEEE division and reciprocal (what Rust's `a / b` and `1.0 / x` compute).
+__device__ __forceinline__ float qf_div(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ float qf_rcp(float x) { return __frcp_rn(x); }
+
+// Rust `f32::min` / CUDA fminf: a NaN operand loses.
+__device__ __forceinline__ float qf_fmin(float a, float b) { return fminf(a, b); }
+
+// `fmax_ignore_nan(m, a)` of the CPU code: `if a > m { a } else { m }` (a NaN `a` loses).
+__device__ __forceinline__ float qf_fmax_ignore_nan(float m, float a) { return a > m ? a : m; }
+
+// The amax key of a value: |x| as its f32 bits, or 0 for NaN. Non-negative floats order like
+// their bits, so max over keys (an integer max, order-independent) equals the NaN-ignoring amax
+// of the CPU fold `fold(0.0, |m, v| if |v| > m { |v| } else { m })`.
+__device__ __forceinline__ qf_u32 qf_amax_key(float x) {
+    qf_u32 a = __float_as_uint(x) & QF_F32_ABS_MASK;
+    return a > QF_F32_INF_BITS ? 0u : a;
+}
+
+// ---- loads: element -> f32 (exact) ----------------------------------------------------------
+
+__device__ __forceinline__ float qf_bf16_bits_to_f32(qf_u16 b) {
+    // half's bf16_to_f32: a NaN gets its quiet bit set.
+    qf_u32 w = (qf_u32)b;
+    if ((w & 0x7FFFu) > 0x7F80u) w |= 0x0040u;
+    return __uint_as_float(w << 16);
+}
+
+__device__ __forceinline__ float qf_f16_bits_to_f32(qf_u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ float qf_to_f32(float v) { return v; }
+__device__ __forceinline__ float qf_to_f32(qf_bf16 v) { return qf_bf16_bits_to_f32(v.bits); }
+__device__ __forceinline__ float qf_to_f32(qf_f16 v) { return qf_f16_bits_to_f32(v.bits); }
+
+// ---- stores: f32 -> element, as half's `from_f32` rounds ---------------------------------------
+
+// half::bf16::from_f32 (bfloat/convert.rs f32_to_bf16): round to nearest even on the bits;
+// NaN keeps its high bits with the quiet bit set.
+__device__ __forceinline__ qf_u16 qf_f32_to_bf16_bits(float value) {
+    qf_u32 x = __float_as_uint(value);
+    if ((x & QF_F32_ABS_MASK) > QF_F32_INF_BITS) return (qf_u16)((x >> 16) | 0x0040u);
+    const qf_u32 round_bit = 0x00008000u;
+    if ((x & round_bit) != 0u && (x & (3u * round_bit - 1u)) != 0u) return (qf_u16)((x >> 16) + 1u);
+    return (qf_u16)(x >> 16);
+}
+
+// half::f16::from_f32 is IEEE round-to-nearest-even (F16C `vcvtps2ph`, or its software
+// fallback); PTX cvt.rn.f16.f32 is the same rounding. (NaN payloads may differ: NaN bits are
+// outside the byte-equality contract, see docs/cuda.md.)
+__device__ __forceinline__ qf_u16 qf_f32_to_f16_bits(float value) {
+    qf_u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(value));
+    return h;
+}
+
+__device__ __forceinline__ void qf_from_f32(float* p, float v) { *p = v; }
+__device__ __forceinline__ void qf_from_f32(qf_bf16* p, float v) { p->bits = qf_f32_to_bf16_bits(v); }
+__device__ __forceinline__ void qf_from_f32(qf_f16* p, float v) { p->bits = qf_f32_to_f16_bits(v); }
+
+// ---- stores from f64 (Element::from_f64) ------------------------------------------------------
+
+// half::bf16::from_f64 (bfloat/convert.rs f64_to_bf16), ported line for line. Note its quirk:
+// it drops the low 32 bits of the f64 significand before rounding, so a value just above a
+// rounding tie (only low-word bits set) rounds as the tie does. The CPU path has that quirk, so
+// the device must too.
+__device__ __forceinline__ qf_u16 qf_f64_to_bf16_bits(double value) {
+    qf_u64 val = (qf_u64)__double_as_longlong(value);
+    qf_u32 x = (qf_u32)(val >> 32);
+    qf_u32 sign = x & 0x80000000u;
+    qf_u32 exp = x & 0x7FF00000u;
+    qf_u32 man = x & 0x000FFFFFu;
+    if (exp == 0x7FF00000u) {
+        qf_u32 nan_bit = (man == 0u && (qf_u32)val == 0u) ? 0u : 0x0040u;
+        return (qf_u16)((sign >> 16) | 0x7F80u | nan_bit | (man >> 13));
+    }
+    qf_u32 half_sign = sign >> 16;
+    qf_i64 unbiased_exp = (qf_i64)(exp >> 20) - 1023;
+    qf_i64 half_exp = unbiased_exp + 127;
+    if (half_exp >= 0xFF) return (qf_u16)(half_sign | 0x7F80u);
+    if (half_exp <= 0) {
+        if (7 - half_exp > 21) return (qf_u16)half_sign;
+        qf_u32 m = man | 0x00100000u;
+        qf_u32 half_man = m >> (qf_u32)(14 - half_exp);
+        qf_u32 round_bit = 1u << (qf_u32)(13 - half_exp);
+        if ((m & round_bit) != 0u && (m & (3u * round_bit - 1u)) != 0u) half_man += 1u;
+        return (qf_u16)(half_sign | half_man);
+    }
+    qf_u32 he = ((qf_u32)half_exp) << 7;
+    qf_u32 half_man = man >> 13;
+    const qf_u32 round_bit = 0x00001000u;
+    if ((man & round_bit) != 0u && (man & (3u * round_bit - 1u)) != 0u)
+        return (qf_u16)((half_sign | he | half_man) + 1u);
+    return (qf_u16)(half_sign | he | half_man);
+}
+
+// half::f16::from_f64 on x86-64 with F16C (every machine this project runs on) is
+// `vcvtps2ph(v as f32)`: two roundings, f64 -> f32 then f32 -> f16, both to nearest even.
+__device__ __forceinline__ qf_u16 qf_f64_to_f16_bits(double value) {
+    return qf_f32_to_f16_bits(__double2float_rn(value));
+}
+
+__device__ __forceinline__ void qf_from_f64(float* p, double v) { *p = __double2float_rn(v); }
+__device__ __forceinline__ void qf_from_f64(qf_bf16* p, double v) { p->bits = qf_f64_to_bf16_bits(v); }
+__device__ __forceinline__ void qf_from_f64(qf_f16* p, double v) { p->bits = qf_f64_to_f16_bits(v); }
+
+// Largest finite value of an input element type (`Element::MAX_FINITE`).
+template <typename T> __device__ __forceinline__ float qf_max_finite();
+template <> __device__ __forceinline__ float qf_max_finite<float>() { return __uint_as_float(0x7F7FFFFFu); }
+template <> __device__ __forceinline__ float qf_max_finite<qf_bf16>() { return __uint_as_float(0x7F7F0000u); }
+template <> __device__ __forceinline__ float qf_max_finite<qf_f16>() { return 65504.0f; }
+
+// ---- vector loads --------------------------------------------------------------------------
+
+// Loads 4 consecutive elements starting at `p` (which must be aligned to 4 elements) as f32.
+__device__ __forceinline__ void qf_load4(const float* p, float out[4]) {
+    float4 v = *reinterpret_cast<const float4*>(p);
+    out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+}
+__device__ __forceinline__ void qf_load4(const qf_bf16* p, float out[4]) {
+    uint2 v = *reinterpret_cast<const uint2*>(p);
+    out[0] = qf_bf16_bits_to_f32((qf_u16)(v.x & 0xFFFFu));
+    out[1] = qf_bf16_bits_to_f32((qf_u16)(v.x >> 16));
+    out[2] = qf_bf16_bits_to_f32((qf_u16)(v.y & 0xFFFFu));
+    out[3] = qf_bf16_bits_to_f32((qf_u16)(v.y >> 16));
+}
+__device__ __forceinline__ void qf_load4(const qf_f16* p, float out[4]) {
+    uint2 v = *reinterpret_cast<const uint2*>(p);
+    out[0] = qf_f16_bits_to_f32((qf_u16)(v.x & 0xFFFFu));
+    out[1] = qf_f16_bits_to_f32((qf_u16)(v.x >> 16));
+    out[2] = qf_f16_bits_to_f32((qf_u16)(v.y & 0xFFFFu));
+    out[3] = qf_f16_bits_to_f32((qf_u16)(v.y >> 16));
+}
+
+// Loads up to 4 consecutive elements (`n` valid, the rest 0) without alignment requirement.
+template <typename T>
+__device__ __forceinline__ void qf_load4_tail(const T* p, int n, float out[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[i] = i < n ? qf_to_f32(p[i]) : 0.0f;
+}
+
+// ---- reductions ----------------------------------------------------------------------------
+
+__device__ __forceinline__ qf_u32 qf_warp_max_u32(qf_u32 v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+    return v;
+}
+
+// Max over groups of `W` consecutive lanes (W = 2, 4, 8, 16, 32); every lane gets its group's max.
+template <int W>
+__device__ __forceinline__ qf_u32 qf_group_max_u32(qf_u32 v) {
+#pragma unroll
+    for (int o = W / 2; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+    return v;
+}
+
+// ---- grid helpers --------------------------------------------------------------------------
+
+__device__ __forceinline__ qf_u64 qf_global_thread() {
+    return (qf_u64)blockIdx.x * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ qf_u64 qf_grid_threads() { return (qf_u64)gridDim.x * blockDim.x; }
+
+// Instantiates `extern "C"` entry points of a kernel template for the three input types.
+// KERNEL(name, T) must expand to one entry point.
+#define QF_FOR_INPUT_TYPES(KERNEL, name) \
+    KERNEL(name##_f32, float)            \
+    KERNEL(name##_bf16, qf_bf16)         \
+    KERNEL(name##_f16, qf_f16)
