@@ -45,9 +45,34 @@ __device__ __forceinline__ qf_u32 qf_e4m3_encode(float x) {
 __device__ __forceinline__ qf_u32 qf_e5m2_encode(float x) {
     return qf_fp8_encode<2, 15>(x, QF_E5M2_MAX, 0x7Bu);
 }
-// Fp8Dtype::encode: e5m2 != 0 selects E5M2.
+// Fp8Dtype::encode: e5m2 != 0 selects E5M2. The same body as qf_fp8_encode with the format
+// constants as run-time values: one copy of the code serves both formats (kernels that take the
+// element type as a launch argument stay half the size, and NVRTC compiles them twice as fast).
 __device__ __forceinline__ qf_u32 qf_fp8_encode_dt(float x, int e5m2) {
-    return e5m2 ? qf_e5m2_encode(x) : qf_e4m3_encode(x);
+    const int mbits = e5m2 ? 2 : 3;
+    const int bias = e5m2 ? 15 : 7;
+    const float maxv = e5m2 ? QF_E5M2_MAX : QF_E4M3_MAX;
+    const qf_u32 max_code = e5m2 ? 0x7Bu : 0x7Eu;
+    qf_u32 bits = __float_as_uint(x);
+    qf_u32 sign = (bits >> 24) & 0x80u;
+    qf_u32 abits = bits & QF_F32_ABS_MASK;
+    if (abits > QF_F32_INF_BITS) return 0x7Fu;
+    float a = __uint_as_float(abits);
+    if (a >= maxv) return sign | max_code;
+    int f32_exp = (int)(abits >> 23);
+    qf_u32 code;
+    if (f32_exp < 128 - bias) {
+        float scale = __uint_as_float(((qf_u32)(127 + bias - 1 + mbits)) << 23);
+        code = (qf_u32)rintf(a * scale);
+    } else {
+        const int shift = 23 - mbits;
+        qf_u32 mant = abits & 0x007FFFFFu;
+        qf_u32 base = (((qf_u32)(f32_exp - 127 + bias)) << mbits) | (mant >> shift);
+        qf_u32 rem = mant & ((1u << shift) - 1u);
+        qf_u32 half = 1u << (shift - 1);
+        code = base + ((rem > half || (rem == half && (base & 1u) == 1u)) ? 1u : 0u);
+    }
+    return sign | min(code, max_code);
 }
 
 // quant_core::codec::fp8::decode: NaN codes give Rust's f32::NAN (0x7FC00000) with the code's
@@ -84,8 +109,31 @@ __device__ __forceinline__ float qf_e5m2_decode(qf_u32 code) {
     qf_u32 m = code & 0x7Fu;
     return qf_fp8_decode<2, 15>(code, m > 0x7Cu, m == 0x7Cu);
 }
+// Fp8Dtype decode with the element type as a run-time value (one copy of the code).
 __device__ __forceinline__ float qf_fp8_decode_dt(qf_u32 code, int e5m2) {
-    return e5m2 ? qf_e5m2_decode(code) : qf_e4m3_decode(code);
+    code &= 0xFFu;
+    const int mbits = e5m2 ? 2 : 3;
+    const int bias = e5m2 ? 15 : 7;
+    const qf_u32 m7 = code & 0x7Fu;
+    const bool nan = e5m2 ? m7 > 0x7Cu : m7 == 0x7Fu;
+    const bool inf = e5m2 ? m7 == 0x7Cu : false;
+    bool neg = (code & 0x80u) != 0u;
+    float mag;
+    if (nan) {
+        mag = __uint_as_float(0x7FC00000u);
+    } else if (inf) {
+        mag = __uint_as_float(QF_F32_INF_BITS);
+    } else {
+        int e = (int)(m7 >> mbits);
+        qf_u32 m = code & ((1u << mbits) - 1u);
+        if (e == 0) {
+            float unit = __uint_as_float(((qf_u32)(127 + 1 - bias - mbits)) << 23);
+            mag = (float)m * unit;
+        } else {
+            mag = __uint_as_float((((qf_u32)(e - bias + 127)) << 23) | (m << (23 - mbits)));
+        }
+    }
+    return neg ? -mag : mag;
 }
 
 // ---- E2M1 (quant_core::codec::e2m1) --------------------------------------------------------

@@ -113,6 +113,11 @@ impl Fp8BlockQuantizer {
         self.force_pow2_scales
     }
 
+    /// The floor applied to every block amax.
+    pub fn amax_epsilon(&self) -> f32 {
+        self.amax_epsilon.get()
+    }
+
     /// Quantizes `x` (static dispatch).
     pub fn quantize(&self, x: &HostTensor<'_>) -> Result<QuantizedTensor<Self>> {
         quant_core::quantize(self, x)

@@ -28,6 +28,9 @@
 #![deny(unsafe_code)]
 
 mod block;
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)] // kernel launches; every block has a SAFETY comment
+pub mod cuda;
 mod per_tensor;
 mod scale;
 mod transpose;

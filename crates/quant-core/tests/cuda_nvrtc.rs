@@ -32,7 +32,10 @@ fn compile_errors_carry_the_log() {
         entry_points: &["k"],
     };
     let e = compile(&bad, "sm_80").unwrap_err().to_string();
-    assert!(e.contains("bad.cu") && e.contains("this_is_not_defined"), "{e}");
+    assert!(
+        e.contains("bad.cu") && e.contains("this_is_not_defined"),
+        "{e}"
+    );
     let e = compile(&CORE_KERNELS, "gfx90a").unwrap_err().to_string();
     assert!(e.contains("sm_XY"), "{e}");
 }
@@ -45,5 +48,9 @@ fn ptx_output_for_compute_archs() {
     let c = compile(&CORE_KERNELS, "compute_80").unwrap();
     assert!(!c.is_cubin);
     let text = String::from_utf8(c.image).unwrap();
-    assert!(text.contains(".entry qf_amax_f32("), "{}", &text[..200.min(text.len())]);
+    assert!(
+        text.contains(".entry qf_amax_f32("),
+        "{}",
+        &text[..200.min(text.len())]
+    );
 }

@@ -33,7 +33,9 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T> + std::panic::UnwindSafe
                 .cloned()
                 .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_else(|| "unknown panic".to_string());
-            Err(Error::Cuda(format!("{what}: the CUDA driver library is unusable ({msg})")))
+            Err(Error::Cuda(format!(
+                "{what}: the CUDA driver library is unusable ({msg})"
+            )))
         }
     }
 }
@@ -62,9 +64,7 @@ pub fn device_count() -> Result<usize> {
     })?;
     let n = usize::try_from(n).unwrap_or(0);
     if n == 0 {
-        return Err(Error::Cuda(
-            "the CUDA driver found no device".to_string(),
-        ));
+        return Err(Error::Cuda("the CUDA driver found no device".to_string()));
     }
     Ok(n)
 }

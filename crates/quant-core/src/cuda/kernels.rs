@@ -29,7 +29,10 @@ pub fn tensor_amax(x: &DeviceTensor, out: &mut CudaSlice<u8>) -> Result<()> {
     let name = format!("qf_amax_{}", dtype_suffix(x.dtype())?);
     let f = dev.function(&CORE_KERNELS, &name)?;
     let n = x.shape().numel() as u64;
-    let blocks = grid_1d((n / 4).div_ceil(u64::from(THREADS)), u64::from(dev.sm_count()) * 8);
+    let blocks = grid_1d(
+        (n / 4).div_ceil(u64::from(THREADS)),
+        u64::from(dev.sm_count()) * 8,
+    );
     let cfg = LaunchConfig {
         grid_dim: (blocks, 1, 1),
         block_dim: (THREADS, 1, 1),
@@ -89,7 +92,11 @@ pub fn col_amax(x: &DeviceTensor, rows: usize, cols: usize, out: &mut CudaSlice<
         shared_mem_bytes: 0,
     };
     let mut b = dev.stream().launch_builder(&f);
-    b.arg(x.data()).arg(&r).arg(&c).arg(&rows_per_block).arg(out);
+    b.arg(x.data())
+        .arg(&r)
+        .arg(&c)
+        .arg(&rows_per_block)
+        .arg(out);
     // SAFETY: qf_col_amax_T(const T* x, u64 rows, u64 cols, u64 rows_per_block, u32* out):
     // x holds rows*cols elements, out holds cols u32 (both checked).
     unsafe { b.launch(cfg) }?;
@@ -101,7 +108,10 @@ fn check_view(x: &DeviceTensor, rows: usize, cols: usize) -> Result<()> {
         return Err(Error::invalid(
             "view",
             format!("[{rows}, {cols}]"),
-            format!("must cover the {} elements of the tensor", x.shape().numel()),
+            format!(
+                "must cover the {} elements of the tensor",
+                x.shape().numel()
+            ),
         ));
     }
     Ok(())

@@ -54,8 +54,7 @@ pub use format::{
 #[cfg(feature = "nccl")]
 pub use nccl::{NcclAmaxReducer, nccl_available, new_unique_id};
 pub use nvrtc::{compile, nvrtc_available, nvrtc_version};
-pub use source::{CORE_KERNELS, HEADERS, Header, KernelSource};
+pub use source::{CORE_KERNELS, HEADERS, Header, KernelSource, SELFTEST_KERNELS};
 pub use tensor::{
-    DeviceBuffer, DeviceQuantized, DeviceTensor, device_buffer_by_name,
-    device_buffers_by_name_mut,
+    DeviceBuffer, DeviceQuantized, DeviceTensor, device_buffer_by_name, device_buffers_by_name_mut,
 };

@@ -234,6 +234,8 @@ pub fn image_has_symbol(image: &[u8], name: &str) -> bool {
         return false;
     }
     image.windows(n.len() + 2).any(|w| {
-        matches!(w[0], 0 | b'.' | b' ') && &w[1..=n.len()] == n && matches!(w[n.len() + 1], 0 | b'(')
+        matches!(w[0], 0 | b'.' | b' ')
+            && &w[1..=n.len()] == n
+            && matches!(w[n.len() + 1], 0 | b'(')
     })
 }

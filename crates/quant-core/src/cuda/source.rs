@@ -79,6 +79,19 @@ pub const CORE_KERNELS: KernelSource = KernelSource {
     ],
 };
 
+/// Self-test kernels: the shared header's conversions over given inputs, for GPU tests that
+/// compare them value by value with `quant_core::codec` and `half`.
+pub const SELFTEST_KERNELS: KernelSource = KernelSource {
+    name: "quant-core/kernels/selftest.cu",
+    source: include_str!("../../kernels/selftest.cu"),
+    entry_points: &[
+        "qf_selftest_encode",
+        "qf_selftest_decode",
+        "qf_selftest_convert",
+        "qf_selftest_swizzle",
+    ],
+};
+
 struct Fnv(u64);
 
 impl Fnv {
@@ -117,7 +130,7 @@ mod tests {
 
     #[test]
     fn sources_include_only_known_headers() {
-        for src in [CORE_KERNELS.source]
+        for src in [CORE_KERNELS.source, SELFTEST_KERNELS.source]
             .into_iter()
             .chain(HEADERS.iter().map(|h| h.source))
         {

@@ -140,7 +140,10 @@ impl DeviceBuffer {
         let n = desc.nbytes()?;
         Ok(DeviceBuffer {
             data: device.alloc_zeros(n).map_err(|e| {
-                Error::buffer(&desc.name, format!("cannot be allocated on the device: {e}"))
+                Error::buffer(
+                    &desc.name,
+                    format!("cannot be allocated on the device: {e}"),
+                )
             })?,
             desc,
         })
@@ -301,7 +304,9 @@ impl<F: Format> DeviceQuantized<F> {
         self.buffers.iter().map(DeviceBuffer::nbytes).sum()
     }
 
-    pub(crate) fn buffers_mut(&mut self) -> &mut [DeviceBuffer] {
+    /// The buffers, writable (their bytes; descriptions cannot change). Format kernels
+    /// write through this.
+    pub fn buffers_mut(&mut self) -> &mut [DeviceBuffer] {
         &mut self.buffers
     }
 

@@ -53,3 +53,74 @@ pub fn nvrtc_or_skip(test: &str) -> Result<bool> {
     ));
     Ok(false)
 }
+
+/// Compiles every source for every architecture of [`CI_ARCHS`] to a cubin and checks that
+/// each promised entry point is in the image. The (source, arch) pairs are compiled on
+/// `QUANTFMT_NVRTC_THREADS` threads (default: the available parallelism). Returns the
+/// number of pairs compiled; the first failure is an error carrying the NVRTC log.
+///
+/// [`CI_ARCHS`]: super::nvrtc::CI_ARCHS
+pub fn compile_for_ci_archs(sources: &[super::source::KernelSource]) -> Result<usize> {
+    let jobs: Vec<(&super::source::KernelSource, &str)> = sources
+        .iter()
+        .flat_map(|s| super::nvrtc::CI_ARCHS.iter().map(move |a| (s, *a)))
+        .collect();
+    let threads = std::env::var("QUANTFMT_NVRTC_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .clamp(1, jobs.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<Result<usize>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| -> Result<usize> {
+                    let mut done = 0;
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&(src, arch)) = jobs.get(i) else {
+                            return Ok(done);
+                        };
+                        compile_one(src, arch)?;
+                        done += 1;
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Cuda("a compile thread panicked".to_string())))
+            })
+            .collect()
+    });
+    let mut n = 0;
+    for r in results {
+        n += r?;
+    }
+    Ok(n)
+}
+
+fn compile_one(src: &super::source::KernelSource, arch: &str) -> Result<()> {
+    let t = std::time::Instant::now();
+    let c = super::nvrtc::compile(src, arch)?;
+    for ep in src.entry_points {
+        if !super::nvrtc::image_has_symbol(&c.image, ep) {
+            return Err(Error::Cuda(format!(
+                "{}: entry point {ep} is missing from the {arch} cubin",
+                src.name
+            )));
+        }
+    }
+    say(&format!(
+        "compiled {} for {arch}: {} bytes of cubin in {:.1} s",
+        src.name,
+        c.image.len(),
+        t.elapsed().as_secs_f64()
+    ));
+    if !c.log.trim().is_empty() {
+        say(&format!("NVRTC log for {} ({arch}):\n{}", src.name, c.log));
+    }
+    Ok(())
+}
