@@ -71,6 +71,9 @@
 #![deny(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)] // kernel launches; every block has a SAFETY comment
+pub mod cuda;
 mod kernels;
 pub mod layout;
 mod quantizer;

@@ -104,6 +104,9 @@
 #![deny(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)] // kernel launches; every block has a SAFETY comment
+pub mod cuda;
 mod dequant;
 mod kernel;
 pub mod layout;
