@@ -73,7 +73,12 @@ impl CudaFormat for Mxfp8Quantizer {
         let (cd, cs) = match (cd, cs, usage.columnwise) {
             (Some(d), Some(s), true) => (Some(d), Some(s)),
             (_, _, false) => (None, None),
-            _ => return Err(Error::buffer(COLUMNWISE_DATA, "or its scale_inv is missing")),
+            _ => {
+                return Err(Error::buffer(
+                    COLUMNWISE_DATA,
+                    "or its scale_inv is missing",
+                ));
+            }
         };
         let rshape = rowwise_scale_shape(m, k);
         let cshape = columnwise_scale_shape(m, k);
@@ -131,7 +136,12 @@ impl CudaFormat for Mxfp8Quantizer {
             ));
         }
         let (dname, sname, sshape, columnwise) = match dir {
-            Direction::Rowwise => (ROWWISE_DATA, ROWWISE_SCALE_INV, rowwise_scale_shape(m, k), 0),
+            Direction::Rowwise => (
+                ROWWISE_DATA,
+                ROWWISE_SCALE_INV,
+                rowwise_scale_shape(m, k),
+                0,
+            ),
             Direction::Columnwise => (
                 COLUMNWISE_DATA,
                 COLUMNWISE_SCALE_INV,
@@ -165,7 +175,12 @@ impl CudaFormat for Mxfp8Quantizer {
         // SAFETY: mxfp8_dequant_OT(const u8* q, u64 m, u64 k, const u8* s, int columnwise,
         // int swz, u64 stride, u64 rows, int e5m2, OT* out): q holds m*k bytes and s the
         // [rows, stride] scale matrix (both checked), out m*k elements of the kernel's type.
-        unsafe { b.launch(cfg(((m * k) as u64 / 4).div_ceil(u64::from(THREADS)), dev.sm_count())) }?;
+        unsafe {
+            b.launch(cfg(
+                ((m * k) as u64 / 4).div_ceil(u64::from(THREADS)),
+                dev.sm_count(),
+            ))
+        }?;
         Ok(())
     }
 }

@@ -212,7 +212,10 @@ impl Nvfp4Quantizer {
                 "or its scales do not match the shape",
             ));
         }
-        let f = dev.function(&KERNELS, &format!("nvfp4_quant_{}", dtype_suffix(x.dtype())?))?;
+        let f = dev.function(
+            &KERNELS,
+            &format!("nvfp4_quant_{}", dtype_suffix(x.dtype())?),
+        )?;
         let (mm, kk) = (m as u64, k as u64);
         let rht = i32::from(dir == 1 && self.rht());
         let per_row = i32::from(self.row_scaled());
@@ -356,10 +359,16 @@ impl CudaFormat for Nvfp4Quantizer {
         let want_amax = if self.row_scaled() { per_row_len } else { 1 } * 4;
         if q.nbytes() != m * k / 2 || s.nbytes() != stride[0] * stride[1] || a.nbytes() != want_amax
         {
-            return Err(Error::buffer(data, "or its scales or amax do not match the shape"));
+            return Err(Error::buffer(
+                data,
+                "or its scales or amax do not match the shape",
+            ));
         }
         let dev = std::sync::Arc::clone(out.device());
-        let f = dev.function(&KERNELS, &format!("{kernel}_{}", dtype_suffix(out.dtype())?))?;
+        let f = dev.function(
+            &KERNELS,
+            &format!("{kernel}_{}", dtype_suffix(out.dtype())?),
+        )?;
         let (mm, kk, st) = (m as u64, k as u64, stride[1] as u64);
         let swz = i32::from(self.swizzled());
         let per_row = i32::from(self.row_scaled());

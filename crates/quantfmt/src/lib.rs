@@ -29,6 +29,8 @@
 #![deny(unsafe_code)]
 
 mod any;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod io;
 mod spec;
 

@@ -1,0 +1,496 @@
+//! The device check: every CUDA kernel writes **the same bytes as the CPU path**, for every
+//! format and option combination, f32/bf16/f16 inputs, ragged shapes and special values
+//! (NaN, ±inf, ±0, subnormals, values at and beyond the element maxima, all-zero, all-NaN
+//! and all-subnormal blocks). Dequantization on the device (of device-made and of CPU-made
+//! storages) must equal the CPU's to f32, bf16 and f16 bit for bit, NaN payloads aside.
+//!
+//! Without a GPU every test skips with the reason printed. On the GPU machine run the
+//! prebuilt binary with `QUANTFMT_REQUIRE_GPU=1` so a missing device fails instead (see
+//! docs/cuda.md).
+#![cfg(feature = "cuda")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use quantfmt::cuda::testing::device_or_skip;
+use quantfmt::cuda::{CudaDevice, CudaFormat, DeviceQuantized, DeviceTensor, quantize_device};
+use quantfmt::parallel::{AmaxReducer, NoReduction};
+use quantfmt::{
+    DType, Direction, Format, Fp8BlockQuantizer, Fp8Quantizer, HostTensor, Mxfp8Quantizer,
+    Nvfp4Quantizer, QuantizedTensor, Usage,
+};
+
+const USAGES: [Usage; 3] = [Usage::ROWWISE, Usage::COLUMNWISE, Usage::BOTH];
+const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+
+fn dev(test: &str) -> Option<Arc<CudaDevice>> {
+    device_or_skip(test).unwrap()
+}
+
+/// Deterministic data over many magnitudes, with the special values salted in at fixed
+/// positions and whole special blocks (zero, NaN, subnormal, huge) along the first rows.
+fn input(dims: &[usize], seed: u64) -> Vec<f32> {
+    let n: usize = dims.iter().product();
+    let k = *dims.last().unwrap();
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        -0.0,
+        0.0,
+        f32::from_bits(1),
+        -f32::from_bits(0x0040_0000),
+        448.0,
+        -464.0,
+        57344.0,
+        61440.0,
+        6.0,
+        -5.0,
+        2.5,
+        0.25,
+        1e30,
+        -3.0e38,
+        65504.0,
+        1e-30,
+    ];
+    let mut v: Vec<f32> = (0..n)
+        .map(|i| {
+            let r = next();
+            if i % 53 == 7 {
+                specials[(r % specials.len() as u64) as usize]
+            } else {
+                let mag = 10f32.powf(((r >> 8) % 1000) as f32 / 100.0 - 6.0);
+                let sign = if r & 1 == 1 { -1.0 } else { 1.0 };
+                sign * mag * (1.0 + ((r >> 20) % 1024) as f32 / 1024.0)
+            }
+        })
+        .collect();
+    // Special blocks: the first 32 elements of rows 0..4 (clipped to the row length).
+    let blk = k.min(32);
+    let rows = n / k;
+    let fills: [fn(usize) -> f32; 4] = [
+        |_| 0.0,
+        |_| f32::NAN,
+        |i| f32::from_bits(1 + i as u32),
+        |i| if i % 2 == 0 { 1e38 } else { -2e-38 },
+    ];
+    for (r, fill) in fills.iter().enumerate().take(rows) {
+        for j in 0..blk {
+            v[r * k + j] = fill(j);
+        }
+    }
+    v
+}
+
+fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
+    if a.len() != b.len() {
+        return Some(a.len().min(b.len()));
+    }
+    a.iter().zip(b).position(|(x, y)| x != y)
+}
+
+/// Bitwise equality of two dense tensors, any NaN equal to any NaN.
+fn dense_diff(a: &HostTensor<'_>, b: &HostTensor<'_>) -> Option<String> {
+    if a.dtype() != b.dtype() || a.shape() != b.shape() {
+        return Some(format!(
+            "{:?} {} vs {:?} {}",
+            a.dtype(),
+            a.shape(),
+            b.dtype(),
+            b.shape()
+        ));
+    }
+    let (x, y) = (a.to_f32_vec(), b.to_f32_vec());
+    let (ba, bb) = (a.as_bytes(), b.as_bytes());
+    let w = a.dtype().size();
+    for i in 0..x.len() {
+        let same =
+            (x[i].is_nan() && y[i].is_nan()) || ba[i * w..(i + 1) * w] == bb[i * w..(i + 1) * w];
+        if !same {
+            return Some(format!("element {i}: cpu {} device {}", x[i], y[i]));
+        }
+    }
+    None
+}
+
+#[derive(Default)]
+struct Report {
+    cases: usize,
+    failures: Vec<String>,
+}
+
+impl Report {
+    fn fail(&mut self, s: String) {
+        if self.failures.len() < 40 {
+            self.failures.push(s);
+        } else if self.failures.len() == 40 {
+            self.failures.push("...".into());
+        }
+    }
+    fn finish(self, what: &str) {
+        eprintln!(
+            "{what}: {} cases checked, {} failures",
+            self.cases,
+            self.failures.len()
+        );
+        assert!(
+            self.failures.is_empty(),
+            "{what}:\n{}",
+            self.failures.join("\n")
+        );
+        assert!(self.cases > 0, "{what}: no case ran");
+    }
+}
+
+fn compare_storages<F: Format>(
+    rep: &mut Report,
+    case: &str,
+    cpu: &QuantizedTensor<F>,
+    gpu: &QuantizedTensor<F>,
+) {
+    for b in cpu.buffers() {
+        let g = gpu.buffer(b.name()).unwrap();
+        if let Some(i) = first_diff(b.bytes(), g.bytes()) {
+            let lo = i.saturating_sub(4);
+            let hi = (i + 4).min(b.bytes().len()).min(g.bytes().len());
+            rep.fail(format!(
+                "{case}: buffer {} differs at byte {i}: cpu {:02x?} device {:02x?}",
+                b.name(),
+                &b.bytes()[lo..hi],
+                &g.bytes()[lo..hi.min(g.bytes().len())]
+            ));
+        }
+    }
+}
+
+/// Quantizes `x` on both paths and compares everything; then dequantizes on both paths.
+fn check<F: CudaFormat>(
+    rep: &mut Report,
+    d: &Arc<CudaDevice>,
+    q: &F,
+    x: &HostTensor<'_>,
+    case: &str,
+) {
+    rep.cases += 1;
+    let cpu = quantfmt::quantize(q, x);
+    let dx = DeviceTensor::from_host(d, x).unwrap();
+    let gpu = quantize_device(q, &dx);
+    let (cpu, gpu) = match (cpu, gpu) {
+        (Ok(c), Ok(g)) => (c, g),
+        (Err(_), Err(_)) => return, // refused on both paths (e.g. rht with f32 input)
+        (c, g) => {
+            rep.fail(format!("{case}: cpu {:?} device {:?}", c.err(), g.err()));
+            return;
+        }
+    };
+    let back = match gpu.to_host() {
+        Ok(b) => b,
+        Err(e) => {
+            rep.fail(format!("{case}: device storage does not rebuild: {e}"));
+            return;
+        }
+    };
+    compare_storages(rep, case, &cpu, &back);
+    let from_cpu = DeviceQuantized::from_host(d, &cpu).unwrap();
+    for dir in [Direction::Rowwise, Direction::Columnwise] {
+        if !q.usage().has(dir) {
+            continue;
+        }
+        for dt in DTYPES {
+            let want = cpu.dequantize(dir, dt).unwrap();
+            for (src, t) in [("device-made", &gpu), ("cpu-made", &from_cpu)] {
+                let got = t.dequantize(dir, dt).unwrap().to_host().unwrap();
+                if let Some(e) = dense_diff(&want, &got) {
+                    rep.fail(format!("{case}: dequantize {dir} to {dt} ({src}): {e}"));
+                }
+            }
+        }
+    }
+}
+
+fn run_format<F: CudaFormat>(test: &str, specs: &[&str], shapes: &[&[usize]]) {
+    let Some(d) = dev(test) else {
+        return;
+    };
+    let mut rep = Report::default();
+    for spec in specs {
+        let opts: Vec<&str> = spec.split(',').filter(|s| !s.is_empty()).collect();
+        for usage in USAGES {
+            let Ok(q) = F::from_spec(&opts, usage) else {
+                continue; // a combination the format refuses (e.g. row-scaled columnwise-only)
+            };
+            for (si, dims) in shapes.iter().enumerate() {
+                let v = input(dims, (si as u64 + 1) * 7919 + spec.len() as u64);
+                let x32 = HostTensor::f32(&v, dims).unwrap();
+                for dt in DTYPES {
+                    let x = x32.to_dtype(dt).unwrap();
+                    let case = format!("{}:{spec} {usage} {dims:?} {dt}", F::NAME);
+                    check(&mut rep, &d, &q, &x, &case);
+                }
+            }
+        }
+    }
+    rep.finish(test);
+}
+
+const FP8_SHAPES: &[&[usize]] = &[
+    &[1, 1],
+    &[3, 5],
+    &[2, 3, 7],
+    &[67, 129],
+    &[130, 257],
+    &[256, 384],
+    &[1, 1000],
+    &[1000, 3],
+];
+
+#[test]
+fn fp8_per_tensor_matches_cpu() {
+    run_format::<Fp8Quantizer>(
+        "fp8_per_tensor_matches_cpu",
+        &["", "e5m2", "pow2", "e5m2,pow2", "eps=0.5", "eps=1e-30"],
+        FP8_SHAPES,
+    );
+}
+
+#[test]
+fn fp8_block_matches_cpu() {
+    run_format::<Fp8BlockQuantizer>(
+        "fp8_block_matches_cpu",
+        &[
+            "128x128",
+            "1x128",
+            "1x128,fp32-scales",
+            "128x128,fp32-scales,e5m2",
+            "1x128,e5m2,eps=1e-3",
+        ],
+        FP8_SHAPES,
+    );
+}
+
+#[test]
+fn mxfp8_matches_cpu() {
+    run_format::<Mxfp8Quantizer>(
+        "mxfp8_matches_cpu",
+        &[
+            "",
+            "e5m2",
+            "2d",
+            "ocp",
+            "swizzled",
+            "2d,swizzled",
+            "ocp,e5m2,swizzled",
+            "2d,ocp",
+        ],
+        &[
+            &[32, 32],
+            &[64, 96],
+            &[96, 160],
+            &[160, 224],
+            &[2, 48, 256],
+            &[288, 1056],
+        ],
+    );
+}
+
+#[test]
+fn nvfp4_matches_cpu() {
+    run_format::<Nvfp4Quantizer>(
+        "nvfp4_matches_cpu",
+        &[
+            "",
+            "2d",
+            "rht",
+            "sr",
+            "sr,seed=12345678901",
+            "2d,sr,seed=7",
+            "row-scaled",
+            "4over6",
+            "4over6=mse",
+            "4over6,2d",
+            "4over6=mse,e4m3max=256",
+            "swizzled",
+            "2d,swizzled",
+            "rht,sr,swizzled",
+            "row-scaled,swizzled",
+            "4over6,row-scaled",
+        ],
+        &[
+            &[16, 16],
+            &[48, 80],
+            &[144, 272],
+            &[2, 32, 64],
+            &[272, 1040],
+        ],
+    );
+}
+
+/// A reducer that folds a fixed value into the amax, so the test sees that the reduced
+/// value (not the local one) scales the tensor.
+struct FoldIn(f32);
+
+impl AmaxReducer for FoldIn {
+    fn all_reduce_max(&self, values: &mut [f32]) -> quantfmt::Result<()> {
+        for v in values {
+            if self.0 > *v {
+                *v = self.0;
+            }
+        }
+        Ok(())
+    }
+    fn world_size(&self) -> usize {
+        2
+    }
+}
+
+fn check_reduced<F: CudaFormat>(
+    rep: &mut Report,
+    d: &Arc<CudaDevice>,
+    q: &F,
+    x: &HostTensor<'_>,
+    r: &dyn AmaxReducer,
+    case: &str,
+) {
+    rep.cases += 1;
+    let cpu = Format::quantize_reduced(q, x, r);
+    let dx = DeviceTensor::from_host(d, x).unwrap();
+    let gpu = quantfmt::cuda::quantize_device_reduced(q, &dx, r);
+    match (cpu, gpu) {
+        (Ok(c), Ok(g)) => compare_storages(rep, case, &c, &g.to_host().unwrap()),
+        (Err(_), Err(_)) => {}
+        (c, g) => rep.fail(format!("{case}: cpu {:?} device {:?}", c.err(), g.err())),
+    }
+}
+
+#[test]
+fn amax_reduction_matches_cpu() {
+    let Some(d) = dev("amax_reduction_matches_cpu") else {
+        return;
+    };
+    let mut rep = Report::default();
+    let v = input(&[64, 96], 3);
+    let x32 = HostTensor::f32(&v, &[64, 96]).unwrap();
+    for dt in DTYPES {
+        let x = x32.to_dtype(dt).unwrap();
+        for (name, r) in [
+            ("none", &NoReduction as &dyn AmaxReducer),
+            ("fold 1e4", &FoldIn(1e4)),
+        ] {
+            for spec in ["", "e5m2,pow2"] {
+                let opts: Vec<&str> = spec.split(',').filter(|s| !s.is_empty()).collect();
+                let q = Fp8Quantizer::from_spec(&opts, Usage::BOTH).unwrap();
+                check_reduced(&mut rep, &d, &q, &x, r, &format!("fp8:{spec} {dt} {name}"));
+            }
+            for spec in ["", "rht", "2d", "row-scaled"] {
+                for usage in [Usage::ROWWISE, Usage::BOTH] {
+                    let opts: Vec<&str> = spec.split(',').filter(|s| !s.is_empty()).collect();
+                    let q = Nvfp4Quantizer::from_spec(&opts, usage).unwrap();
+                    check_reduced(
+                        &mut rep,
+                        &d,
+                        &q,
+                        &x,
+                        r,
+                        &format!("nvfp4:{spec} {usage} {dt} {name}"),
+                    );
+                }
+            }
+        }
+        // Given amaxes (quantize_with_amax) on both paths.
+        let q = Nvfp4Quantizer::new(Usage::BOTH);
+        let dx = DeviceTensor::from_host(&d, &x).unwrap();
+        let c = q.quantize_with_amax(&x, 300.0, 700.0).unwrap();
+        let g = q
+            .quantize_device_with_amax(&dx, 300.0, 700.0)
+            .unwrap()
+            .to_host()
+            .unwrap();
+        rep.cases += 1;
+        compare_storages(&mut rep, &format!("nvfp4 with amax {dt}"), &c, &g);
+        let q = Fp8Quantizer::new(Usage::BOTH);
+        let c = q.quantize_with_amax(&x, 123.0).unwrap();
+        let g = q
+            .quantize_device_with_amax(&dx, 123.0)
+            .unwrap()
+            .to_host()
+            .unwrap();
+        rep.cases += 1;
+        compare_storages(&mut rep, &format!("fp8 with amax {dt}"), &c, &g);
+    }
+    rep.finish("amax_reduction_matches_cpu");
+}
+
+/// The NCCL reducer on a single-rank communicator gives the bytes of the unreduced path.
+#[cfg(feature = "nccl")]
+#[test]
+fn nccl_single_rank_reduction() {
+    let Some(d) = dev("nccl_single_rank_reduction") else {
+        return;
+    };
+    if !quantfmt::cuda::nccl_available() {
+        eprintln!("SKIPPED nccl_single_rank_reduction: libnccl.so not found");
+        assert!(
+            std::env::var("QUANTFMT_REQUIRE_NCCL").is_err(),
+            "QUANTFMT_REQUIRE_NCCL set but no NCCL"
+        );
+        return;
+    }
+    let r = quantfmt::cuda::NcclAmaxReducer::single(&d).unwrap();
+    let mut v = [3.0f32, 1.5];
+    r.all_reduce_max(&mut v).unwrap();
+    assert_eq!(v, [3.0, 1.5]);
+    let mut rep = Report::default();
+    let v = input(&[64, 96], 9);
+    let x = HostTensor::f32(&v, &[64, 96]).unwrap();
+    check_reduced(
+        &mut rep,
+        &d,
+        &Fp8Quantizer::new(Usage::BOTH),
+        &x,
+        &r,
+        "fp8 nccl",
+    );
+    check_reduced(
+        &mut rep,
+        &d,
+        &Nvfp4Quantizer::new(Usage::BOTH),
+        &x,
+        &r,
+        "nvfp4 nccl",
+    );
+    rep.finish("nccl_single_rank_reduction");
+}
+
+/// Re-quantizing into an existing device storage (buffers cleared first) gives the same bytes.
+#[test]
+fn quantize_from_reuses_buffers() {
+    let Some(d) = dev("quantize_from_reuses_buffers") else {
+        return;
+    };
+    let v = input(&[64, 128], 11);
+    let w = input(&[64, 128], 12);
+    let x = HostTensor::f32(&v, &[64, 128]).unwrap();
+    let y = HostTensor::f32(&w, &[64, 128]).unwrap();
+    let q = Nvfp4Quantizer::new(Usage::BOTH);
+    let mut t = quantize_device(&q, &DeviceTensor::from_host(&d, &x).unwrap()).unwrap();
+    t.quantize_from(&DeviceTensor::from_host(&d, &y).unwrap())
+        .unwrap();
+    let mut rep = Report {
+        cases: 1,
+        ..Default::default()
+    };
+    compare_storages(
+        &mut rep,
+        "quantize_from",
+        &q.quantize(&y).unwrap(),
+        &t.to_host().unwrap(),
+    );
+    rep.finish("quantize_from_reuses_buffers");
+}
