@@ -67,9 +67,15 @@ __device__ __forceinline__ float qf_bf16_bits_to_f32(qf_u16 b) {
 }
 
 __device__ __forceinline__ float qf_f16_bits_to_f32(qf_u16 h) {
+#ifdef QF_HOST_EMU  // tools/cuda-emu: the same IEEE conversion on the host
+    _Float16 v;
+    __builtin_memcpy(&v, &h, 2);
+    return (float)v;
+#else
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
+#endif
 }
 
 __device__ __forceinline__ float qf_to_f32(float v) { return v; }
@@ -93,7 +99,12 @@ __device__ __forceinline__ qf_u16 qf_f32_to_bf16_bits(float value) {
 // outside the byte-equality contract, see docs/cuda.md.)
 __device__ __forceinline__ qf_u16 qf_f32_to_f16_bits(float value) {
     qf_u16 h;
+#ifdef QF_HOST_EMU  // tools/cuda-emu: the same IEEE round-to-nearest-even on the host
+    _Float16 v = (_Float16)value;
+    __builtin_memcpy(&h, &v, 2);
+#else
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(value));
+#endif
     return h;
 }
 
