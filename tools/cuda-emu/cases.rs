@@ -3,7 +3,7 @@
 //! device code derives from each quantizer.
 //!
 //! ```text
-//! cargo run --release -p quantfmt --example cuda_emu_cases -- OUTDIR
+//! cargo run -p quantfmt --example cuda_emu_cases -- OUTDIR
 //! ```
 //!
 //! Manifest lines: `id format m k dtype rowwise columnwise key=value...`; files

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 work="${1:-target/cuda-emu}"
 mkdir -p "$work"
-cargo run --release -q -p quantfmt --example cuda_emu_cases -- "$work/cases"
+cargo run -q -p quantfmt --example cuda_emu_cases -- "$work/cases"
 g++ -std=c++20 -O2 -ffp-contract=off -fno-fast-math -Wno-unknown-pragmas -I kernels \
     tools/cuda-emu/emu_check.cpp -o "$work/emu_check"
 "$work/emu_check" "$work/cases"
