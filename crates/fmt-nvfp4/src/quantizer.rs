@@ -728,6 +728,17 @@ impl Format for Nvfp4Quantizer {
             .collect()
     }
 
+    /// The global amax is needed before the first block scale (row-scaled tensors still
+    /// read each row twice, but from cache); with RHT the columnwise operand is
+    /// transformed once more for its post-transform amax.
+    fn input_passes(&self) -> usize {
+        match (self.row_scaled, self.rht && self.usage.columnwise) {
+            (true, _) => 1,
+            (false, false) => 2,
+            (false, true) => 3,
+        }
+    }
+
     /// Rows move in 16-row blocks: columnwise blocks (and 2-D tiles, and Hadamard
     /// chunks) span 16 rows, and the shape rule keeps M a multiple of 16.
     fn row_granularity(&self) -> Option<usize> {
