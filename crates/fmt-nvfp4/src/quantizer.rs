@@ -450,7 +450,7 @@ impl Nvfp4Quantizer {
         },
         OptionHelp {
             name: "seed=N",
-            help: "stochastic-rounding seed, a u64 (default 0; needs sr)",
+            help: "stochastic rounding with this seed, a u64 (implies sr; default seed 0)",
         },
         OptionHelp {
             name: "row-scaled",
@@ -495,6 +495,8 @@ impl Format for Nvfp4Quantizer {
                 "swizzled" => q.swizzled = true,
                 _ => {
                     if let Some(v) = o.strip_prefix("seed=") {
+                        // A seed only means something for stochastic rounding: it implies `sr`.
+                        q.stochastic_rounding = true;
                         q.seed = v.parse().map_err(|_| {
                             Error::invalid(
                                 "nvfp4 option seed",
