@@ -32,6 +32,7 @@ pub mod codec;
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)] // FFI and kernel launches; every block has a SAFETY comment
 pub mod cuda;
+pub mod cpu;
 pub mod dtype;
 pub mod error;
 pub mod format;
