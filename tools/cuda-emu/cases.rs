@@ -15,12 +15,11 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use quantfmt::fmt_mxfp8::layout::{columnwise_scale_shape, rowwise_scale_shape};
-use quantfmt::{
-    BlockScaling, DType, Direction, Format, Fp8BlockQuantizer, Fp8Dtype, Fp8Quantizer,
-    HostTensor, Mxfp8Dtype, Mxfp8Quantizer, Nvfp4Quantizer, QuantizedTensor, ScaleLayout,
-    ScaleRule, Usage,
-};
 use quantfmt::fmt_nvfp4::FourOverSix;
+use quantfmt::{
+    BlockScaling, DType, Direction, Format, Fp8BlockQuantizer, Fp8Dtype, Fp8Quantizer, HostTensor,
+    Mxfp8Dtype, Mxfp8Quantizer, Nvfp4Quantizer, QuantizedTensor, ScaleLayout, ScaleRule, Usage,
+};
 
 const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
 const USAGES: [Usage; 3] = [Usage::ROWWISE, Usage::COLUMNWISE, Usage::BOTH];
@@ -139,7 +138,11 @@ fn bits(f: f32) -> u32 {
 }
 
 fn main() {
-    let dir = PathBuf::from(std::env::args().nth(1).expect("usage: cuda_emu_cases OUTDIR"));
+    let dir = PathBuf::from(
+        std::env::args()
+            .nth(1)
+            .expect("usage: cuda_emu_cases OUTDIR"),
+    );
     std::fs::create_dir_all(&dir).unwrap();
     let mut w = Writer {
         dir: dir.clone(),
@@ -167,11 +170,20 @@ fn main() {
             }
         }
     }
-    for spec in ["128x128", "1x128", "1x128,fp32-scales,e5m2", "128x128,fp32-scales,eps=1e-3"] {
+    for spec in [
+        "128x128",
+        "1x128",
+        "1x128,fp32-scales,e5m2",
+        "128x128,fp32-scales,eps=1e-3",
+    ] {
         let opts: Vec<&str> = spec.split(',').collect();
         for usage in USAGES {
             let q = Fp8BlockQuantizer::from_spec(&opts, usage).unwrap();
-            for (si, dims) in fp8_shapes.iter().chain([&[256usize, 130][..]].iter()).enumerate() {
+            for (si, dims) in fp8_shapes
+                .iter()
+                .chain([&[256usize, 130][..]].iter())
+                .enumerate()
+            {
                 let (m, k) = (dims[0], dims[1]);
                 let (sr, sc) = q.scale_shapes(m, k);
                 let args = format!(
@@ -193,7 +205,15 @@ fn main() {
         }
     }
     let mx_shapes: &[&[usize]] = &[&[32, 32], &[64, 96], &[96, 160], &[64, 288]];
-    for spec in ["", "e5m2", "2d", "ocp", "swizzled", "2d,swizzled,e5m2", "ocp,swizzled"] {
+    for spec in [
+        "",
+        "e5m2",
+        "2d",
+        "ocp",
+        "swizzled",
+        "2d,swizzled,e5m2",
+        "ocp,swizzled",
+    ] {
         let opts: Vec<&str> = spec.split(',').filter(|s| !s.is_empty()).collect();
         for usage in USAGES {
             let q = Mxfp8Quantizer::from_spec(&opts, usage).unwrap();
@@ -268,8 +288,17 @@ fn main() {
     }
     // Codec sweep: every 4099th f32 bit pattern plus dense runs at the interesting
     // boundaries, through quant_core::codec and half (what the shared header must equal).
-    let mut patterns: Vec<u32> = (0..(1u64 << 32) / 4099).map(|i| (i * 4099) as u32).collect();
-    for start in [0x3E80_0000u32, 0x43DF_0000, 0x475F_0000, 0x7F7F_F000, 0x8000_0000, 0x0000_0000] {
+    let mut patterns: Vec<u32> = (0..(1u64 << 32) / 4099)
+        .map(|i| (i * 4099) as u32)
+        .collect();
+    for start in [
+        0x3E80_0000u32,
+        0x43DF_0000,
+        0x475F_0000,
+        0x7F7F_F000,
+        0x8000_0000,
+        0x0000_0000,
+    ] {
         patterns.extend((0..65_536u32).map(|i| start.wrapping_add(i)));
     }
     let mut sweep = Vec::with_capacity(patterns.len() * 13);

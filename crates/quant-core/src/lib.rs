@@ -29,10 +29,10 @@
 
 pub mod buffer;
 pub mod codec;
+pub mod cpu;
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)] // FFI and kernel launches; every block has a SAFETY comment
 pub mod cuda;
-pub mod cpu;
 pub mod dtype;
 pub mod error;
 pub mod format;
