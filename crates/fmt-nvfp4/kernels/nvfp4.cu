@@ -186,6 +186,8 @@ __device__ void nvfp4_quant_impl(const T* __restrict__ x, qf_u64 m, qf_u64 k, in
     __shared__ float err4[NV_BLOCK][NV_BLOCK + 1];
     __shared__ float err6[NV_BLOCK][NV_BLOCK + 1];
     __shared__ int pick4[NV_BLOCK];
+    __shared__ qf_u64 stage[NV_BLOCK][NV_BLOCK];  // packed codes [row in slab][block in group]
+    __shared__ qf_u8 stage_sdb[NV_BLOCK][NV_BLOCK];
 
     const qf_u64 rows = dir ? k : m;
     const qf_u64 cols = dir ? m : k;
@@ -263,11 +265,21 @@ __device__ void nvfp4_quant_impl(const T* __restrict__ x, qf_u64 m, qf_u64 k, in
 #pragma unroll
             for (int e = 0; e < NV_BLOCK; ++e) codes[e] = pick_map4 ? c4[e] : c6[e];
         }
-        if (active) {
-            *reinterpret_cast<qf_u64*>(data + r * (cols / 2u) + (NV_BLOCK / 2) * b) = nv_pack16(codes);
-            scales[qf_scale_index(r, b, stride, swz)] = (qf_u8)sdb;
+        // Stage the block's codes and scale, then write them row-major: consecutive threads
+        // store consecutive 8-byte blocks of one operand row (coalesced in both directions).
+        stage[rl][bl] = nv_pack16(codes);
+        stage_sdb[rl][bl] = (qf_u8)sdb;
+        __syncthreads();
+        {
+            const int wr = t / NV_BLOCK, wb = t % NV_BLOCK;
+            const qf_u64 rw = (g / nbg) * NV_BLOCK + wr;
+            const qf_u64 bw = (g % nbg) * NV_BLOCK + wb;
+            if (bw < nb) {
+                *reinterpret_cast<qf_u64*>(data + rw * (cols / 2u) + (NV_BLOCK / 2) * bw) = stage[wr][wb];
+                scales[qf_scale_index(rw, bw, stride, swz)] = stage_sdb[wr][wb];
+            }
         }
-        if (two_d) __syncthreads();  // shared memory is reused by the next group
+        __syncthreads();  // shared memory is reused by the next group
     }
 }
 
