@@ -121,6 +121,7 @@ macro_rules! formats {
 formats! {
     Fp8(fmt_fp8::Fp8Quantizer),
     Fp8Block(fmt_fp8::Fp8BlockQuantizer),
+    Int4Tiled(fmt_int4tiled::Int4TiledQuantizer),
 }
 
 impl AnyQuantizer {

@@ -47,6 +47,10 @@ pub use quant_core::{
 pub use fmt_fp8;
 pub use fmt_fp8::{BlockScaling, Fp8BlockQuantizer, Fp8Dtype, Fp8Quantizer};
 
+/// The int4 tensor-core tiled (tinygemm) format.
+pub use fmt_int4tiled;
+pub use fmt_int4tiled::Int4TiledQuantizer;
+
 /// The registry of every format this build ships.
 pub fn registry() -> &'static Registry {
     static R: OnceLock<Registry> = OnceLock::new();
