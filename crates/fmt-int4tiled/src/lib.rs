@@ -48,5 +48,5 @@ mod tensor;
 pub use format::{
     Eps, GROUP_SIZES, Geometry, INNER_K_TILES, Int4TiledQuantizer, Padding, TORCHAO_K_MULTIPLE,
 };
-pub use linear::{PERM32, int4_linear, int4_linear_reference, int4_linear_slice};
+pub use linear::{int4_linear, int4_linear_reference, int4_linear_slice, slab_order};
 pub use tensor::{Int4IntZeroPoints, Int4Logical, Int4TiledTensor, Int4TiledTensorExt};

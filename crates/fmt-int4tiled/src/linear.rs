@@ -1,58 +1,56 @@
 //! Weight-only int4 matmul on the CPU: `y = x Wᵀ (+ bias)` straight from the tiled layout.
 //!
-//! W is never materialized. Per group of `g` columns, the stored nibbles of 4 rows are
-//! decoded into a small f32 tile of `u − 8`, and each activation row is reduced against it:
+//! W is never materialized. Each row's nibbles are decoded slab by slab (one slab is
+//! `inner_k_tiles·16` columns), in registers or into an L1-sized buffer:
 //!
-//! ```text
-//! y[m][n] = Σ_groups ( scale · Σ_{k∈group} x[m][k]·(u[n][k] − 8)  +  zero · Σ_{k∈group} x[m][k] )
-//! ```
+//! * several activation rows: a row's k-block is dequantized once into f32,
+//!   `w = (u − 8)·scale + zero` (the product is exact, so this is the single rounding of
+//!   the FMA torch's AVX-512 `_weight_int4pack_mm_for_cpu` uses), and every activation
+//!   row is dotted with it;
+//! * one activation row (decode, memory-bound): the factored form
+//!   `y = Σ_groups ( scale · Σ_k x·(u − 8) + zero · Σ_k x )` keeps the decoded values in
+//!   registers and applies scale and zero once per group.
 //!
-//! which is `Σ_k x·w` for the *exact* weights `w = (u − 8)·scale + zero`, the f32 weights
-//! torch's AVX-512 `_weight_int4pack_mm_for_cpu` forms with an FMA (not the bf16-rounded
-//! weights of the CUDA kernel; spec section 6). Accumulation is f32; the output is
-//! rounded once to the activation dtype after adding the bias. Results therefore differ
-//! from a dequantize-then-matmul by less than bf16 rounding, not bit for bit (no CPU or
-//! GPU int4 matmul is bit-reproducible across implementations: the summation order is
-//! free).
+//! Both evaluate `Σ_k x·w` for the exact weights (not the bf16-rounded weights of the
+//! CUDA kernel; spec section 6) with f32 accumulation; the output is rounded once to the
+//! activation dtype after adding the bias. Results therefore differ from a
+//! dequantize-then-matmul by less than bf16 rounding, not bit for bit (no CPU or GPU int4
+//! matmul is bit-reproducible across implementations: the summation order is free).
 //!
-//! Layout trick: the 4 words of lanes `t = 4·(n%8) + c`, `c = 0..4`, for one 32-wide k
-//! block hold all 32 nibbles of that block for row `n`. Their 16 bytes split into 16 low
-//! and 16 high nibbles with a mask and a shift, so the activation is permuted once per
-//! call (within each 32-block, [`PERM32`]) to match, and the decode is a plain
-//! byte-to-float conversion the compiler vectorizes.
+//! Layout trick: one row's words of one slab are contiguous (`2·ikt` words: lanes
+//! `t = 4·(n%8) + c`, pairs `p`), so they load as SIMD vectors of 4 words. Shifting such a
+//! vector by `4j` and masking gives nibble `j` of 4 words at once (one integer subtract
+//! and one conversion make it `u − 8` in f32). The activation is permuted
+//! once per call, within each slab, to that order, so every load is contiguous. Lane `l`
+//! of a vector always belongs to k-block `p = l mod ikt/2`, so per-lane sums give
+//! per-group sums for any group size.
 //!
-//! Parallelism: rayon over blocks of 32 output rows (4 n-tiles); inside, the activation
-//! is blocked along k so that `m × KC` floats stay in cache while the block's rows reuse
-//! them.
+//! Parallelism: rayon over blocks of 32 output rows (4 n-tiles); the activation is
+//! blocked along k so that `m × KC` floats stay in cache while a block's rows reuse them.
 
 use half::bf16;
 use quant_core::{Element, Error, HostTensor, Result, dispatch_elements};
 use rayon::prelude::*;
 
-use crate::layout::{K_TILE, LANES, N_TILE};
+use crate::layout::{K_TILE, LANES, N_TILE, NIBBLE_K_OFFSET};
 use crate::tensor::{Int4TiledTensor, Int4TiledTensorExt};
 
-/// `PERM32[pos]` is the k offset (within a 32-wide block) of decoded position `pos`:
-/// positions `0..16` are the low nibbles of the block's 16 bytes (4 lane words, little
-/// endian), positions `16..32` their high nibbles.
-pub const PERM32: [usize; 32] = {
-    let mut p = [0usize; 32];
-    let mut pos = 0;
-    while pos < 32 {
-        let h = pos / 16;
-        let l = pos % 16;
-        let (c, bb) = (l / 4, l % 4);
-        let j = 2 * bb + h;
-        p[pos] = 8 * (j % 4) + 2 * c + j / 4;
-        pos += 1;
-    }
-    p
-};
+/// The k offset (within a slab of `ikt·16` columns) of decoded position `pos`, for every
+/// position: `pos = (v·8 + j)·4 + l` is nibble `j` of the row's word `w = 4v + l` of the
+/// slab, which is lane `t = 4·(n%8) + w/(ikt/2)`, pair `p = w mod (ikt/2)`.
+pub fn slab_order(inner_k_tiles: usize) -> Vec<usize> {
+    let half = inner_k_tiles / 2;
+    (0..inner_k_tiles * K_TILE)
+        .map(|pos| {
+            let (v, j, l) = (pos / 32, (pos / 4) % 8, pos % 4);
+            let w = v * 4 + l;
+            32 * (w % half) + 2 * (w / half) + NIBBLE_K_OFFSET[j]
+        })
+        .collect()
+}
 
 /// Rows of W per parallel task (4 n-tiles).
 const ROWS_PER_TASK: usize = 32;
-/// Rows decoded together (register blocking of the dot products).
-const QUAD: usize = 4;
 /// Target bytes of the activation k-block kept in cache.
 const ACT_BLOCK_BYTES: usize = 256 << 10;
 
@@ -167,37 +165,74 @@ fn check_dims(xlen: usize, m: usize, k: usize, blen: Option<usize>, n: usize) ->
     Ok(())
 }
 
-/// Decodes the 32 nibbles of row `n`, 32-block `b` into `out` as `u − 8` in [`PERM32`] order.
+/// Nibble `j` of `w`, minus 8, as f32 (exact). Written as an integer subtraction and a
+/// signed conversion so that it maps onto `psrld`/`pand`/`psubd`/`cvtdq2ps`.
 #[inline(always)]
-fn decode_block(packed: &[i32], n: usize, b: usize, slabs: usize, half: usize, out: &mut [f32]) {
-    let (nt, nr) = (n / N_TILE, n % N_TILE);
-    let (kot, p) = (b / half, b % half);
-    let base = ((nt * slabs + kot) * LANES + nr * 4) * half + p;
-    let mut bytes = [0u8; 16];
-    for (c, dst) in bytes.chunks_exact_mut(4).enumerate() {
-        dst.copy_from_slice(&packed[base + c * half].to_le_bytes());
-    }
-    let (lo, hi) = out.split_at_mut(16);
-    for ((l, h), &v) in lo.iter_mut().zip(hi.iter_mut()).zip(&bytes) {
-        *l = f32::from(v & 0xF) - 8.0;
-        *h = f32::from(v >> 4) - 8.0;
+fn nib(w: u32, j: usize) -> f32 {
+    (((w >> (4 * j)) & 0xF) as i32 - 8) as f32
+}
+
+#[inline(always)]
+fn word4(w: &[i32]) -> [u32; 4] {
+    [w[0] as u32, w[1] as u32, w[2] as u32, w[3] as u32]
+}
+
+/// Dequantizes one row-slab (`words`: its `2·ikt` words) into `out` (`ikt·16` values of
+/// `(u − 8)·scale + zero` in f32, in [`slab_order`]; lane `l` uses `scale[l]`, `zero[l]`).
+/// The product is exact, so each value is the single f32 rounding an FMA would give.
+#[inline(never)]
+fn dequant_slab(words: &[i32], scale: &[f32; 4], zero: &[f32; 4], out: &mut [f32]) {
+    for (wv, ov) in words.chunks_exact(4).zip(out.chunks_exact_mut(32)) {
+        let w = word4(wv);
+        for (j, o) in ov.chunks_exact_mut(4).enumerate() {
+            let vals: [f32; 4] = std::array::from_fn(|l| nib(w[l], j) * scale[l] + zero[l]);
+            o.copy_from_slice(&vals);
+        }
     }
 }
 
-/// Four dot products of `a` against the rows of `w` (each `a.len()` long), 8 lanes each.
-#[inline(always)]
-fn dot4(a: &[f32], w: [&[f32]; QUAD]) -> [f32; QUAD] {
-    let mut acc = [[0f32; 8]; QUAD];
-    let chunks = a.chunks_exact(8);
-    for (i, av) in chunks.enumerate() {
-        for (r, accr) in acc.iter_mut().enumerate() {
-            let wv = &w[r][i * 8..][..8];
-            for l in 0..8 {
-                accr[l] += av[l] * wv[l];
+/// Per-lane `Σ a·(u − 8)` of one row-slab, decoding in registers (one activation row).
+/// Even and odd nibble positions feed separate accumulators to hide the add latency.
+///
+/// The slab kernels are not inlined: inside the caller, LLVM's SLP vectorizer paired lanes
+/// for the final reduction and left half of every vector idle (with junk in the idle
+/// lanes, which as subnormal floats cost microcode assists: a 10x slowdown).
+#[inline(never)]
+fn fused_slab(words: &[i32], a: &[f32]) -> [f32; 4] {
+    let mut even = [0f32; 4];
+    let mut odd = [0f32; 4];
+    for (wv, av) in words.chunks_exact(4).zip(a.chunks_exact(32)) {
+        let w = word4(wv);
+        for (jj, a8) in av.chunks_exact(8).enumerate() {
+            let (a0, a1) = (&a8[..4], &a8[4..]);
+            for l in 0..4 {
+                even[l] += a0[l] * nib(w[l], 2 * jj);
+            }
+            for l in 0..4 {
+                odd[l] += a1[l] * nib(w[l], 2 * jj + 1);
             }
         }
     }
-    acc.map(|v| ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])))
+    std::array::from_fn(|l| even[l] + odd[l])
+}
+
+/// The dot product of `a` and `w` (equal lengths, a multiple of 8), 8 accumulators.
+#[inline(never)]
+fn dot(a: &[f32], w: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (wv, av) in w.chunks_exact(8).zip(a.chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] += av[l] * wv[l];
+        }
+    }
+    // A plain sequential sum: a pairwise tree here makes the SLP vectorizer shuffle the
+    // accumulators inside the loop.
+    acc.iter().sum()
+}
+
+#[inline(always)]
+fn lane_sum(lanes: [f32; 4], scale: &[f32; 4]) -> f32 {
+    (lanes[0] * scale[0] + lanes[1] * scale[1]) + (lanes[2] * scale[2] + lanes[3] * scale[3])
 }
 
 fn linear_core<T: Element>(
@@ -214,66 +249,101 @@ fn linear_core<T: Element>(
     }
     let packed = w.packed_weight()?;
     let sz = w.scale_and_zero()?;
-    let groups = geo.logical_groups();
-    let (np, half) = (geo.n_padded, geo.inner_k_tiles / 2);
-    let slabs = geo.k_padded / (geo.inner_k_tiles * K_TILE);
+    let (np, kp, ikt) = (geo.n_padded, geo.k_padded, geo.inner_k_tiles);
+    let half = ikt / 2;
+    let slab = ikt * K_TILE;
+    let slabs = kp / slab;
+    let live_slabs = k.div_ceil(slab); // slabs beyond hold only padding: skipped
+    let groups = geo.groups();
+    let slab_words = LANES * half; // words of one n-tile and slab
 
-    // Activation permuted within each 32-block to the decode order, and group sums.
-    let mut a = vec![0f32; m * k];
+    // Activation in slab order (zero beyond k) and per-group sums.
+    let order = slab_order(ikt);
+    let mut a = vec![0f32; m * kp];
     let mut asum = vec![0f32; m * groups];
-    a.par_chunks_mut(k)
+    a.par_chunks_mut(kp)
         .zip(asum.par_chunks_mut(groups))
         .enumerate()
         .for_each(|(i, (arow, srow))| {
             let xrow = &x[i * k..][..k];
-            for (dst, src) in arow.chunks_exact_mut(32).zip(xrow.chunks_exact(32)) {
-                for (d, &p) in dst.iter_mut().zip(PERM32.iter()) {
-                    *d = src[p].to_f32();
+            for (si, dst) in arow.chunks_exact_mut(slab).enumerate() {
+                let base = si * slab;
+                for (d, &o) in dst.iter_mut().zip(&order) {
+                    *d = xrow.get(base + o).map_or(0.0, |v| v.to_f32());
                 }
             }
-            for (s, grp) in srow.iter_mut().zip(xrow.chunks_exact(g)) {
-                *s = grp.iter().map(|v| f64::from(v.to_f32())).sum::<f64>() as f32;
+            if m == 1 {
+                for (s, grp) in srow.iter_mut().zip(xrow.chunks_exact(g)) {
+                    *s = grp.iter().map(|v| f64::from(v.to_f32())).sum::<f64>() as f32;
+                }
             }
         });
 
+    // Per slab, the group of each of the 4 lanes (lane l is k-block p = l mod ikt/2).
+    let lane_group = |si: usize, l: usize| (si * slab + 32 * (l % half)) / g;
+
     // k-block so that m x kc activations stay in cache.
-    let kc = ((ACT_BLOCK_BYTES / 4 / m) / g).max(1) * g;
-    let gpb = kc / g; // groups per k-block
+    let kc_slabs = (ACT_BLOCK_BYTES / 4 / m / slab).max(1);
 
     let mut yt = vec![0f32; np * m]; // [n_padded][m]
+    // The dequantized k-block of one row (unused with one activation row).
+    let wlen = if m == 1 {
+        0
+    } else {
+        kc_slabs.min(live_slabs) * slab
+    };
     yt.par_chunks_mut(ROWS_PER_TASK * m)
         .enumerate()
-        .for_each(|(task, yblk)| {
-            let r0 = task * ROWS_PER_TASK;
-            let rows = yblk.len() / m;
-            let mut wbuf = vec![0f32; QUAD * g];
-            for gb in (0..groups).step_by(gpb) {
-                for q in (0..rows).step_by(QUAD) {
-                    for gi in gb..(gb + gpb).min(groups) {
-                        let mut sc = [0f32; QUAD];
-                        let mut ze = [0f32; QUAD];
-                        for (r, wrow) in wbuf.chunks_exact_mut(g).enumerate() {
-                            let nn = r0 + q + r;
-                            for (bi, out) in wrow.chunks_exact_mut(32).enumerate() {
-                                decode_block(packed, nn, gi * g / 32 + bi, slabs, half, out);
+        .for_each_init(
+            || vec![0f32; wlen],
+            |wbuf, (task, yblk)| {
+                let r0 = task * ROWS_PER_TASK;
+                let rows = (yblk.len() / m).min(n.saturating_sub(r0));
+                for s0 in (0..live_slabs).step_by(kc_slabs) {
+                    let s1 = (s0 + kc_slabs).min(live_slabs);
+                    for r in 0..rows {
+                        let nn = r0 + r;
+                        let (nt, nr) = (nn / N_TILE, nn % N_TILE);
+                        let yr = &mut yblk[r * m..][..m];
+                        let words = |si: usize| {
+                            &packed[(nt * slabs + si) * slab_words + nr * 4 * half..][..4 * half]
+                        };
+                        let lane_sz = |si: usize, slot: usize| -> [f32; 4] {
+                            std::array::from_fn(|l| {
+                                sz[(lane_group(si, l) * np + nn) * 2 + slot].to_f32()
+                            })
+                        };
+                        if m == 1 {
+                            // Σ scale·Σ a(u−8) per slab; the zero term is added below.
+                            for si in s0..s1 {
+                                let lanes = fused_slab(words(si), &a[si * slab..][..slab]);
+                                yr[0] += lane_sum(lanes, &lane_sz(si, 0));
                             }
-                            let at = (gi * np + nn) * 2;
-                            sc[r] = sz[at].to_f32();
-                            ze[r] = sz[at + 1].to_f32();
+                            continue;
                         }
-                        let wr: [&[f32]; QUAD] = std::array::from_fn(|r| &wbuf[r * g..][..g]);
-                        for mi in 0..m {
-                            let av = &a[mi * k + gi * g..][..g];
-                            let d = dot4(av, wr);
-                            let s = asum[mi * groups + gi];
-                            for r in 0..QUAD {
-                                yblk[(q + r) * m + mi] += sc[r] * d[r] + ze[r] * s;
-                            }
+                        // Dequantize the row's k-block once, then one dot per activation row.
+                        let len = (s1 - s0) * slab;
+                        for (si, out) in (s0..s1).zip(wbuf.chunks_exact_mut(slab)) {
+                            dequant_slab(words(si), &lane_sz(si, 0), &lane_sz(si, 1), out);
+                        }
+                        // One plain dot per activation row: blocking several rows per pass
+                        // made LLVM shuffle the accumulators (measured slower).
+                        for (mi, y) in yr.iter_mut().enumerate() {
+                            *y += dot(&a[mi * kp + s0 * slab..][..len], &wbuf[..len]);
                         }
                     }
                 }
-            }
-        });
+                if m == 1 {
+                    // The zero-point term of the factored form: Σ_groups zero · Σ_group x.
+                    for (r, y) in yblk.iter_mut().take(rows).enumerate() {
+                        let nn = r0 + r;
+                        *y += (0..geo.logical_groups())
+                            .map(|gi| sz[(gi * np + nn) * 2 + 1].to_f32() * asum[gi])
+                            .sum::<f32>();
+                    }
+                }
+            },
+        );
 
     let mut y = vec![T::from_f32(0.0); m * n];
     y.par_chunks_mut(n).enumerate().for_each(|(mi, yrow)| {
@@ -288,18 +358,41 @@ fn linear_core<T: Element>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::NIBBLE_K_OFFSET;
 
     #[test]
-    fn perm32_matches_the_nibble_map() {
-        // position pos = h*16 + 4c + bb is nibble j = 2bb + h of lane word c.
-        for pos in 0..32 {
-            let (h, c, bb) = (pos / 16, (pos % 16) / 4, pos % 4);
-            let j = 2 * bb + h;
-            assert_eq!(PERM32[pos], 2 * c + NIBBLE_K_OFFSET[j]);
+    fn slab_order_is_a_permutation_matching_decode() {
+        for ikt in [2usize, 4, 8] {
+            let order = slab_order(ikt);
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..ikt * 16).collect::<Vec<_>>());
+            // one n-tile whose nibble at k is k % 16 (+ row): position pos of row n's
+            // decoded slab holds u[n][order[pos]] - 8
+            let kp = ikt * 16;
+            let rows: Vec<u8> = (0..8 * kp)
+                .map(|i| ((i % kp + i / kp) % 16) as u8)
+                .collect();
+            let mut words = vec![0i32; kp];
+            crate::layout::pack_tile(&rows, kp, ikt, &mut words);
+            let mut out = vec![0f32; kp];
+            for n in 0..8 {
+                dequant_slab(
+                    &words[n * 4 * (ikt / 2)..][..2 * ikt],
+                    &[1.0; 4],
+                    &[0.0; 4],
+                    &mut out,
+                );
+                for pos in 0..kp {
+                    let u = (order[pos] + n) % 16;
+                    assert_eq!(out[pos], u as f32 - 8.0, "ikt={ikt} n={n} pos={pos}");
+                }
+                let a: Vec<f32> = (0..kp).map(|i| (i % 7) as f32).collect();
+                let lanes = fused_slab(&words[n * 4 * (ikt / 2)..][..2 * ikt], &a);
+                let want: Vec<f32> = (0..4)
+                    .map(|l| (l..kp).step_by(4).map(|p| a[p] * out[p]).sum())
+                    .collect();
+                assert_eq!(lanes.to_vec(), want);
+            }
         }
-        let mut sorted = PERM32;
-        sorted.sort_unstable();
-        assert_eq!(sorted, std::array::from_fn(|i| i));
     }
 }

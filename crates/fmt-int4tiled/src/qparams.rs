@@ -94,12 +94,16 @@ fn clamp_min(x: f32, eps: f32) -> f32 {
 }
 
 /// `clamp(round_half_even(q), 0, 15)` then the CUDA cast to int (NaN → 0).
+///
+/// Rounding is monotonic, so clamping first gives the same result; on `[0, 15]` adding
+/// and subtracting 2²³ rounds half to even in hardware (no libm `rintf` call).
 #[inline(always)]
 pub fn to_nibble(q: f32) -> u8 {
+    const TWO23: f32 = 8_388_608.0;
     if q.is_nan() {
         0
     } else {
-        q.round_ties_even().clamp(0.0, 15.0) as u8
+        ((q.clamp(0.0, 15.0) + TWO23) - TWO23) as u8
     }
 }
 
@@ -174,5 +178,11 @@ mod tests {
         assert_eq!(to_nibble(15.5), 15);
         assert_eq!(to_nibble(f32::NEG_INFINITY), 0);
         assert_eq!(to_nibble(f32::INFINITY), 15);
+        // agrees with round_ties_even + clamp on a dense grid
+        for i in -4000..4000 {
+            let q = i as f32 / 128.0;
+            let want = q.round_ties_even().clamp(0.0, 15.0) as u8;
+            assert_eq!(to_nibble(q), want, "{q}");
+        }
     }
 }

@@ -107,7 +107,10 @@ fn quantize_pack_dequant_match_the_reference() {
         let want_pw = st.tensor(&format!("{name}.packed_weight")).unwrap();
         let got_pw = t.buffer("packed_weight").unwrap();
         assert_eq!(got_pw.shape(), want_pw.shape(), "{ctx}: packed shape");
-        assert!(got_pw.bytes() == want_pw.data(), "{ctx}: packed_weight bytes differ");
+        assert!(
+            got_pw.bytes() == want_pw.data(),
+            "{ctx}: packed_weight bytes differ"
+        );
 
         let want_sz = st.tensor(&format!("{name}.scale_and_zero")).unwrap();
         assert_eq!(t.buffer("scale_and_zero").unwrap().shape(), want_sz.shape());
@@ -159,7 +162,10 @@ fn golden_covers_what_it_claims() {
     let golden = Golden::load();
     let st = golden.st();
     let cases = golden.cases();
-    let dtypes: Vec<&str> = cases.values().map(|m| m["dtype"].as_str().unwrap()).collect();
+    let dtypes: Vec<&str> = cases
+        .values()
+        .map(|m| m["dtype"].as_str().unwrap())
+        .collect();
     for d in ["bf16", "f32", "f16"] {
         assert!(dtypes.contains(&d), "no {d} case");
     }
@@ -172,7 +178,10 @@ fn golden_covers_what_it_claims() {
         inf |= sz.iter().any(|&b| bf16::from_bits(b).is_infinite());
     }
     assert!(nan && inf);
-    let specs: Vec<&str> = cases.values().map(|m| m["spec"].as_str().unwrap()).collect();
+    let specs: Vec<&str> = cases
+        .values()
+        .map(|m| m["spec"].as_str().unwrap())
+        .collect();
     assert!(specs.iter().any(|s| s.contains("pad=torchao")));
     assert!(specs.iter().any(|s| s.contains("eps=")));
 }
@@ -182,7 +191,8 @@ fn dequant_single_rounding_ties_match_exact_arithmetic() {
     let golden = Golden::load();
     let st = golden.st();
     let (_, meta) = SafeTensors::read_metadata(&golden.bytes).unwrap();
-    let m: Value = serde_json::from_str(&meta.metadata().as_ref().unwrap()["dequant_case"]).unwrap();
+    let m: Value =
+        serde_json::from_str(&meta.metadata().as_ref().unwrap()["dequant_case"]).unwrap();
     let shape: Vec<usize> = serde_json::from_value(m["shape"].clone()).unwrap();
     let q = quantizer(m["spec"].as_str().unwrap());
     let get16 = |n: &str| -> Vec<bf16> {

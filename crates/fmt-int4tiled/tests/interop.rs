@@ -5,8 +5,7 @@
 use fmt_int4tiled::{Int4TiledQuantizer, Int4TiledTensor, Int4TiledTensorExt, Padding};
 use half::bf16;
 use quant_core::{
-    Buffer, DType, Direction, Format, HostTensor, QuantizedTensor, Registry, Shape,
-    Usage,
+    Buffer, DType, Direction, Format, HostTensor, QuantizedTensor, Registry, Shape, Usage,
 };
 
 fn weights(len: usize, seed: u32) -> Vec<bf16> {
@@ -56,7 +55,11 @@ fn logical_round_trip_restores_every_byte() {
         let back = qz.from_prepacked(shape, &pre, &l.scale, &l.zero).unwrap();
         assert!(same_bytes(&t, &back));
         let back = qz
-            .from_packed(shape, t.packed_weight().unwrap(), t.scale_and_zero().unwrap())
+            .from_packed(
+                shape,
+                t.packed_weight().unwrap(),
+                t.scale_and_zero().unwrap(),
+            )
             .unwrap();
         assert!(same_bytes(&t, &back));
     }
@@ -89,7 +92,10 @@ fn integer_zero_points() {
         let gi = (i / k) * 2 + (i % k) / 32;
         let s = bf16::from_f32(scale[gi]).to_f32();
         let want = (f32::from(u[i]) - zp[gi]) * s;
-        assert!((v - want).abs() <= 8.0 * s / 128.0 + 1e-6, "{i}: {v} vs {want}");
+        assert!(
+            (v - want).abs() <= 8.0 * s / 128.0 + 1e-6,
+            "{i}: {v} vs {want}"
+        );
     }
 }
 
@@ -120,7 +126,10 @@ fn moe_experts_are_packed_one_by_one() {
     let w = weights(e * n * k, 11);
     let t = quant(&qz, &w, &[e, n, k]);
     assert_eq!(t.num_experts(), Some(3));
-    assert_eq!(t.buffer("packed_weight").unwrap().shape(), &[3, 3, 3, 32, 2]);
+    assert_eq!(
+        t.buffer("packed_weight").unwrap().shape(),
+        &[3, 3, 3, 32, 2]
+    );
     assert_eq!(t.buffer("scale_and_zero").unwrap().shape(), &[3, 3, 24, 2]);
     let dq = t.dequantize_f32().unwrap();
     for i in 0..e {
@@ -134,7 +143,10 @@ fn moe_experts_are_packed_one_by_one() {
                 .host()
                 .shares_allocation(t.buffer("packed_weight").unwrap().host())
         );
-        assert_eq!(&dq[i * n * k..][..n * k], &one.dequantize_f32().unwrap()[..]);
+        assert_eq!(
+            &dq[i * n * k..][..n * k],
+            &one.dequantize_f32().unwrap()[..]
+        );
     }
     let err = t.select_expert(3).unwrap_err().to_string();
     assert!(err.contains("must be < 3"), "{err}");
@@ -152,14 +164,22 @@ fn slicing_equals_quantizing_the_slice() {
         for (a, b) in [(0, 8), (8, 24), (16, 37), (32, 37), (0, 37)] {
             let s = t.slice_n(a..b).unwrap();
             let sub: Vec<bf16> = w[a * k..b * k].to_vec();
-            assert!(same_bytes(&s, &quant(&qz, &sub, &[b - a, k])), "{spec:?} n {a}..{b}");
+            assert!(
+                same_bytes(&s, &quant(&qz, &sub, &[b - a, k])),
+                "{spec:?} n {a}..{b}"
+            );
         }
         // k: multiples of lcm(ikt*16, g)
         let unit = (qz.inner_k_tiles() * 16).max(qz.group_size());
         for (a, b) in [(0, unit), (unit, 3 * unit), (k - unit, k), (0, k)] {
             let s = t.slice_k(a..b).unwrap();
-            let sub: Vec<bf16> = (0..n).flat_map(|r| w[r * k + a..r * k + b].to_vec()).collect();
-            assert!(same_bytes(&s, &quant(&qz, &sub, &[n, b - a])), "{spec:?} k {a}..{b}");
+            let sub: Vec<bf16> = (0..n)
+                .flat_map(|r| w[r * k + a..r * k + b].to_vec())
+                .collect();
+            assert!(
+                same_bytes(&s, &quant(&qz, &sub, &[n, b - a])),
+                "{spec:?} k {a}..{b}"
+            );
         }
         // misaligned: refused with the rule
         let e = t.slice_n(4..16).unwrap_err().to_string();
@@ -187,10 +207,14 @@ fn slicing_moe_and_torchao_padding() {
     let t = quant(&qz, &w, &[e, n, k]);
     let s = t.slice_k(64..128).unwrap();
     assert_eq!(s.shape().dims(), &[2, 16, 64]);
-    let sub: Vec<bf16> = (0..e * n).flat_map(|r| w[r * k + 64..r * k + 128].to_vec()).collect();
+    let sub: Vec<bf16> = (0..e * n)
+        .flat_map(|r| w[r * k + 64..r * k + 128].to_vec())
+        .collect();
     assert!(same_bytes(&s, &quant(&qz, &sub, &[e, n, 64])));
     let s = t.slice_n(8..16).unwrap();
-    let sub: Vec<bf16> = (0..e).flat_map(|i| w[(i * n + 8) * k..(i * n + 16) * k].to_vec()).collect();
+    let sub: Vec<bf16> = (0..e)
+        .flat_map(|i| w[(i * n + 8) * k..(i * n + 16) * k].to_vec())
+        .collect();
     assert!(same_bytes(&s, &quant(&qz, &sub, &[e, 8, k])));
 
     // pad=torchao: a 1024-aligned k slice keeps torchao padding, others fall back to kernel.
@@ -203,7 +227,9 @@ fn slicing_moe_and_torchao_padding() {
     assert_eq!((s.padding(), s.padded_k()), (Padding::Torchao, 1024));
     let s = t.slice_k(1024..2560).unwrap(); // ends at k: stored padding is real padding
     assert_eq!((s.padding(), s.padded_k()), (Padding::Torchao, 2048));
-    let sub: Vec<bf16> = (0..n).flat_map(|r| w[r * k + 1024..r * k + 2560].to_vec()).collect();
+    let sub: Vec<bf16> = (0..n)
+        .flat_map(|r| w[r * k + 1024..r * k + 2560].to_vec())
+        .collect();
     assert!(same_bytes(&s, &quant(&qt, &sub, &[n, 1536])));
     let s = t.slice_k(0..1536).unwrap(); // would store weights beyond 1536: kernel padding
     assert_eq!((s.padding(), s.padded_k()), (Padding::Kernel, 1536));
@@ -231,7 +257,9 @@ fn shape_rules_and_usage() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("must be [n, k]"), "{e}");
-    let e = Int4TiledQuantizer::from_spec(&[], Usage::BOTH).unwrap_err().to_string();
+    let e = Int4TiledQuantizer::from_spec(&[], Usage::BOTH)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("columnwise usage is not supported"), "{e}");
     let both = Format::with_usage(&qz, Usage::BOTH);
     assert!(both.check_shape(&Shape::new(&[8, 128]).unwrap()).is_err());
@@ -261,9 +289,15 @@ fn spec_options_round_trip_and_errors() {
             .unwrap_or_default();
         assert_eq!(q(&parsed), a, "{spec}");
         let json = serde_json::to_value(&a).unwrap();
-        assert_eq!(serde_json::from_value::<Int4TiledQuantizer>(json).unwrap(), a);
+        assert_eq!(
+            serde_json::from_value::<Int4TiledQuantizer>(json).unwrap(),
+            a
+        );
     }
-    assert_eq!(q(&["g64", "k4", "pad=torchao"]).spec(), "int4tiled:g64,k4,pad=torchao");
+    assert_eq!(
+        q(&["g64", "k4", "pad=torchao"]).spec(),
+        "int4tiled:g64,k4,pad=torchao"
+    );
     assert_eq!(q(&["eps=1e-6"]).eps(), 1e-6);
     for (bad, needle) in [
         ("g48", "must be 32, 64, 128 or 256"),
@@ -311,7 +345,10 @@ fn untrusted_buffers_are_checked() {
     let (w, j) = fmt_int4tiled::layout::locate(14, 5, 128, 4);
     bad[w] |= 3 << (4 * j);
     let e = rebuild(&bad, &sz).unwrap_err().to_string();
-    assert!(e.contains("holds nibble 3 at padded position (expert 0, n=14, k=5)"), "{e}");
+    assert!(
+        e.contains("holds nibble 3 at padded position (expert 0, n=14, k=5)"),
+        "{e}"
+    );
     // a nonzero nibble in a padded column of a real row
     let mut bad = pw.clone();
     let (w, j) = fmt_int4tiled::layout::locate(2, 100, 128, 4);
@@ -347,7 +384,11 @@ fn native_file_round_trip() {
         assert_eq!(a.bytes(), b.bytes());
     }
     assert_eq!(
-        s.dequantize(Direction::Rowwise, DType::BF16).unwrap().as_bytes(),
-        t.dequantize(Direction::Rowwise, DType::BF16).unwrap().as_bytes()
+        s.dequantize(Direction::Rowwise, DType::BF16)
+            .unwrap()
+            .as_bytes(),
+        t.dequantize(Direction::Rowwise, DType::BF16)
+            .unwrap()
+            .as_bytes()
     );
 }

@@ -89,7 +89,11 @@ fn spec_pseudocode(u: &[u8], n_rows: usize, k: usize, ikt: usize) -> Vec<i32> {
                     for j in 0..8 {
                         let n = nt * 8 + t / 4;
                         let kk = kot * ikt * 16 + p * 32 + 8 * (j % 4) + 2 * (t % 4) + j / 4;
-                        let v = if n < n_rows { u32::from(u[n * k + kk]) } else { 0 };
+                        let v = if n < n_rows {
+                            u32::from(u[n * k + kk])
+                        } else {
+                            0
+                        };
                         word |= v << (4 * j);
                     }
                     out[((nt * ks + kot) * 32 + t) * (ikt / 2) + p] = word as i32;
@@ -134,13 +138,21 @@ fn golden_lane_words() {
     }
     // For ikt = 2 these are flat words 0 and 1.
     let u: Vec<u8> = (0..8 * 32).map(|i| ((i % 32) % 16) as u8).collect();
-    assert_eq!(&pack(&u, 8, 32, 32, 2)[..2], &[0x9191_8080u32 as i32, 0xB3B3_A2A2u32 as i32]);
+    assert_eq!(
+        &pack(&u, 8, 32, 32, 2)[..2],
+        &[0x9191_8080u32 as i32, 0xB3B3_A2A2u32 as i32]
+    );
 }
 
 #[test]
 fn kernel_loop_port_equals_closed_form() {
     for ikt in [2, 4, 8] {
-        for (n, k, g) in [(1usize, 128usize, 32usize), (13, 256, 64), (24, 512, 128), (37, 256, 256)] {
+        for (n, k, g) in [
+            (1usize, 128usize, 32usize),
+            (13, 256, 64),
+            (24, 512, 128),
+            (37, 256, 256),
+        ] {
             let k_pad = k.div_ceil(ikt * 16) * ikt * 16;
             let u = random_u(n * k, (n * 131 + k + ikt) as u64);
             let ours = pack(&u, n, k, g, ikt);

@@ -83,7 +83,12 @@ fn matches_reference_within_bf16_rounding() {
             let bb: Vec<bf16> = bias.iter().map(|&v| bf16::from_f32(v)).collect();
             let y = int4_linear_slice(&xb, m, &w, Some(&bb)).unwrap();
             check(&xb, m, &w, Some(&bb), &y);
-            let y2 = int4_linear(&HostTensor::bf16(&xb, &[m, k]).unwrap(), &w, Some(&HostTensor::bf16(&bb, &[n]).unwrap())).unwrap();
+            let y2 = int4_linear(
+                &HostTensor::bf16(&xb, &[m, k]).unwrap(),
+                &w,
+                Some(&HostTensor::bf16(&bb, &[n]).unwrap()),
+            )
+            .unwrap();
             assert_eq!(y2.as_bytes(), bytemuck_bytes(&y));
             // f16, no bias
             let xh: Vec<f16> = xf.iter().map(|&v| f16::from_f32(v)).collect();
@@ -132,7 +137,10 @@ fn shapes_and_errors() {
     // leading batch dims are folded
     let x = vec![0.5f32; 2 * 3 * 64];
     let y = int4_linear(&HostTensor::f32(&x, &[2, 3, 64]).unwrap(), &w, None).unwrap();
-    assert_eq!((y.dtype(), y.shape().dims()), (DType::F32, &[2usize, 3, 12][..]));
+    assert_eq!(
+        (y.dtype(), y.shape().dims()),
+        (DType::F32, &[2usize, 3, 12][..])
+    );
     // m = 0
     let y = int4_linear(&HostTensor::f32(&[], &[0, 64]).unwrap(), &w, None).unwrap();
     assert_eq!(y.shape().dims(), &[0, 12]);
@@ -148,7 +156,9 @@ fn shapes_and_errors() {
     let moe = q
         .quantize(&HostTensor::f32(&vec![0.1; 2 * 8 * 64], &[2, 8, 64]).unwrap())
         .unwrap();
-    let e = int4_linear_slice(&x[..64], 1, &moe, None).unwrap_err().to_string();
+    let e = int4_linear_slice(&x[..64], 1, &moe, None)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("select an expert first"), "{e}");
     let y = int4_linear_slice(&x[..64], 1, &moe.select_expert(1).unwrap(), None).unwrap();
     assert_eq!(y.len(), 8);
