@@ -538,7 +538,7 @@ impl Format for Int4TiledQuantizer {
             [_, k] | [_, _, k] => k,
             _ => return Err(rank_error(shape)),
         };
-        if k % self.group_size != 0 {
+        if !k.is_multiple_of(self.group_size) {
             return Err(Error::shape(
                 Self::NAME,
                 "k",

@@ -530,7 +530,7 @@ fn check_range(dim: &str, start: usize, end: usize, len: usize, unit: usize) -> 
     } else {
         format!("{unit} (lcm(inner_k_tiles*16, group_size))")
     };
-    if start % unit != 0 {
+    if !start.is_multiple_of(unit) {
         return Err(Error::shape(
             Int4TiledQuantizer::NAME,
             format!("{dim} slice start"),
@@ -538,7 +538,7 @@ fn check_range(dim: &str, start: usize, end: usize, len: usize, unit: usize) -> 
             format!("must be a multiple of {rule}"),
         ));
     }
-    if end % unit != 0 && end != len {
+    if !end.is_multiple_of(unit) && end != len {
         return Err(Error::shape(
             Int4TiledQuantizer::NAME,
             format!("{dim} slice end"),

@@ -70,6 +70,7 @@ fn matches_reference_within_bf16_rounding() {
         (&["g128"][..], 64, 512),
         (&["g64", "k4", "pad=torchao"][..], 20, 320),
         (&["g256", "k8"][..], 8, 1024),
+        (&["g32", "k8"][..], 13, 96), // k = 96 inside one 128-wide slab: a partial slab
     ] {
         let w = quantize(spec, n, k, (n * k) as u64);
         for m in [1usize, 3, 17] {
