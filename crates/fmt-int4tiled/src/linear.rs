@@ -172,6 +172,13 @@ fn nib(w: u32, j: usize) -> f32 {
     (((w >> (4 * j)) & 0xF) as i32 - 8) as f32
 }
 
+/// bf16 → f32 by shifting the bits (exact; a NaN stays a NaN, unlike `to_f32` it is not
+/// re-quieted, which does not matter here and avoids a branch).
+#[inline(always)]
+fn bf(x: bf16) -> f32 {
+    f32::from_bits(u32::from(x.to_bits()) << 16)
+}
+
 #[inline(always)]
 fn word4(w: &[i32]) -> [u32; 4] {
     [w[0] as u32, w[1] as u32, w[2] as u32, w[3] as u32]
@@ -180,13 +187,23 @@ fn word4(w: &[i32]) -> [u32; 4] {
 /// Dequantizes one row-slab (`words`: its `2·ikt` words) into `out` (`ikt·16` values of
 /// `(u − 8)·scale + zero` in f32, in [`slab_order`]; lane `l` uses `scale[l]`, `zero[l]`).
 /// The product is exact, so each value is the single f32 rounding an FMA would give.
-#[inline(never)]
+#[inline(always)]
 fn dequant_slab(words: &[i32], scale: &[f32; 4], zero: &[f32; 4], out: &mut [f32]) {
     for (wv, ov) in words.chunks_exact(4).zip(out.chunks_exact_mut(32)) {
-        let w = word4(wv);
-        for (j, o) in ov.chunks_exact_mut(4).enumerate() {
-            let vals: [f32; 4] = std::array::from_fn(|l| nib(w[l], j) * scale[l] + zero[l]);
-            o.copy_from_slice(&vals);
+        if let Ok(ov) = <&mut [f32; 32]>::try_from(ov) {
+            dequant_word4(word4(wv), scale, zero, ov);
+        }
+    }
+}
+
+/// One 4-word vector → 32 values. Fixed sizes and out of line, so that LLVM vectorizes
+/// across the 4 lanes (otherwise it vectorized across word vectors or nibble positions,
+/// with gathers and broadcasts).
+#[inline(never)]
+fn dequant_word4(w: [u32; 4], scale: &[f32; 4], zero: &[f32; 4], out: &mut [f32; 32]) {
+    for j in 0..8 {
+        for l in 0..4 {
+            out[4 * j + l] = nib(w[l], j) * scale[l] + zero[l];
         }
     }
 }
@@ -310,7 +327,7 @@ fn linear_core<T: Element>(
                         };
                         let lane_sz = |si: usize, slot: usize| -> [f32; 4] {
                             std::array::from_fn(|l| {
-                                sz[(lane_group(si, l) * np + nn) * 2 + slot].to_f32()
+                                bf(sz[(lane_group(si, l) * np + nn) * 2 + slot])
                             })
                         };
                         if m == 1 {
@@ -338,7 +355,7 @@ fn linear_core<T: Element>(
                     for (r, y) in yblk.iter_mut().take(rows).enumerate() {
                         let nn = r0 + r;
                         *y += (0..geo.logical_groups())
-                            .map(|gi| sz[(gi * np + nn) * 2 + 1].to_f32() * asum[gi])
+                            .map(|gi| bf(sz[(gi * np + nn) * 2 + 1]) * asum[gi])
                             .sum::<f32>();
                     }
                 }
