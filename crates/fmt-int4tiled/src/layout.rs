@@ -75,6 +75,17 @@ pub fn position(word: usize, j: usize, k_padded: usize, ikt: usize) -> (usize, u
 
 /// Packs one n-tile: `rows` is `u[8][k_padded]` row-major (values `0..=15`; higher bits
 /// are masked off), `out` the tile's `k_padded` words (`[slabs][32][ikt/2]`).
+///
+/// ```
+/// use fmt_int4tiled::layout::{pack_tile, unpack_tile};
+/// let rows: Vec<u8> = (0..8 * 32).map(|i| ((i % 32) % 16) as u8).collect(); // u[n][k] = k mod 16
+/// let mut words = [0i32; 32];
+/// pack_tile(&rows, 32, 2, &mut words);
+/// assert_eq!((words[0] as u32, words[1] as u32), (0x9191_8080, 0xB3B3_A2A2));
+/// let mut back = vec![0u8; 8 * 32];
+/// unpack_tile(&words, 32, 2, &mut back);
+/// assert_eq!(back, rows);
+/// ```
 pub fn pack_tile(rows: &[u8], k_padded: usize, ikt: usize, out: &mut [i32]) {
     let half = ikt / 2;
     let slab = ikt * K_TILE;

@@ -38,6 +38,11 @@ use crate::tensor::{Int4TiledTensor, Int4TiledTensorExt};
 /// The k offset (within a slab of `ikt·16` columns) of decoded position `pos`, for every
 /// position: `pos = (v·8 + j)·4 + l` is nibble `j` of the row's word `w = 4v + l` of the
 /// slab, which is lane `t = 4·(n%8) + w/(ikt/2)`, pair `p = w mod (ikt/2)`.
+///
+/// ```
+/// // ikt = 2: the 4 words of a row are lanes c = 0..4; position 4j + c is k = 2c + [0,8,16,24,1,9,17,25][j]
+/// assert_eq!(&fmt_int4tiled::slab_order(2)[..8], &[0, 2, 4, 6, 8, 10, 12, 14]);
+/// ```
 pub fn slab_order(inner_k_tiles: usize) -> Vec<usize> {
     let half = inner_k_tiles / 2;
     (0..inner_k_tiles * K_TILE)
@@ -107,6 +112,19 @@ pub fn int4_linear(
 }
 
 /// `y = x Wᵀ (+ bias)` on slices: `x` is `[m, k]` row-major, the result `[m, n]`.
+///
+/// ```
+/// use fmt_int4tiled::{int4_linear_reference, int4_linear_slice, Int4TiledQuantizer};
+/// use quant_core::HostTensor;
+/// // every group spans -4..3.5: scale 0.5, zero 0, so the weights are exact
+/// let w: Vec<f32> = (0..8 * 64).map(|i| (i % 16) as f32 * 0.5 - 4.0).collect();
+/// let t = Int4TiledQuantizer::new().with_group_size(32)?.quantize(&HostTensor::f32(&w, &[8, 64])?)?;
+/// let x = vec![0.25f32; 64];
+/// let y = int4_linear_slice(&x, 1, &t, Some(&[1.0f32; 8]))?;
+/// let r = int4_linear_reference(&x, 1, &t, Some(&[1.0f32; 8]))?; // dequantize + f64 matmul
+/// assert!(y.iter().zip(&r).all(|(a, b)| (f64::from(*a) - b).abs() < 1e-6));
+/// # Ok::<(), quant_core::Error>(())
+/// ```
 pub fn int4_linear_slice<T: Element>(
     x: &[T],
     m: usize,
@@ -326,9 +344,9 @@ fn linear_core<T: Element>(
                             &packed[(nt * slabs + si) * slab_words + nr * 4 * half..][..4 * half]
                         };
                         let lane_sz = |si: usize, slot: usize| -> [f32; 4] {
-                            std::array::from_fn(|l| {
-                                bf(sz[(lane_group(si, l) * np + nn) * 2 + slot])
-                            })
+                            std::array::from_fn(
+                                |l| bf(sz[(lane_group(si, l) * np + nn) * 2 + slot]),
+                            )
                         };
                         if m == 1 {
                             // Σ scale·Σ a(u−8) per slab; the zero term is added below.

@@ -194,6 +194,17 @@ impl Int4TiledQuantizer {
     /// `u8 [E,] n, k/2` with **even k in the high nibble** (torchao's
     /// `(q[:, ::2] << 4 | q[:, 1::2])`), plus `scale` / `zero` as in
     /// [`Int4TiledQuantizer::from_logical`].
+    ///
+    /// ```
+    /// use fmt_int4tiled::{Int4TiledQuantizer, Int4TiledTensorExt};
+    /// use half::bf16;
+    /// let q = Int4TiledQuantizer::new().with_group_size(32)?.with_inner_k_tiles(2)?;
+    /// let bytes = vec![0x12u8; 8 * 16]; // u = 1, 2, 1, 2, ... (even k high)
+    /// let t = q.from_prepacked(&[8, 32], &bytes, &[bf16::ONE; 8], &[bf16::ZERO; 8])?;
+    /// assert_eq!(&t.unpack()?[..4], &[1, 2, 1, 2]);
+    /// assert_eq!(t.to_prepacked()?, bytes);
+    /// # Ok::<(), quant_core::Error>(())
+    /// ```
     pub fn from_prepacked(
         &self,
         shape: &[usize],
@@ -210,6 +221,19 @@ impl Int4TiledQuantizer {
     /// Wraps torchao's buffers as they are (`Int4TilePackedTo4dTensor.qdata` and
     /// `.scale_and_zero`, or the outputs of `_convert_weight_to_int4pack` and
     /// `pack_tinygemm_scales_and_zeros`), checking shapes and padding.
+    ///
+    /// ```
+    /// use fmt_int4tiled::Int4TiledQuantizer;
+    /// use half::bf16;
+    /// let q = Int4TiledQuantizer::new().with_group_size(32)?.with_inner_k_tiles(2)?;
+    /// // [8, 32]: packed_weight i32 [1, 1, 32, 1], scale_and_zero bf16 [1, 8, 2]
+    /// let mut words = vec![0x9191_8080u32 as i32; 32];
+    /// let sz = vec![bf16::ONE; 16];
+    /// assert!(q.from_packed(&[8, 32], &words, &sz).is_ok());
+    /// words.truncate(31);
+    /// assert!(q.from_packed(&[8, 32], &words, &sz).is_err()); // wrong size, named
+    /// # Ok::<(), quant_core::Error>(())
+    /// ```
     pub fn from_packed(
         &self,
         shape: &[usize],

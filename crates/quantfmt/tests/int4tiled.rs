@@ -10,7 +10,9 @@ fn spec_quantize_save_load() {
     let spec: FormatSpec = "int4tiled:g64,k4,pad=torchao".parse().unwrap();
     let q = spec.quantizer(Usage::ROWWISE).unwrap();
     assert_eq!(q.spec(), "int4tiled:g64,k4,pad=torchao");
-    let w: Vec<f32> = (0..20 * 256).map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5).collect();
+    let w: Vec<f32> = (0..20 * 256)
+        .map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5)
+        .collect();
     let x = HostTensor::f32(&w, &[20, 256]).unwrap();
     let stored = q.quantize(&x).unwrap();
     let AnyStorage::Int4Tiled(t) = &stored else {
@@ -26,8 +28,13 @@ fn spec_quantize_save_load() {
     };
     assert_eq!(back.format_name(), "int4tiled");
     assert_eq!(
-        back.dequantize(Direction::Rowwise, DType::BF16).unwrap().as_bytes(),
-        stored.dequantize(Direction::Rowwise, DType::BF16).unwrap().as_bytes()
+        back.dequantize(Direction::Rowwise, DType::BF16)
+            .unwrap()
+            .as_bytes(),
+        stored
+            .dequantize(Direction::Rowwise, DType::BF16)
+            .unwrap()
+            .as_bytes()
     );
     let y = int4_linear(&HostTensor::f32(&w[..2 * 256], &[2, 256]).unwrap(), t, None).unwrap();
     assert_eq!(y.shape().dims(), &[2, 20]);
@@ -35,15 +42,34 @@ fn spec_quantize_save_load() {
 
 #[test]
 fn errors_name_the_rule() {
-    let e = "int4tiled:g48".parse::<FormatSpec>().unwrap_err().to_string();
+    let e = "int4tiled:g48"
+        .parse::<FormatSpec>()
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("must be 32, 64, 128 or 256"), "{e}");
-    let e = "int4tiled:fast".parse::<FormatSpec>().unwrap_err().to_string();
+    let e = "int4tiled:fast"
+        .parse::<FormatSpec>()
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("valid options: g32|g64|g128|g256"), "{e}");
-    let q = "int4tiled".parse::<FormatSpec>().unwrap().boxed(Usage::ROWWISE).unwrap();
+    let q = "int4tiled"
+        .parse::<FormatSpec>()
+        .unwrap()
+        .boxed(Usage::ROWWISE)
+        .unwrap();
     let e = q
         .quantize(&HostTensor::f32(&[0.0; 2 * 96], &[2, 96]).unwrap())
         .unwrap_err()
         .to_string();
-    assert!(e.contains("k=96 must be a multiple of the group size 128"), "{e}");
-    assert!("int4tiled".parse::<FormatSpec>().unwrap().quantizer(Usage::BOTH).is_err());
+    assert!(
+        e.contains("k=96 must be a multiple of the group size 128"),
+        "{e}"
+    );
+    assert!(
+        "int4tiled"
+            .parse::<FormatSpec>()
+            .unwrap()
+            .quantizer(Usage::BOTH)
+            .is_err()
+    );
 }
