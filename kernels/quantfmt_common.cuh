@@ -6,8 +6,8 @@
 // header is included: NVRTC provides the CUDA built-ins (__float_as_uint, rintf, ...) itself.
 //
 // Element types are plain structs over their bits, so no cuda_fp16.h / cuda_bf16.h is needed and
-// every conversion is spelled out bit for bit (the CPU path uses the `half` crate; its exact
-// conversion rules are reproduced here, including its quirks, see qf_f64_to_bf16).
+// every conversion is spelled out bit for bit (the CPU path's Element conversions: the `half`
+// crate's from_f32, and quant_core's round-once from_f64).
 #pragma once
 
 typedef unsigned char qf_u8;
@@ -114,44 +114,25 @@ __device__ __forceinline__ void qf_from_f32(qf_f16* p, float v) { p->bits = qf_f
 
 // ---- stores from f64 (Element::from_f64) ------------------------------------------------------
 
-// half::bf16::from_f64 (bfloat/convert.rs f64_to_bf16), ported line for line. Note its quirk:
-// it drops the low 32 bits of the f64 significand before rounding, so a value just above a
-// rounding tie (only low-word bits set) rounds as the tie does. The CPU path has that quirk, so
-// the device must too.
-__device__ __forceinline__ qf_u16 qf_f64_to_bf16_bits(double value) {
-    qf_u64 val = (qf_u64)__double_as_longlong(value);
-    qf_u32 x = (qf_u32)(val >> 32);
-    qf_u32 sign = x & 0x80000000u;
-    qf_u32 exp = x & 0x7FF00000u;
-    qf_u32 man = x & 0x000FFFFFu;
-    if (exp == 0x7FF00000u) {
-        qf_u32 nan_bit = (man == 0u && (qf_u32)val == 0u) ? 0u : 0x0040u;
-        return (qf_u16)((sign >> 16) | 0x7F80u | nan_bit | (man >> 13));
-    }
-    qf_u32 half_sign = sign >> 16;
-    qf_i64 unbiased_exp = (qf_i64)(exp >> 20) - 1023;
-    qf_i64 half_exp = unbiased_exp + 127;
-    if (half_exp >= 0xFF) return (qf_u16)(half_sign | 0x7F80u);
-    if (half_exp <= 0) {
-        if (7 - half_exp > 21) return (qf_u16)half_sign;
-        qf_u32 m = man | 0x00100000u;
-        qf_u32 half_man = m >> (qf_u32)(14 - half_exp);
-        qf_u32 round_bit = 1u << (qf_u32)(13 - half_exp);
-        if ((m & round_bit) != 0u && (m & (3u * round_bit - 1u)) != 0u) half_man += 1u;
-        return (qf_u16)(half_sign | half_man);
-    }
-    qf_u32 he = ((qf_u32)half_exp) << 7;
-    qf_u32 half_man = man >> 13;
-    const qf_u32 round_bit = 0x00001000u;
-    if ((man & round_bit) != 0u && (man & (3u * round_bit - 1u)) != 0u)
-        return (qf_u16)((half_sign | he | half_man) + 1u);
-    return (qf_u16)(half_sign | he | half_man);
+// quant_core::dtype::f64_to_f32_round_odd: f64 -> f32 rounded to odd (exact when representable,
+// else truncated toward zero with the last bit set). Rounding that to nearest-even in bf16 or
+// f16 is one correct rounding of the f64, which is how Element::from_f64 narrows.
+__device__ __forceinline__ float qf_f64_to_f32_round_odd(double v) {
+    const float f = __double2float_rn(v);
+    if (qf_is_nan(f) || (double)f == v) return f;
+    qf_u32 bits = __float_as_uint(f);
+    if (fabs((double)f) > fabs(v)) bits -= 1u;  // rounded away from zero (infinity included)
+    return __uint_as_float(bits | 1u);
 }
 
-// half::f16::from_f64 on x86-64 with F16C (every machine this project runs on) is
-// `vcvtps2ph(v as f32)`: two roundings, f64 -> f32 then f32 -> f16, both to nearest even.
+// <bf16 as Element>::from_f64 = bf16::from_f32(f64_to_f32_round_odd(v)).
+__device__ __forceinline__ qf_u16 qf_f64_to_bf16_bits(double value) {
+    return qf_f32_to_bf16_bits(qf_f64_to_f32_round_odd(value));
+}
+
+// <f16 as Element>::from_f64 = f16::from_f32(f64_to_f32_round_odd(v)).
 __device__ __forceinline__ qf_u16 qf_f64_to_f16_bits(double value) {
-    return qf_f32_to_f16_bits(__double2float_rn(value));
+    return qf_f32_to_f16_bits(qf_f64_to_f32_round_odd(value));
 }
 
 __device__ __forceinline__ void qf_from_f64(float* p, double v) { *p = __double2float_rn(v); }

@@ -12,7 +12,7 @@ use quant_core::codec::{e2m1, e4m3, e5m2, e8m0};
 use quant_core::cuda::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use quant_core::cuda::testing::device_or_skip;
 use quant_core::cuda::{CudaDevice, DeviceTensor, SELFTEST_KERNELS, kernels};
-use quant_core::{DType, HostTensor, Shape};
+use quant_core::{DType, Element, HostTensor, Shape};
 
 fn dev(test: &str) -> Option<Arc<CudaDevice>> {
     device_or_skip(test).unwrap()
@@ -170,11 +170,11 @@ fn device_decoders_match_cpu_tables() {
     }
 }
 
-/// f64 -> f32/bf16/f16 as `Element::from_f64` rounds (half's quirks included), and bf16/f16
-/// widening, on random and boundary values.
+/// f64 -> f32/bf16/f16 as `Element::from_f64` rounds (once: round-to-odd through f32), and
+/// bf16/f16 widening, on random and boundary values.
 #[test]
-fn device_conversions_match_half() {
-    let Some(d) = dev("device_conversions_match_half") else {
+fn device_conversions_match_element() {
+    let Some(d) = dev("device_conversions_match_element") else {
         return;
     };
     let mut vals: Vec<f64> = Vec::new();
@@ -190,11 +190,12 @@ fn device_conversions_match_half() {
             (s >> 11) as f64 * 1e-12 - 4e3
         });
     }
-    // Ties and near-ties for bf16 and f16 (low-word bits only: half's bf16 quirk).
+    // Ties and near-ties for bf16 and f16, also nudged by f64-only amounts.
     for k in 0..4096u64 {
         let base = 1.0 + (k as f64) / 128.0;
         vals.push(base + 1.0 / 256.0);
         vals.push(f64::from_bits((base + 1.0 / 256.0).to_bits() + 1));
+        vals.push(f64::from_bits((base + 1.0 / 256.0).to_bits() - 1));
         vals.push(1.0 + (k as f64) / 1024.0 + 1.0 / 2048.0);
     }
     vals.extend([
@@ -243,8 +244,12 @@ fn device_conversions_match_half() {
     let hw = d.stream().clone_dtoh(&hw).unwrap();
     for (i, &v) in vals.iter().enumerate() {
         assert_eq!(f32o[i].to_bits(), (v as f32).to_bits(), "f32 {v:e}");
-        assert_eq!(bfo[i], bf16::from_f64(v).to_bits(), "bf16 {v:e}");
-        assert_eq!(hfo[i], f16::from_f64(v).to_bits(), "f16 {v:e}");
+        assert_eq!(
+            bfo[i],
+            <bf16 as Element>::from_f64(v).to_bits(),
+            "bf16 {v:e}"
+        );
+        assert_eq!(hfo[i], <f16 as Element>::from_f64(v).to_bits(), "f16 {v:e}");
         let b = bf16::from_bits(hin[i]).to_f32();
         let h = f16::from_bits(hin[i]).to_f32();
         if b.is_nan() {
