@@ -14,11 +14,13 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use quantfmt::fmt_int4tiled::Int4TiledTensorExt;
 use quantfmt::fmt_mxfp8::layout::{columnwise_scale_shape, rowwise_scale_shape};
 use quantfmt::fmt_nvfp4::FourOverSix;
 use quantfmt::{
-    BlockScaling, DType, Direction, Format, Fp8BlockQuantizer, Fp8Dtype, Fp8Quantizer, HostTensor,
-    Mxfp8Dtype, Mxfp8Quantizer, Nvfp4Quantizer, QuantizedTensor, ScaleLayout, ScaleRule, Usage,
+    BlockScaling, DType, Direction, Element, Format, Fp8BlockQuantizer, Fp8Dtype, Fp8Quantizer,
+    HostTensor, Int4TiledQuantizer, Mxfp8Dtype, Mxfp8Quantizer, Nvfp4Quantizer, QuantizedTensor,
+    ScaleLayout, ScaleRule, Usage,
 };
 
 const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
@@ -282,6 +284,100 @@ fn main() {
                 for dt in DTYPES {
                     let x = HostTensor::f32(&v, dims).unwrap().to_dtype(dt).unwrap();
                     w.case(&q, &x, &args);
+                }
+            }
+        }
+    }
+    // int4tiled: quantize (qparams + packing), dequantize, unpack/pack and the matmul.
+    let i4_shapes: &[&[usize]] = &[&[8, 256], &[13, 256], &[2, 9, 256], &[24, 512]];
+    for spec in [
+        "g32",
+        "g64,k4",
+        "g128,k2",
+        "g256",
+        "g32,pad=torchao",
+        "g64,eps=1e-6",
+    ] {
+        let opts: Vec<&str> = spec.split(',').collect();
+        let q = Int4TiledQuantizer::from_spec(&opts, Usage::ROWWISE).unwrap();
+        for (si, dims) in i4_shapes.iter().enumerate() {
+            let shape = quantfmt::Shape::new(dims).unwrap();
+            let Ok(geo) = q.geometry(&shape) else {
+                continue;
+            };
+            let v = input(dims, si as u64 * 47 + spec.len() as u64);
+            for dt in DTYPES {
+                let args = format!(
+                    "e={} n={} k={} np={} kp={} g={} ikt={} eps={}",
+                    geo.num_experts(),
+                    geo.n,
+                    geo.k,
+                    geo.n_padded,
+                    geo.k_padded,
+                    geo.group_size,
+                    geo.inner_k_tiles,
+                    bits(q.eps())
+                );
+                let x = HostTensor::f32(&v, dims).unwrap().to_dtype(dt).unwrap();
+                let id = w.next;
+                w.case(&q, &x, &args);
+                if w.next == id {
+                    continue;
+                }
+                let t = q.quantize(&x).unwrap();
+                std::fs::write(dir.join(format!("{id}.unpacked")), t.unpack().unwrap()).unwrap();
+                if geo.experts.is_none() {
+                    // y = x W^T for 3 activation rows, on a moderate weight of the same
+                    // geometry (the special values above would overflow f32 sums and f16
+                    // outputs, where no two summation orders agree); the f64 reference.
+                    let wv: Vec<f32> = (0..geo.n * geo.k)
+                        .map(|i| ((i * 4793 % 2001) as f32 - 1000.0) / 700.0)
+                        .collect();
+                    let wt = HostTensor::f32(&wv, dims).unwrap().to_dtype(dt).unwrap();
+                    let t = q.quantize(&wt).unwrap();
+                    std::fs::write(
+                        dir.join(format!("{id}.lin.packed")),
+                        t.buffer("packed_weight").unwrap().bytes(),
+                    )
+                    .unwrap();
+                    std::fs::write(
+                        dir.join(format!("{id}.lin.sz")),
+                        t.buffer("scale_and_zero").unwrap().bytes(),
+                    )
+                    .unwrap();
+                    let m = 3;
+                    let xa: Vec<f32> = (0..m * geo.k)
+                        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 250.0)
+                        .collect();
+                    let xa = HostTensor::f32(&xa, &[m, geo.k])
+                        .unwrap()
+                        .to_dtype(dt)
+                        .unwrap();
+                    let yref = quantfmt::dispatch_elements!(xa, |xs| {
+                        quantfmt::fmt_int4tiled::int4_linear_reference(xs, m, &t, None).unwrap()
+                    });
+                    let absw = quantfmt::dispatch_elements!(xa, |xs| {
+                        // sum_k |x| |w|, the scale of the summation error
+                        let wd = t.dequantize_as::<f32>(Direction::Rowwise).unwrap();
+                        (0..m * geo.n)
+                            .map(|i| {
+                                let (r, j) = (i / geo.n, i % geo.n);
+                                (0..geo.k)
+                                    .map(|kk| {
+                                        f64::from(xs[r * geo.k + kk].to_f32()).abs()
+                                            * f64::from(wd[j * geo.k + kk]).abs()
+                                    })
+                                    .sum::<f64>()
+                            })
+                            .collect::<Vec<f64>>()
+                    });
+                    let mut bytes = Vec::new();
+                    for (a, b) in yref.iter().zip(&absw) {
+                        bytes.extend_from_slice(&a.to_le_bytes());
+                        bytes.extend_from_slice(&b.to_le_bytes());
+                    }
+                    std::fs::write(dir.join(format!("{id}.lin.x")), xa.as_bytes()).unwrap();
+                    std::fs::write(dir.join(format!("{id}.lin.ref")), bytes).unwrap();
                 }
             }
         }

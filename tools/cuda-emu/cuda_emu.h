@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cfloat>
 #include <math.h>
 #include <cstdint>
 #include <cstring>
@@ -92,6 +93,16 @@ inline uint32_t __shfl_xor_sync(uint32_t, uint32_t v, int o) {
     emu::wait(emu::warp_barriers[w]);
     const uint32_t r = emu::warp_xchg[w][l ^ (unsigned)o];
     emu::wait(emu::warp_barriers[w]);
+    return r;
+}
+
+// CUDA's float overload exchanges the bits, not a converted value.
+inline float __shfl_xor_sync(uint32_t mask, float v, int o) {
+    uint32_t b;
+    std::memcpy(&b, &v, 4);
+    b = __shfl_xor_sync(mask, b, o);
+    float r;
+    std::memcpy(&r, &b, 4);
     return r;
 }
 

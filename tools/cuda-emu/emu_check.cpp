@@ -11,6 +11,7 @@
 #include "../../crates/fmt-fp8/kernels/fp8.cu"
 #include "../../crates/fmt-mxfp8/kernels/mxfp8.cu"
 #include "../../crates/fmt-nvfp4/kernels/nvfp4.cu"
+#include "../../crates/fmt-int4tiled/kernels/int4tiled.cu"
 
 #include <cstdio>
 #include <fstream>
@@ -69,6 +70,8 @@ CAST3(fp8_block_cast, fp8_block_cast)
 CAST3(mxfp8_cast, mxfp8_cast)
 CAST3(nvfp4_quant, nvfp4_quant)
 CAST3(nvfp4_rht_amax, nvfp4_rht_amax)
+CAST3(int4_quant, int4_quant)
+CAST3(int4_linear, int4_linear)
 
 #define OUT3(fn, base)                                                                             \
     template <typename... A> static void fn(float* o, A... a) { base##_f32(a..., o); }            \
@@ -79,6 +82,7 @@ OUT3(fp8_dequant_col, fp8_dequant_col)
 OUT3(mxfp8_dequant, mxfp8_dequant)
 OUT3(nvfp4_dequant_row, nvfp4_dequant_row)
 OUT3(nvfp4_dequant_col, nvfp4_dequant_col)
+OUT3(int4_dequant, int4_dequant)
 
 struct Case {
     int id;
@@ -246,6 +250,66 @@ static void run_nvfp4(const Case& c, Buf& x) {
     }
 }
 
+static float widen(const float* p) { return *p; }
+static float widen(const qf_bf16* p) { return qf_bf16_bits_to_f32(p->bits); }
+static float widen(const qf_f16* p) { return qf_f16_bits_to_f32(p->bits); }
+
+template <typename T>
+static void run_int4(const Case& c, Buf& x) {
+    const T* xp = reinterpret_cast<const T*>(x.p());
+    const qf_u64 e = c.u("e"), n = c.u("n"), k = c.u("k"), np = c.u("np"), kp = c.u("kp");
+    const int g = c.i("g"), ikt = c.i("ikt");
+    const int bf16_path = c.dtype == "bf16";
+    Buf packed = like(c, "packed_weight"), sz = like(c, "scale_and_zero");
+    run((e * np * (kp / g) + 255) / 256, [&] {
+        int4_quant(xp, e, n, k, np, kp, g, ikt, bf16_path, c.f("eps"), reinterpret_cast<qf_u32*>(packed.p()),
+                   reinterpret_cast<qf_u16*>(sz.p()));
+    });
+    expect(c, "packed_weight", packed);
+    expect(c, "scale_and_zero", sz);
+    // unpack / pack against the CPU's unpack of the CPU's bytes.
+    Buf want_packed = load_expected(c, "packed_weight");
+    Buf unpacked = like(c, "unpacked");
+    run((e * n * k + 255) / 256, [&] {
+        int4_unpack(reinterpret_cast<const qf_u32*>(want_packed.p()), e, n, k, np, kp, ikt, unpacked.p());
+    });
+    expect(c, "unpacked", unpacked);
+    Buf want_u = load_expected(c, "unpacked");
+    Buf repacked = like(c, "packed_weight");
+    run((e * np * kp / 8 + 255) / 256, [&] {
+        int4_pack((const qf_u8*)want_u.p(), e, n, k, np, kp, ikt, reinterpret_cast<qf_u32*>(repacked.p()));
+    });
+    expect(c, "packed_weight", repacked);
+    // The matmul, against the f64 reference with the exact-vs-bf16-weight tolerance.
+    Buf lx, lref;
+    if (read_file(dir_of + "/" + std::to_string(c.id) + ".lin.x", lx) &&
+        read_file(dir_of + "/" + std::to_string(c.id) + ".lin.ref", lref)) {
+        const qf_u64 m = 3;
+        Buf y;
+        y.resize(m * n * sizeof(T));
+        Buf lp = load_expected(c, "lin.packed"), ls = load_expected(c, "lin.sz");
+        run(np / 8, [&] {
+            int4_linear(reinterpret_cast<const T*>(lx.p()), m, reinterpret_cast<const qf_u32*>(lp.p()),
+                        reinterpret_cast<const qf_u16*>(ls.p()), n, k, np, kp, g, ikt, (const T*)nullptr,
+                        reinterpret_cast<T*>(y.p()));
+        });
+        for (qf_u64 i = 0; i < m * n; ++i) {
+            double ref, absw;
+            std::memcpy(&ref, lref.p() + 16 * i, 8);
+            std::memcpy(&absw, lref.p() + 16 * i + 8, 8);
+            const double got = widen(reinterpret_cast<const T*>(y.p()) + i);
+            const bool ok = std::isnan(ref) ? std::isnan(got)
+                                            : std::fabs(got - ref) <= std::ldexp(absw, -8) + std::ldexp(std::fabs(ref), -8) + 1e-30;
+            if (!ok) {
+                std::printf("case %d int4 linear: y[%llu] = %g, reference %g (sum|x||w| %g)\n", c.id,
+                            (unsigned long long)i, got, ref, absw);
+                ++failures;
+                break;
+            }
+        }
+    }
+}
+
 template <typename OT>
 static void dequant(const Case& c, const std::string& odt) {
     const qf_u64 m = c.m, k = c.k, n = m * k;
@@ -255,7 +319,14 @@ static void dequant(const Case& c, const std::string& odt) {
         out.resize(n * sizeof(OT));
         OT* o = reinterpret_cast<OT*>(out.p());
         const std::string tag = dir == 0 ? "row" : "col";
-        if (c.fmt == "fp8" || c.fmt == "fp8-block") {
+        if (c.fmt == "int4tiled") {
+            Buf q = load_expected(c, "packed_weight");
+            Buf s = load_expected(c, "scale_and_zero");
+            run((n + 255) / 256, [&] {
+                int4_dequant(o, reinterpret_cast<const qf_u32*>(q.p()), reinterpret_cast<const qf_u16*>(s.p()), c.u("e"),
+                             c.u("n"), c.u("k"), c.u("np"), c.u("kp"), c.i("g"), c.i("ikt"));
+            });
+        } else if (c.fmt == "fp8" || c.fmt == "fp8-block") {
             Buf q = load_expected(c, dir == 0 ? "rowwise_data" : "columnwise_data");
             const bool block = c.fmt == "fp8-block";
             Buf s = load_expected(c, block ? (dir == 0 ? "rowwise_scale_inv" : "columnwise_scale_inv") : "scale_inv");
@@ -353,6 +424,7 @@ int main(int argc, char** argv) {
         else if (c.fmt == "fp8-block") DISPATCH(c.dtype, run_fp8_block<T>(c, x));
         else if (c.fmt == "mxfp8") DISPATCH(c.dtype, run_mxfp8<T>(c, x));
         else if (c.fmt == "nvfp4") DISPATCH(c.dtype, run_nvfp4<T>(c, x));
+        else if (c.fmt == "int4tiled") DISPATCH(c.dtype, run_int4<T>(c, x));
         dequant<float>(c, "f32");
         dequant<qf_bf16>(c, "bf16");
         dequant<qf_f16>(c, "f16");

@@ -38,6 +38,9 @@
 #![deny(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)] // kernel launches; every block has a SAFETY comment
+pub mod cuda;
 pub mod dequant;
 mod format;
 pub mod layout;

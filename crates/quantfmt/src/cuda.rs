@@ -28,6 +28,7 @@ pub fn all_kernel_sources() -> Vec<KernelSource> {
         fmt_fp8::cuda::KERNELS,
         fmt_mxfp8::cuda::KERNELS,
         fmt_nvfp4::cuda::KERNELS,
+        fmt_int4tiled::cuda::KERNELS,
     ] {
         if !v.iter().any(|k| k.name == s.name) {
             v.push(s);

@@ -35,6 +35,7 @@ fn every_format_lists_its_sources() {
         quantfmt::Fp8BlockQuantizer::kernel_sources(),
         quantfmt::Mxfp8Quantizer::kernel_sources(),
         quantfmt::Nvfp4Quantizer::kernel_sources(),
+        quantfmt::Int4TiledQuantizer::kernel_sources(),
     ] {
         assert!(!srcs.is_empty());
         for s in srcs {
