@@ -23,9 +23,10 @@ use quantfmt::cuda::cudarc::driver::sys::CUevent_flags;
 use quantfmt::cuda::{
     CudaDevice, CudaFormat, DeviceQuantized, DeviceTensor, quantize_device, warm_up,
 };
+use quantfmt::fmt_int4tiled::cuda::int4_linear_device;
 use quantfmt::{
-    DType, Direction, Format, Fp8BlockQuantizer, Fp8Quantizer, HostTensor, Mxfp8Quantizer,
-    Nvfp4Quantizer, Result, Usage,
+    DType, Direction, Format, Fp8BlockQuantizer, Fp8Quantizer, HostTensor, Int4TiledQuantizer,
+    Mxfp8Quantizer, Nvfp4Quantizer, Result, Usage,
 };
 
 struct Args {
@@ -191,6 +192,37 @@ fn bench_quantizer<F: CudaFormat>(
     Ok(())
 }
 
+/// Weight-only int4 matmul at m = 1 (and 16): the S x S input as the weight, GB/s of the
+/// bytes it must stream (packed words + scale/zero + x + y), ratio to the copy.
+fn bench_int4_linear(
+    rows: &mut Vec<Row>,
+    dev: &Arc<CudaDevice>,
+    w: &DeviceTensor,
+    iters: usize,
+    copy_gbs: f64,
+) -> Result<()> {
+    let q = Int4TiledQuantizer::new();
+    let t = quantize_device(&q, w)?;
+    let (n, k) = w.shape().as_2d();
+    for m in [1usize, 16] {
+        let xv = random_input(m * k, 7 + m as u64);
+        let x = HostTensor::f32(&xv, &[m, k])?.to_dtype(w.dtype())?;
+        let dx = DeviceTensor::from_host(dev, &x)?;
+        let ms = time_ms(dev, iters, || int4_linear_device(&dx, &t, None).map(|_| ()))?;
+        let bytes = t.nbytes() as f64 + ((m * k + m * n) * w.dtype().size()) as f64;
+        let gbs = bytes / (ms * 1e6);
+        rows.push(Row {
+            kernel: format!("int4 gemv/gemm m={m} (weight bytes streamed)"),
+            shape: format!("{n}x{k}"),
+            dtype: w.dtype(),
+            ms,
+            gbs,
+            ratio: gbs / copy_gbs,
+        });
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = parse_args()?;
     let dev = CudaDevice::shared(0)?;
@@ -270,6 +302,10 @@ fn main() -> Result<()> {
                     "nvfp4 rht both",
                     Nvfp4Quantizer::from_spec(&["rht"], Usage::BOTH)?
                 );
+            }
+            run!("int4tiled g128", Int4TiledQuantizer::new());
+            if keep("int4 gemv") {
+                bench_int4_linear(&mut rows, &dev, &x, args.iters, copy_gbs)?;
             }
         }
     }

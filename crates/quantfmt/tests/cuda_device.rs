@@ -14,10 +14,12 @@ use std::sync::Arc;
 
 use quantfmt::cuda::testing::device_or_skip;
 use quantfmt::cuda::{CudaDevice, CudaFormat, DeviceQuantized, DeviceTensor, quantize_device};
+use quantfmt::fmt_int4tiled::Int4TiledTensorExt;
+use quantfmt::fmt_int4tiled::cuda::{int4_linear_device, pack_device, unpack_device};
 use quantfmt::parallel::{AmaxReducer, NoReduction};
 use quantfmt::{
-    DType, Direction, Format, Fp8BlockQuantizer, Fp8Quantizer, HostTensor, Mxfp8Quantizer,
-    Nvfp4Quantizer, QuantizedTensor, Usage,
+    DType, Direction, Format, Fp8BlockQuantizer, Fp8Quantizer, HostTensor, Int4TiledQuantizer,
+    Mxfp8Quantizer, Nvfp4Quantizer, QuantizedTensor, Usage, dispatch_elements,
 };
 
 const USAGES: [Usage; 3] = [Usage::ROWWISE, Usage::COLUMNWISE, Usage::BOTH];
@@ -493,4 +495,108 @@ fn quantize_from_reuses_buffers() {
         &t.to_host().unwrap(),
     );
     rep.finish("quantize_from_reuses_buffers");
+}
+
+#[test]
+fn int4tiled_matches_cpu() {
+    run_format::<Int4TiledQuantizer>(
+        "int4tiled_matches_cpu",
+        &[
+            "g32",
+            "g64,k4",
+            "g128,k2",
+            "g256",
+            "g32,pad=torchao",
+            "g64,eps=1e-6",
+        ],
+        &[&[8, 256], &[13, 256], &[2, 9, 256], &[24, 512], &[40, 1024]],
+    );
+}
+
+/// Device pack/unpack equal the CPU's; the device matmul equals the f64 reference within
+/// the exact-vs-bf16-weight and f32-summation tolerance, for m = 1, 3, 16, 17 (two launches),
+/// with and without bias, f32/bf16/f16 activations.
+#[test]
+fn int4_pack_unpack_and_linear() {
+    let Some(d) = dev("int4_pack_unpack_and_linear") else {
+        return;
+    };
+    let mut rep = Report::default();
+    for (spec, n, k) in [
+        ("g32", 13usize, 256usize),
+        ("g64,k4", 40, 512),
+        ("g128", 24, 1024),
+        ("g256,k2", 8, 512),
+    ] {
+        let opts: Vec<&str> = spec.split(',').collect();
+        let q = Int4TiledQuantizer::from_spec(&opts, Usage::ROWWISE).unwrap();
+        let wv: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 4793 % 2001) as f32 - 1000.0) / 700.0)
+            .collect();
+        let t = q.quantize(&HostTensor::f32(&wv, &[n, k]).unwrap()).unwrap();
+        let dt_w = DeviceQuantized::from_host(&d, &t).unwrap();
+        rep.cases += 1;
+        let u = d.dtoh(&unpack_device(&dt_w).unwrap()).unwrap();
+        if u != t.unpack().unwrap() {
+            rep.fail(format!("int4tiled:{spec} unpack differs"));
+        }
+        let geo = t.geometry();
+        let ud = d.htod(&u).unwrap();
+        let packed = d.dtoh(&pack_device(&d, &ud, &geo).unwrap()).unwrap();
+        if packed != t.buffer("packed_weight").unwrap().bytes() {
+            rep.fail(format!("int4tiled:{spec} pack differs"));
+        }
+        let wd = t.dequantize_as::<f32>(Direction::Rowwise).unwrap();
+        for m in [1usize, 3, 16, 17] {
+            for dt in DTYPES {
+                for with_bias in [false, true] {
+                    rep.cases += 1;
+                    let xv: Vec<f32> = (0..m * k)
+                        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 250.0)
+                        .collect();
+                    let x = HostTensor::f32(&xv, &[m, k]).unwrap().to_dtype(dt).unwrap();
+                    let bv: Vec<f32> = (0..n).map(|j| j as f32 * 0.125 - 1.0).collect();
+                    let b = HostTensor::f32(&bv, &[n]).unwrap().to_dtype(dt).unwrap();
+                    let dx = DeviceTensor::from_host(&d, &x).unwrap();
+                    let db = DeviceTensor::from_host(&d, &b).unwrap();
+                    let y = int4_linear_device(&dx, &dt_w, with_bias.then_some(&db))
+                        .unwrap()
+                        .to_host()
+                        .unwrap();
+                    let yv = y.to_f32_vec();
+                    let (xs, bs) = (x.to_f32_vec(), b.to_f32_vec());
+                    let reference = dispatch_elements!(x, |xx| {
+                        let bb: Vec<_> = dispatch_elements!(b, |b2| b2
+                            .iter()
+                            .map(|v| quantfmt::Element::from_f32(quantfmt::Element::to_f32(*v)))
+                            .collect());
+                        quantfmt::fmt_int4tiled::int4_linear_reference(
+                            xx,
+                            m,
+                            &t,
+                            with_bias.then_some(&bb[..]),
+                        )
+                        .unwrap()
+                    });
+                    for i in 0..m * n {
+                        let (r, j) = (i / n, i % n);
+                        let absw: f64 = (0..k)
+                            .map(|kk| {
+                                f64::from(xs[r * k + kk]).abs() * f64::from(wd[j * k + kk]).abs()
+                            })
+                            .sum();
+                        let tol = absw / 256.0 + reference[i].abs() / 256.0 + 1e-6;
+                        if (f64::from(yv[i]) - reference[i]).abs() > tol {
+                            rep.fail(format!(
+                                "int4tiled:{spec} linear m={m} {dt} bias={with_bias}: y[{i}] = {} vs reference {} (bias {})",
+                                yv[i], reference[i], if with_bias { bs[j] } else { 0.0 }
+                            ));
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    rep.finish("int4_pack_unpack_and_linear");
 }
