@@ -14,7 +14,8 @@
 use quant_core::cuda::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use quant_core::cuda::{
     CudaFormat, DeviceBuffer, DeviceQuantized, DeviceTensor, KernelSource, LaunchArgsExt,
-    device_buffer_by_name, device_buffers_by_name_mut, dtype_suffix, kernels,
+    check_dense, check_device_buffers, device_buffer_by_name, device_buffers_by_name_mut,
+    dtype_suffix, kernels,
 };
 use quant_core::parallel::AmaxReducer;
 use quant_core::{Direction, Error, Format, Result, Shape};
@@ -87,6 +88,7 @@ impl Fp8Quantizer {
         amax: &CudaSlice<u8>,
         out: &mut [DeviceBuffer],
     ) -> Result<()> {
+        check_device_buffers(self, x.shape(), out)?;
         let dev = x.device();
         let (m, k) = x.shape().as_2d();
         let [row, col, sinv] =
@@ -160,6 +162,7 @@ impl CudaFormat for Fp8Quantizer {
         dir: Direction,
         out: &mut DeviceTensor,
     ) -> Result<()> {
+        check_device_buffers(self, shape, bufs)?;
         let sinv = device_buffer_by_name(bufs, "scale_inv")?;
         dequantize(shape, bufs, dir, out, self.dtype(), 0, 0, sinv)
     }
@@ -171,6 +174,7 @@ impl CudaFormat for Fp8BlockQuantizer {
     }
 
     fn quantize_device_into(&self, x: &DeviceTensor, out: &mut [DeviceBuffer]) -> Result<()> {
+        check_device_buffers(self, x.shape(), out)?;
         let dev = x.device();
         let (m, k) = x.shape().as_2d();
         let (sr, sc) = self.scale_shapes(m, k);
@@ -232,6 +236,7 @@ impl CudaFormat for Fp8BlockQuantizer {
         dir: Direction,
         out: &mut DeviceTensor,
     ) -> Result<()> {
+        check_device_buffers(self, shape, bufs)?;
         let (m, k) = shape.as_2d();
         let (sr, sc) = self.scale_shapes(m, k);
         let (name, stride) = match dir {
@@ -259,13 +264,7 @@ fn dequantize(
     sinv: &DeviceBuffer,
 ) -> Result<()> {
     let (m, k) = shape.as_2d();
-    if out.shape().numel() != m * k {
-        return Err(Error::invalid(
-            "out",
-            out.shape(),
-            format!("must have the {} elements of {shape}", m * k),
-        ));
-    }
+    check_dense(out, shape, "out")?;
     let dev = std::sync::Arc::clone(out.device());
     let (data, kernel) = match dir {
         Direction::Rowwise => ("rowwise_data", "fp8_dequant_row"),

@@ -18,7 +18,8 @@ use std::sync::Arc;
 use quant_core::cuda::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use quant_core::cuda::{
     CudaDevice, CudaFormat, DeviceBuffer, DeviceQuantized, DeviceTensor, KernelSource,
-    LaunchArgsExt, device_buffer_by_name, device_buffers_by_name_mut, dtype_suffix, grid_1d,
+    LaunchArgsExt, check_dense, check_device_buffers, device_buffer_by_name,
+    device_buffers_by_name_mut, dtype_suffix, grid_1d,
 };
 use quant_core::{DType, Direction, Error, Format, Result, Shape};
 
@@ -110,6 +111,7 @@ impl CudaFormat for Int4TiledQuantizer {
     }
 
     fn quantize_device_into(&self, x: &DeviceTensor, out: &mut [DeviceBuffer]) -> Result<()> {
+        check_device_buffers(self, x.shape(), out)?;
         let geo = self.geometry(x.shape())?;
         let d = dims(&geo)?;
         let dev = x.device();
@@ -166,15 +168,10 @@ impl CudaFormat for Int4TiledQuantizer {
                 "tinygemm is a weight-only forward format: it stores only the rowwise y = x W^T operand",
             ));
         }
+        check_device_buffers(self, shape, bufs)?;
+        check_dense(out, shape, "out")?;
         let geo = self.geometry(shape)?;
         let d = dims(&geo)?;
-        if out.shape().numel() != shape.numel() {
-            return Err(Error::invalid(
-                "out",
-                out.shape(),
-                format!("must have the {} elements of {shape}", shape.numel()),
-            ));
-        }
         let (packed, sz) = buffers(bufs, &geo)?;
         let dev = Arc::clone(out.device());
         let f = dev.function(

@@ -11,8 +11,8 @@
 
 use quant_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use quant_core::cuda::{
-    CudaFormat, DeviceBuffer, DeviceTensor, KernelSource, LaunchArgsExt, device_buffer_by_name,
-    device_buffers_by_name_mut, dtype_suffix, grid_1d,
+    CudaFormat, DeviceBuffer, DeviceTensor, KernelSource, LaunchArgsExt, check_dense,
+    check_device_buffers, device_buffer_by_name, device_buffers_by_name_mut, dtype_suffix, grid_1d,
 };
 use quant_core::{Direction, Error, Format, Result, Shape};
 
@@ -52,7 +52,7 @@ impl CudaFormat for Mxfp8Quantizer {
     }
 
     fn quantize_device_into(&self, x: &DeviceTensor, out: &mut [DeviceBuffer]) -> Result<()> {
-        self.check_shape(x.shape())?;
+        check_device_buffers(self, x.shape(), out)?;
         let dev = x.device();
         let (m, k) = x.shape().as_2d();
         let [rd, rs, cd, cs] = device_buffers_by_name_mut(
@@ -126,15 +126,9 @@ impl CudaFormat for Mxfp8Quantizer {
         dir: Direction,
         out: &mut DeviceTensor,
     ) -> Result<()> {
-        self.check_shape(shape)?;
+        check_device_buffers(self, shape, bufs)?;
+        check_dense(out, shape, "out")?;
         let (m, k) = shape.as_2d();
-        if out.shape().numel() != m * k {
-            return Err(Error::invalid(
-                "out",
-                out.shape(),
-                format!("must have the {} elements of {shape}", m * k),
-            ));
-        }
         let (dname, sname, sshape, columnwise) = match dir {
             Direction::Rowwise => (
                 ROWWISE_DATA,

@@ -15,8 +15,9 @@
 
 use quant_core::cuda::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use quant_core::cuda::{
-    CudaFormat, DeviceBuffer, DeviceQuantized, DeviceTensor, KernelSource, device_buffer_by_name,
-    device_buffers_by_name_mut, dtype_suffix, grid_1d, kernels,
+    CudaFormat, DeviceBuffer, DeviceQuantized, DeviceTensor, KernelSource, check_dense,
+    check_device_buffers, device_buffer_by_name, device_buffers_by_name_mut, dtype_suffix, grid_1d,
+    kernels,
 };
 use quant_core::parallel::AmaxReducer;
 use quant_core::{DType, Direction, Error, Format, Result, Shape};
@@ -105,6 +106,7 @@ impl Nvfp4Quantizer {
             ));
         }
         self.validate()?;
+        check_device_buffers(self, x.shape(), out)?;
         let dev = x.device();
         let (m, k) = x.shape().as_2d();
         let (ss_r, ss_c) = self.scale_shapes(m, k);
@@ -324,14 +326,9 @@ impl CudaFormat for Nvfp4Quantizer {
         dir: Direction,
         out: &mut DeviceTensor,
     ) -> Result<()> {
+        check_device_buffers(self, shape, bufs)?;
+        check_dense(out, shape, "out")?;
         let (m, k) = shape.as_2d();
-        if out.shape().numel() != m * k {
-            return Err(Error::invalid(
-                "out",
-                out.shape(),
-                format!("must have the {} elements of {shape}", m * k),
-            ));
-        }
         let (ss_r, ss_c) = self.scale_shapes(m, k);
         let (data, scales, amax, stride, kernel) = match dir {
             Direction::Rowwise => (

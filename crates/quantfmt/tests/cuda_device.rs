@@ -600,3 +600,26 @@ fn int4_pack_unpack_and_linear() {
     }
     rep.finish("int4_pack_unpack_and_linear");
 }
+
+/// Buffers swapped between storages of different shapes are refused before any launch
+/// (kernels trust the buffer sizes).
+#[test]
+fn mismatched_buffers_are_refused() {
+    let Some(d) = dev("mismatched_buffers_are_refused") else {
+        return;
+    };
+    let (va, vb) = (input(&[64, 96], 1), input(&[32, 32], 2));
+    let xa = DeviceTensor::from_host(&d, &HostTensor::f32(&va, &[64, 96]).unwrap()).unwrap();
+    let xb = DeviceTensor::from_host(&d, &HostTensor::f32(&vb, &[32, 32]).unwrap()).unwrap();
+    let q = Mxfp8Quantizer::new(Usage::BOTH);
+    let mut a = quantize_device(&q, &xa).unwrap();
+    let mut b = quantize_device(&q, &xb).unwrap();
+    std::mem::swap(&mut a.buffers_mut()[0], &mut b.buffers_mut()[0]);
+    let e = a
+        .dequantize(Direction::Rowwise, DType::F32)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rowwise_data"), "{e}");
+    assert!(a.quantize_from(&xa).is_err());
+    assert!(b.dequantize(Direction::Rowwise, DType::F32).is_err());
+}

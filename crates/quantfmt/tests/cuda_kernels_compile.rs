@@ -53,7 +53,7 @@ fn every_format_lists_its_sources() {
                     .unwrap_or("");
                 let stem = &ep[..ep.len() - suffix.len()];
                 assert!(
-                    s.source.contains(&format!("void {ep}("))
+                    s.source.contains(&format!(" {ep}("))
                         || s.source.contains(&format!(", {stem})")),
                     "{ep} is not defined in {}",
                     s.name

@@ -103,6 +103,54 @@ impl<F: CudaFormat> DeviceQuantized<F> {
     }
 }
 
+/// Checks device buffers against `format`'s description for `shape` before a launch: every
+/// buffer must be one of [`Format::buffers`] (name, dtype, shape) with exactly its byte size.
+/// Kernels trust these sizes, so every `CudaFormat` entry point calls this first (the buffers
+/// of a `DeviceQuantized` can be swapped through `buffers_mut`).
+pub fn check_device_buffers<F: Format>(
+    format: &F,
+    shape: &Shape,
+    bufs: &[DeviceBuffer],
+) -> Result<()> {
+    shape.require_nonempty(F::NAME)?;
+    format.check_shape(shape)?;
+    let want = format.buffers(shape)?;
+    for b in bufs {
+        let d = want.iter().find(|d| d.name == b.name()).ok_or_else(|| {
+            Error::buffer(
+                b.name(),
+                format!("is not a buffer of {} for {shape}", format.spec()),
+            )
+        })?;
+        let n = d.nbytes()?;
+        if b.desc() != d || b.nbytes() != n {
+            return Err(Error::buffer(
+                b.name(),
+                format!(
+                    "is {} ({} bytes) but {} for {shape} needs {d} ({n} bytes)",
+                    b.desc(),
+                    b.nbytes(),
+                    format.spec()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that a dense device tensor holds `shape`'s element count (kernels index it as the
+/// `[M, K]` view of `shape`).
+pub fn check_dense(t: &DeviceTensor, shape: &Shape, what: &str) -> Result<()> {
+    if t.shape().numel() != shape.numel() {
+        return Err(Error::invalid(
+            what,
+            t.shape(),
+            format!("must have the {} elements of {shape}", shape.numel()),
+        ));
+    }
+    Ok(())
+}
+
 /// The kernel-name suffix of an input or output element type: `f32`, `bf16` or `f16`
 /// (every templated kernel is instantiated once per type, `name_f32`, `name_bf16`, ...).
 pub fn dtype_suffix(dtype: DType) -> Result<&'static str> {

@@ -48,8 +48,8 @@ pub mod testing;
 pub use cudarc;
 pub use device::{CudaDevice, device_count, driver_available};
 pub use format::{
-    CudaFormat, LaunchArgsExt, dtype_suffix, grid_1d, quantize_device, quantize_device_reduced,
-    u64_of,
+    CudaFormat, LaunchArgsExt, check_dense, check_device_buffers, dtype_suffix, grid_1d,
+    quantize_device, quantize_device_reduced, u64_of,
 };
 #[cfg(feature = "nccl")]
 pub use nccl::{NcclAmaxReducer, nccl_available, new_unique_id};
