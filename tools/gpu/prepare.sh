@@ -10,13 +10,15 @@ out=.gpu
 rm -rf "$out"
 mkdir -p "$out"
 features="nccl"
-cargo build --release -p quantfmt --features "$features" --example cuda_bench
-cp target/release/examples/cuda_bench "$out/"
+profile="${PROFILE:-release}" # PROFILE=dev for a quick check of this script
+profile_dir="$([ "$profile" = dev ] && echo debug || echo "$profile")"
+cargo build --profile "$profile" -p quantfmt --features "$features" --example cuda_bench
+cp "target/$profile_dir/examples/cuda_bench" "$out/"
 # Test executables: ask cargo for their paths (JSON messages), copy them by name.
 for spec in "quant-core:cuda_device" "quantfmt:cuda_device"; do
     pkg="${spec%%:*}"
     test="${spec##*:}"
-    exe="$(cargo test --release -p "$pkg" --features "$features" --test "$test" --no-run \
+    exe="$(cargo test --profile "$profile" -p "$pkg" --features "$features" --test "$test" --no-run \
         --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for l in sys.stdin:
