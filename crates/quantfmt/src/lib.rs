@@ -29,6 +29,7 @@
 #![deny(unsafe_code)]
 
 mod any;
+pub mod interop;
 pub mod io;
 mod spec;
 

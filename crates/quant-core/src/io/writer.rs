@@ -46,8 +46,8 @@ use std::sync::Mutex;
 use serde_json::{Map, Value, json};
 
 use crate::error::{Error, Result};
-use crate::io::temp_path;
 use crate::io::reader::MAX_HEADER_BYTES;
+use crate::io::temp_path;
 use crate::shape::checked_numel;
 
 /// Where one tensor goes: its name, safetensors dtype and shape (for `F4`, the logical

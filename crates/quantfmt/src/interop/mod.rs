@@ -1,0 +1,286 @@
+//! Reading and writing the checkpoint layouts the ecosystem uses: NVIDIA ModelOpt,
+//! compressed-tensors (llm-compressor / vLLM), DeepSeek-V3 blockwise FP8, and torchao's
+//! int4 tile-packed tensors.
+//!
+//! This module is where ecosystem knowledge lives: tensor names, dtypes, shapes, scale
+//! conventions (multiply or divide) and config JSON. Everything else in quantfmt sees
+//! only native storages.
+//!
+//! The conversion goes through one canonical form per scheme ([`Canonical`]): the
+//! rowwise codes and the *logical* (unpadded, unswizzled) scales that every layout
+//! stores, plus the one scalar a layout writes in its own convention.
+//!
+//! ```text
+//!  native storage (TE buffers, padded/swizzled scales, columnwise copies)
+//!        |  canonical_from_native: drops what no layout holds, says so (notes)
+//!        v
+//!  Canonical { scheme, shape, codes, logical scales, global amax }
+//!        |  modelopt / compressed_tensors / deepseek ::export (names, dtypes, scalars)
+//!        v
+//!  layout tensors + config JSON + a `quantfmt.interop` sidecar in __metadata__
+//! ```
+//!
+//! Reading is the reverse: [`detect::plan_checkpoint`] groups a checkpoint's tensors into
+//! units from names, dtypes, shapes and configs (no data), [`read_unit`] rebuilds a
+//! native storage from a unit's tensors. The sidecar records what the layout cannot
+//! (the native recipe options, the input dtype, the exact NVFP4 amax), so
+//! native -> layout -> native is byte-identical; layouts written by other tools have no
+//! sidecar and get the documented defaults and inverse rules.
+//!
+//! See `docs/interop.md` for every convention with its upstream source.
+
+pub mod canonical;
+pub mod compressed_tensors;
+pub mod config;
+pub mod deepseek;
+pub mod detect;
+pub mod modelopt;
+pub mod native;
+pub mod sidecar;
+
+use std::fmt;
+use std::str::FromStr;
+
+use quant_core::io::RawTensor;
+use quant_core::io::writer::TensorSlot;
+use quant_core::{Error, Result};
+
+pub use canonical::{Canonical, Scheme, canonical_from_native, native_from_canonical};
+pub use detect::{Item, Plan, TensorDesc, Unit, UnitKind, plan_checkpoint};
+pub use sidecar::{SIDECAR_KEY, Sidecar, SidecarEntry};
+
+/// A checkpoint layout.
+///
+/// ```
+/// use quantfmt::interop::Layout;
+/// assert_eq!("ct".parse::<Layout>()?, Layout::CompressedTensors);
+/// assert_eq!(Layout::ModelOpt.to_string(), "modelopt");
+/// # Ok::<(), quantfmt::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Layout {
+    /// quantfmt's own layout (one safetensors tensor per buffer, `quantfmt` metadata).
+    Native,
+    /// NVIDIA ModelOpt HF export (`hf_quant_config.json`).
+    ModelOpt,
+    /// compressed-tensors (`quant_method: compressed-tensors`).
+    CompressedTensors,
+    /// DeepSeek-V3 blockwise FP8 (`weight_scale_inv`).
+    DeepSeek,
+}
+
+impl Layout {
+    /// Every layout, for listings.
+    pub const ALL: [Layout; 4] = [
+        Layout::Native,
+        Layout::ModelOpt,
+        Layout::CompressedTensors,
+        Layout::DeepSeek,
+    ];
+
+    /// The CLI name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Layout::Native => "native",
+            Layout::ModelOpt => "modelopt",
+            Layout::CompressedTensors => "compressed-tensors",
+            Layout::DeepSeek => "deepseek",
+        }
+    }
+
+    /// The schemes this layout can hold.
+    pub fn schemes(self) -> &'static [Scheme] {
+        match self {
+            Layout::Native => &[
+                Scheme::Fp8Tensor,
+                Scheme::Fp8Block,
+                Scheme::Mxfp8,
+                Scheme::Nvfp4,
+            ],
+            Layout::ModelOpt => &[Scheme::Fp8Tensor, Scheme::Mxfp8, Scheme::Nvfp4],
+            Layout::CompressedTensors => &[
+                Scheme::Fp8Tensor,
+                Scheme::Fp8Block,
+                Scheme::Mxfp8,
+                Scheme::Nvfp4,
+            ],
+            Layout::DeepSeek => &[Scheme::Fp8Block],
+        }
+    }
+
+    /// Whether this layout holds `scheme`.
+    pub fn holds(self, scheme: Scheme) -> bool {
+        self.schemes().contains(&scheme)
+    }
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Layout {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "native" | "quantfmt" => Ok(Layout::Native),
+            "modelopt" | "model-opt" => Ok(Layout::ModelOpt),
+            "compressed-tensors" | "compressed_tensors" | "ct" => Ok(Layout::CompressedTensors),
+            "deepseek" | "deepseek-v3" => Ok(Layout::DeepSeek),
+            _ => Err(Error::invalid(
+                "layout",
+                s,
+                "must be one of native, modelopt, compressed-tensors, deepseek",
+            )),
+        }
+    }
+}
+
+/// Activation-side values that travel with a weight in some layouts. Stored in one
+/// convention here: the dequantize **multiplier** (ModelOpt's `input_scale`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Extras {
+    /// Static input (activation) scale, `amax / (max of the element format)`; for NVFP4
+    /// `amax / (6 * 448)`.
+    pub input_scale: Option<f32>,
+}
+
+/// What a unit read from a checkpoint becomes.
+#[derive(Debug)]
+pub struct Imported {
+    /// The native storage.
+    pub storage: crate::AnyStorage,
+    /// Activation values that came with it.
+    pub extras: Extras,
+    /// What the reading could not keep exactly, or had to choose.
+    pub notes: Vec<String>,
+}
+
+/// A weight written in a layout: its tensors and what was dropped.
+#[derive(Debug)]
+pub struct Exported {
+    /// Tensors (name, raw data), in the layout's naming.
+    pub tensors: Vec<(String, RawTensor)>,
+    /// The sidecar entry that makes the way back byte-identical.
+    pub sidecar: SidecarEntry,
+    /// What the layout could not hold.
+    pub notes: Vec<String>,
+}
+
+/// The tensors `layout` writes for a weight `name` of `scheme` and logical `shape`
+/// (names, dtypes, shapes; no data), so a file's header can be planned up front.
+pub fn export_slots(
+    layout: Layout,
+    name: &str,
+    scheme: Scheme,
+    shape: &[usize],
+    extras: &Extras,
+) -> Result<Vec<TensorSlot>> {
+    if !layout.holds(scheme) {
+        return Err(unsupported_scheme(layout, scheme));
+    }
+    match layout {
+        Layout::ModelOpt => modelopt::slots(name, scheme, shape, extras),
+        Layout::CompressedTensors => compressed_tensors::slots(name, scheme, shape, extras),
+        Layout::DeepSeek => deepseek::slots(name, scheme, shape),
+        Layout::Native => Err(Error::invalid(
+            "layout",
+            layout,
+            "native tensors are planned from their quantizer's buffers",
+        )),
+    }
+}
+
+/// Writes a native storage as `layout` tensors named after `name` (see [`Exported`]).
+pub fn export(
+    layout: Layout,
+    name: &str,
+    storage: &dyn quant_core::Storage,
+    extras: &Extras,
+) -> Result<Exported> {
+    let (c, mut notes, sidecar) = canonical_from_native(storage)?;
+    if !layout.holds(c.scheme) {
+        return Err(unsupported_scheme(layout, c.scheme));
+    }
+    let (tensors, more) = match layout {
+        Layout::ModelOpt => modelopt::export(name, &c, extras)?,
+        Layout::CompressedTensors => compressed_tensors::export(name, &c, extras)?,
+        Layout::DeepSeek => deepseek::export(name, &c, extras)?,
+        Layout::Native => {
+            return Err(Error::invalid(
+                "layout",
+                layout,
+                "native storages are saved with quantfmt::io",
+            ));
+        }
+    };
+    notes.extend(more);
+    Ok(Exported {
+        tensors,
+        sidecar,
+        notes,
+    })
+}
+
+/// Rebuilds the native storage of `unit`, reading its tensors through `fetch`.
+/// `sidecar` is the unit's entry of the file's `quantfmt.interop` metadata, if any.
+pub fn read_unit(
+    unit: &Unit,
+    fetch: &mut dyn FnMut(&str) -> Result<RawTensor>,
+    sidecar: Option<&SidecarEntry>,
+) -> Result<Imported> {
+    match unit.layout {
+        Layout::Native => native::read(unit, fetch),
+        Layout::ModelOpt => {
+            let (c, extras, notes) = modelopt::import(unit, fetch)?;
+            finish_import(unit, c, extras, notes, sidecar)
+        }
+        Layout::CompressedTensors => {
+            let (c, extras, notes) = compressed_tensors::import(unit, fetch)?;
+            finish_import(unit, c, extras, notes, sidecar)
+        }
+        Layout::DeepSeek => {
+            let (c, extras, notes) = deepseek::import(unit, fetch)?;
+            finish_import(unit, c, extras, notes, sidecar)
+        }
+    }
+}
+
+fn finish_import(
+    unit: &Unit,
+    c: Canonical,
+    extras: Extras,
+    mut notes: Vec<String>,
+    sidecar: Option<&SidecarEntry>,
+) -> Result<Imported> {
+    let storage = native_from_canonical(c, &unit.native, sidecar, &mut notes)?;
+    Ok(Imported {
+        storage,
+        extras,
+        notes,
+    })
+}
+
+pub(crate) fn unsupported_scheme(layout: Layout, scheme: Scheme) -> Error {
+    Error::unsupported(
+        layout.name(),
+        format!("storing {} weights", scheme.describe()),
+        format!(
+            "this layout holds {}; re-quantize (--requantize SPEC) or choose another layout",
+            layout
+                .schemes()
+                .iter()
+                .map(|s| s.describe())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    )
+}
+
+/// The module prefix of a weight name (`a.b.weight` -> `a.b`), used for activation
+/// companions (`a.b.input_scale`) and config module lists. `None` when the name does
+/// not end in `.weight` (fused expert tensors such as `mlp.experts.down_proj`).
+pub fn module_prefix(name: &str) -> Option<&str> {
+    name.strip_suffix(".weight")
+}
