@@ -97,7 +97,8 @@ struct Placed {
 
 struct State {
     file: File,
-    written: Vec<bool>,
+    /// Bytes written so far per tensor.
+    written: Vec<u64>,
 }
 
 /// A safetensors file being written tensor by tensor (see the module docs).
@@ -204,7 +205,7 @@ impl StreamWriter {
             let n = w.placed.len();
             let total = 8 + header_len + at;
             let st = w.state.get_mut().map_err(|_| poisoned())?;
-            st.written = vec![false; n];
+            st.written = vec![0; n];
             st.file.set_len(total)?;
         }
         w.write_header(&json)?;
@@ -252,32 +253,66 @@ impl StreamWriter {
 
     /// Writes the bytes of tensor `name` (exactly its planned size), once.
     pub fn write(&self, name: &str, bytes: &[u8]) -> Result<()> {
-        let i = *self.index.get(name).ok_or_else(|| {
-            Error::invalid("tensor", name, "was not planned in this file's header")
-        })?;
-        let p = &self.placed[i];
-        if bytes.len() as u64 != p.end - p.begin {
+        let want = self.planned_len(name)?;
+        if bytes.len() as u64 != want {
+            let p = &self.placed[self.slot_index(name)?];
             return Err(Error::invalid(
                 "tensor",
                 name,
                 format!(
-                    "has {} bytes, but {} {:?} needs {}",
+                    "has {} bytes, but {} {:?} needs {want}",
                     bytes.len(),
                     p.slot.dtype,
-                    p.slot.shape,
-                    p.end - p.begin
+                    p.slot.shape
+                ),
+            ));
+        }
+        self.write_at(name, 0, bytes)
+    }
+
+    /// Writes `bytes` at byte `offset` within tensor `name` (chunked copies of large
+    /// tensors). Every byte of a tensor must be written exactly once, in any order of
+    /// non-overlapping parts; the writer counts bytes, so an overlap shows up as a
+    /// tensor written past its size.
+    pub fn write_at(&self, name: &str, offset: u64, bytes: &[u8]) -> Result<()> {
+        let i = self.slot_index(name)?;
+        let p = &self.placed[i];
+        let size = p.end - p.begin;
+        let end = offset
+            .checked_add(bytes.len() as u64)
+            .filter(|&e| e <= size);
+        if end.is_none() {
+            return Err(Error::invalid(
+                "tensor",
+                name,
+                format!(
+                    "write of {} bytes at {offset} runs past its {size} bytes",
+                    bytes.len()
                 ),
             ));
         }
         let mut st = self.state.lock().map_err(|_| poisoned())?;
-        if st.written[i] {
+        if st.written[i] + bytes.len() as u64 > size {
             return Err(Error::invalid("tensor", name, "was written twice"));
         }
         st.file
-            .seek(SeekFrom::Start(8 + self.header_len + p.begin))?;
+            .seek(SeekFrom::Start(8 + self.header_len + p.begin + offset))?;
         st.file.write_all(bytes)?;
-        st.written[i] = true;
+        st.written[i] += bytes.len() as u64;
         Ok(())
+    }
+
+    fn slot_index(&self, name: &str) -> Result<usize> {
+        self.index
+            .get(name)
+            .copied()
+            .ok_or_else(|| Error::invalid("tensor", name, "was not planned in this file's header"))
+    }
+
+    /// The planned byte size of tensor `name`.
+    pub fn planned_len(&self, name: &str) -> Result<u64> {
+        let p = &self.placed[self.slot_index(name)?];
+        Ok(p.end - p.begin)
     }
 
     /// Rewrites the header with the final `metadata` (it must fit the reserved space),
@@ -286,7 +321,12 @@ impl StreamWriter {
     pub fn finish(mut self, metadata: &BTreeMap<String, String>) -> Result<()> {
         {
             let st = self.state.get_mut().map_err(|_| poisoned())?;
-            if let Some(i) = st.written.iter().position(|w| !w) {
+            let short = st
+                .written
+                .iter()
+                .zip(&self.placed)
+                .position(|(w, p)| *w != p.end - p.begin);
+            if let Some(i) = short {
                 return Err(Error::invalid(
                     "tensor",
                     &self.placed[i].slot.name,
@@ -368,7 +408,10 @@ mod tests {
         assert!(w.write("a.second", &[7, 8, 9]).is_err());
         assert!(w.write("nope", &[]).is_err());
         assert!(w.write("z.first", &a[..39]).is_err());
-        w.write("z.first", &a).unwrap();
+        w.write_at("z.first", 20, &a[20..]).unwrap();
+        assert!(w.write_at("z.first", 19, &a[19..20]).is_ok());
+        assert!(w.write_at("z.first", 0, &a[..20]).is_err()); // overlaps: 41 bytes in all
+        w.write_at("z.first", 0, &a[..19]).unwrap();
         w.finish(&md).unwrap();
         let bytes = std::fs::read(&path).unwrap();
         let (n, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
