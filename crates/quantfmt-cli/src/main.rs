@@ -149,11 +149,21 @@ enum Command {
     },
     /// List the formats this build knows, their options and shape rules.
     Formats,
-    /// Write the embedded synthetic model to a safetensors file (to try the other commands).
+    /// Write the embedded synthetic model to a safetensors file (to try the other commands),
+    /// or with --size a sharded Llama-like checkpoint directory of about that many bytes.
     Example {
-        /// Output safetensors file.
+        /// Output safetensors file (or directory with --size).
         #[arg(short, long)]
         output: PathBuf,
+        /// Write a sharded checkpoint directory of about this size (e.g. 4GiB).
+        #[arg(long, value_name = "BYTES")]
+        size: Option<String>,
+        /// Shards of the sharded checkpoint.
+        #[arg(long, default_value_t = 4)]
+        shards: usize,
+        /// Hidden size of the sharded checkpoint (intermediate 11/4 of it, vocabulary 16x).
+        #[arg(long, default_value_t = 2048)]
+        hidden: usize,
     },
 }
 
@@ -323,7 +333,24 @@ fn run(cli: Cli) -> Result<()> {
             list_formats();
             Ok(())
         }
-        Command::Example { output } => write_example(&output),
+        Command::Example {
+            output, size: None, ..
+        } => write_example(&output),
+        Command::Example {
+            output,
+            size: Some(size),
+            shards,
+            hidden,
+        } => {
+            let (n, total) =
+                synthetic::write_sharded(&output, parse_bytes(&size)?, shards, hidden)?;
+            println!(
+                "wrote {n} tensors ({}) in {shards} shards to {}",
+                table::bytes(total),
+                output.display()
+            );
+            Ok(())
+        }
     }
 }
 

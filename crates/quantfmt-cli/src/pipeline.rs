@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use quant_core::grouped::GroupLayout;
-use quant_core::io::writer::{StreamWriter, TensorSlot, write_json_atomic};
+use quant_core::io::writer::{StreamWriter, TensorSlot, sort_like_safetensors, write_json_atomic};
 use quant_core::io::{FileMeta, GroupedMeta, METADATA_KEY, RawTensor, TensorMeta, tensor_meta};
 use quant_core::{DType, Direction, Error, HostTensor, Result, Shape, Storage};
 use quantfmt::interop::config::{ConfigEntry, layout_config};
@@ -749,7 +749,20 @@ pub fn run(opts: &Options) -> Result<Summary> {
                 .iter()
                 .filter_map(|j| j.planned_sidecar.clone().map(|s| (j.name.clone(), s))),
         )?;
-        let reserve = 512 + 96 * shard_jobs.len();
+        // Files whose metadata is known now get the exact header the `safetensors` crate
+        // would write (same bytes as `quantfmt::io::save`); only weights read from a
+        // foreign layout may change their recorded options (inferred from data), so
+        // their shards reserve header room.
+        sort_like_safetensors(&mut slots);
+        let from_layout = shard_jobs.iter().any(|j| match &j.work {
+            Work::Convert(u) | Work::Requantize(u, _) => matches!(u.kind, UnitKind::Scheme(_)),
+            _ => false,
+        });
+        let reserve = if from_layout {
+            512 + 96 * shard_jobs.len()
+        } else {
+            0
+        };
         let path = out_dir.join(&out_names[si]);
         let writer = StreamWriter::create(&path, slots, &planned, reserve)?;
         my_files.push(out_names[si].clone());

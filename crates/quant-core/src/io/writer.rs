@@ -43,7 +43,7 @@ use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::io::reader::MAX_HEADER_BYTES;
@@ -122,22 +122,35 @@ impl std::fmt::Debug for StreamWriter {
     }
 }
 
+/// The header JSON, formatted exactly as the `safetensors` crate formats it
+/// (`__metadata__` first, then the tensors in data order, each as
+/// `{"dtype","shape","data_offsets"}`), so a file written here and the same file written
+/// by `safetensors::serialize` with the same tensor order are byte-identical.
 fn header_json(placed: &[Placed], metadata: &BTreeMap<String, String>) -> Result<String> {
-    let mut map = Map::new();
+    let mut s = String::from("{");
     if !metadata.is_empty() {
-        map.insert("__metadata__".to_string(), json!(metadata));
+        s.push_str("\"__metadata__\":");
+        s.push_str(&serde_json::to_string(metadata)?);
     }
-    for p in placed {
-        map.insert(
-            p.slot.name.clone(),
-            json!({
-                "dtype": p.slot.dtype.to_string(),
-                "shape": p.slot.shape,
-                "data_offsets": [p.begin, p.end],
-            }),
-        );
+    for (i, p) in placed.iter().enumerate() {
+        if i > 0 || !metadata.is_empty() {
+            s.push(',');
+        }
+        s.push_str(&serde_json::to_string(&p.slot.name)?);
+        s.push_str(":{\"dtype\":");
+        s.push_str(&serde_json::to_string(&p.slot.dtype)?);
+        s.push_str(",\"shape\":");
+        s.push_str(&serde_json::to_string(&p.slot.shape)?);
+        s.push_str(&format!(",\"data_offsets\":[{},{}]}}", p.begin, p.end));
     }
-    Ok(serde_json::to_string(&Value::Object(map))?)
+    s.push('}');
+    Ok(s)
+}
+
+/// Sorts slots the way the `safetensors` crate lays tensors out: by descending dtype
+/// alignment, then by name.
+pub fn sort_like_safetensors(slots: &mut [TensorSlot]) {
+    slots.sort_by(|a, b| b.dtype.cmp(&a.dtype).then(a.name.cmp(&b.name)));
 }
 
 impl StreamWriter {
@@ -478,10 +491,59 @@ mod tests {
     }
 
     #[test]
+    fn headers_match_the_safetensors_crate_byte_for_byte() {
+        use std::borrow::Cow;
+        struct V(safetensors::Dtype, Vec<usize>, Vec<u8>);
+        impl safetensors::View for &V {
+            fn dtype(&self) -> safetensors::Dtype {
+                self.0
+            }
+            fn shape(&self) -> &[usize] {
+                &self.1
+            }
+            fn data(&self) -> Cow<'_, [u8]> {
+                Cow::Borrowed(&self.2)
+            }
+            fn data_len(&self) -> usize {
+                self.2.len()
+            }
+        }
+        let ts = [
+            (
+                "w.rowwise_data",
+                V(safetensors::Dtype::U8, vec![2, 3], vec![1; 6]),
+            ),
+            (
+                "a.scale",
+                V(safetensors::Dtype::F32, vec![1], vec![0, 0, 128, 63]),
+            ),
+            ("norm", V(safetensors::Dtype::BF16, vec![3], vec![7; 6])),
+        ];
+        let mut md = std::collections::HashMap::new();
+        md.insert("quantfmt".to_string(), "{\"x\":1}".to_string());
+        let want =
+            safetensors::serialize(ts.iter().map(|(n, v)| (*n, v)), Some(md.clone())).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.safetensors");
+        let mut slots: Vec<TensorSlot> = ts
+            .iter()
+            .map(|(n, v)| TensorSlot::new(*n, v.0, &v.1))
+            .collect();
+        sort_like_safetensors(&mut slots);
+        let md: BTreeMap<String, String> = md.into_iter().collect();
+        let w = StreamWriter::create(&path, slots, &md, 0).unwrap();
+        for (n, v) in &ts {
+            w.write(n, &v.2).unwrap();
+        }
+        w.finish(&md).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), want);
+    }
+
+    #[test]
     fn atomic_json() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("index.json");
-        write_json_atomic(&p, &json!({"a": 1})).unwrap();
+        write_json_atomic(&p, &serde_json::json!({"a": 1})).unwrap();
         let v: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
         assert_eq!(v["a"], 1);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);

@@ -284,3 +284,107 @@ pub(crate) fn unsupported_scheme(layout: Layout, scheme: Scheme) -> Error {
 pub fn module_prefix(name: &str) -> Option<&str> {
     name.strip_suffix(".weight")
 }
+
+/// One tensor of a file read with [`load_file`].
+#[derive(Debug)]
+pub enum LoadedItem {
+    /// A quantized weight, rebuilt natively.
+    Quantized(Imported),
+    /// A tensor stored as it is.
+    Plain(RawTensor),
+    /// A tensor left out, with the reason (`*._extra_state`).
+    Skipped(String),
+}
+
+/// A whole safetensors file in any layout (see [`load_file`]).
+#[derive(Debug)]
+pub struct LoadedFile {
+    /// The layout detected (`None` when nothing in it is quantized).
+    pub layout: Option<Layout>,
+    /// Tensors by name (weights under their native name).
+    pub tensors: Vec<(String, LoadedItem)>,
+    /// What planning noticed.
+    pub notes: Vec<String>,
+}
+
+impl LoadedFile {
+    /// The item named `name`.
+    pub fn get(&self, name: &str) -> Option<&LoadedItem> {
+        self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+}
+
+/// Reads one safetensors file in any layout (native, ModelOpt, compressed-tensors,
+/// DeepSeek), detecting it from tensor names and the `quantization_config` metadata;
+/// every quantized weight comes back as a native storage. For sharded checkpoints and
+/// bounded memory, use the `quantfmt convert` command (or [`detect::plan_checkpoint`]
+/// and [`read_unit`] directly).
+///
+/// ```no_run
+/// use quantfmt::{Quantizer, Storage};
+/// let f = quantfmt::interop::load_file("model-modelopt-nvfp4.safetensors")?;
+/// for (name, item) in &f.tensors {
+///     if let quantfmt::interop::LoadedItem::Quantized(q) = item {
+///         println!("{name}: {}", q.storage.quantizer().spec());
+///     }
+/// }
+/// # Ok::<(), quantfmt::Error>(())
+/// ```
+pub fn load_file(path: impl AsRef<std::path::Path>) -> Result<LoadedFile> {
+    use quant_core::io::reader::{FileSource, read_header, read_tensor};
+    let path = path.as_ref();
+    let mut src = FileSource::open(path)?;
+    let header = read_header(&mut src)?;
+    let name = path.display().to_string();
+    let native = quant_core::io::parse_meta(&name, &header)?.unwrap_or_default();
+    let mut notes = Vec::new();
+    let side = match Sidecar::from_metadata(&header.metadata) {
+        Some(Ok(s)) => s,
+        Some(Err(e)) => {
+            notes.push(format!("sidecar ignored: {e}"));
+            Sidecar::new()
+        }
+        None => Sidecar::new(),
+    };
+    let cfg = config::CheckpointConfig {
+        metadata_quantization_config: header
+            .metadata
+            .get("quantization_config")
+            .and_then(|s| serde_json::from_str(s).ok()),
+        ..Default::default()
+    };
+    let descs: Vec<TensorDesc> = header
+        .tensors
+        .iter()
+        .map(|t| TensorDesc::new(&t.name, t.dtype, &t.shape))
+        .collect();
+    let plan = plan_checkpoint(&descs, &native, &side, &cfg)?;
+    notes.extend(plan.notes.iter().cloned());
+    let mut fetch = |n: &str| -> Result<RawTensor> {
+        let info = header
+            .get(n)
+            .ok_or_else(|| Error::file(&name, format!("has no tensor `{n}`")))?;
+        Ok(RawTensor {
+            dtype: info.dtype,
+            shape: info.shape.clone(),
+            data: read_tensor(&mut src, &header, info)?,
+        })
+    };
+    let mut tensors = Vec::with_capacity(plan.items.len());
+    for item in &plan.items {
+        let t = match item {
+            Item::Plain(d) => LoadedItem::Plain(fetch(&d.name)?),
+            Item::Skip(_, why) => LoadedItem::Skipped(why.clone()),
+            Item::Unit(u) => LoadedItem::Quantized(
+                read_unit(u, &mut fetch, u.sidecar.as_ref())
+                    .map_err(|e| Error::file(&name, format!("weight `{}`: {e}", u.name)))?,
+            ),
+        };
+        tensors.push((item.name().to_string(), t));
+    }
+    Ok(LoadedFile {
+        layout: plan.layout,
+        tensors,
+        notes,
+    })
+}
