@@ -13,6 +13,7 @@ mod merge_index;
 mod metrics;
 mod model;
 mod pipeline;
+mod plot;
 mod progress;
 mod quantize;
 mod select;
@@ -46,6 +47,15 @@ enum Command {
         /// (`--formats fp8,nvfp4:2d,swizzled,mxfp8`).
         #[arg(long, short)]
         formats: Vec<String>,
+        /// Print a JSON report (per tensor, per class, per format) instead of tables.
+        #[arg(long, conflicts_with = "csv")]
+        json: bool,
+        /// Print CSV (one row per tensor and format) instead of tables.
+        #[arg(long)]
+        csv: bool,
+        /// Write an SVG chart of SQNR against bits per value to this file.
+        #[arg(long, value_name = "FILE")]
+        plot: Option<PathBuf>,
     },
     /// Quantize a checkpoint (one file, or a directory of shards with an index) into the
     /// native layout, tensor by tensor with bounded memory. Tensors the format or the
@@ -260,7 +270,13 @@ fn install_ctrlc() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Compare { input, formats } => compare::run(input, &formats),
+        Command::Compare {
+            input,
+            formats,
+            json,
+            csv,
+            plot,
+        } => compare::run(input, &formats, &compare::Output { json, csv, plot }),
         Command::Quantize {
             input,
             output,

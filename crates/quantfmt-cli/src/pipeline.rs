@@ -172,7 +172,8 @@ fn is_float(d: safetensors::Dtype) -> bool {
     )
 }
 
-fn why_not_candidate(d: &TensorDesc) -> Option<String> {
+/// Why a plain tensor is not a quantization candidate (dtype, rank, emptiness).
+pub fn why_not_candidate(d: &TensorDesc) -> Option<String> {
     if !is_float(d.dtype) {
         return Some(format!("dtype {} is not f32/bf16/f16", d.dtype));
     }
@@ -378,7 +379,14 @@ pub fn run(opts: &Options) -> Result<Summary> {
             "must differ from the input (shards are read while the output is written)",
         ));
     }
-    let plan = interop::plan_checkpoint(&ck.descs(), &ck.native, &ck.sidecar, &ck.config)?;
+    let mut plan = interop::plan_checkpoint(&ck.descs(), &ck.native, &ck.sidecar, &ck.config)?;
+    // Options the data shows (small scale tensors only), so every header is exact.
+    for item in &mut plan.items {
+        if let Item::Unit(u) = item {
+            let mut fetch = |n: &str| ck.read(n);
+            interop::refine_unit(u, &mut fetch)?;
+        }
+    }
     let mut notes: Vec<String> = ck.notes.clone();
     notes.extend(plan.notes.iter().cloned());
     let layout_in = plan.layout.unwrap_or(Layout::Native);
@@ -749,20 +757,11 @@ pub fn run(opts: &Options) -> Result<Summary> {
                 .iter()
                 .filter_map(|j| j.planned_sidecar.clone().map(|s| (j.name.clone(), s))),
         )?;
-        // Files whose metadata is known now get the exact header the `safetensors` crate
-        // would write (same bytes as `quantfmt::io::save`); only weights read from a
-        // foreign layout may change their recorded options (inferred from data), so
-        // their shards reserve header room.
+        // Every header is exact (options read from data were settled at planning), so
+        // files get the header the `safetensors` crate would write: the same bytes as
+        // `quantfmt::io::save`, and the same bytes whichever way they were produced.
         sort_like_safetensors(&mut slots);
-        let from_layout = shard_jobs.iter().any(|j| match &j.work {
-            Work::Convert(u) | Work::Requantize(u, _) => matches!(u.kind, UnitKind::Scheme(_)),
-            _ => false,
-        });
-        let reserve = if from_layout {
-            512 + 96 * shard_jobs.len()
-        } else {
-            0
-        };
+        let reserve = 0;
         let path = out_dir.join(&out_names[si]);
         let writer = StreamWriter::create(&path, slots, &planned, reserve)?;
         my_files.push(out_names[si].clone());

@@ -200,7 +200,12 @@ impl StreamWriter {
             ));
         }
         let tmp = temp_path(&path);
-        let file = File::create(&tmp)
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
             .map_err(|e| Error::file(tmp.display().to_string(), e.to_string()))?;
         let mut w = StreamWriter {
             path,
@@ -243,6 +248,44 @@ impl StreamWriter {
     /// The planned slots, in file order.
     pub fn slots(&self) -> impl Iterator<Item = &TensorSlot> {
         self.placed.iter().map(|p| &p.slot)
+    }
+
+    fn grow_header(&mut self, json: &str) -> Result<()> {
+        use std::io::Read;
+        let new_len = (json.len() as u64).div_ceil(8) * 8;
+        let data_len = self.data_len();
+        let old_len = self.header_len;
+        let mut tmp2 = self.tmp.clone().into_os_string();
+        tmp2.push(".grow");
+        let tmp2 = PathBuf::from(tmp2);
+        let tmp = self.tmp.clone();
+        let st = self.state.get_mut().map_err(|_| poisoned())?;
+        let res = (|| -> Result<()> {
+            let mut out = File::create(&tmp2)?;
+            out.write_all(&new_len.to_le_bytes())?;
+            let mut h = json.as_bytes().to_vec();
+            h.resize(new_len as usize, b' ');
+            out.write_all(&h)?;
+            st.file.seek(SeekFrom::Start(8 + old_len))?;
+            let mut buf = vec![0u8; 16 << 20];
+            let mut left = data_len;
+            while left > 0 {
+                let n = left.min(buf.len() as u64) as usize;
+                st.file.read_exact(&mut buf[..n])?;
+                out.write_all(&buf[..n])?;
+                left -= n as u64;
+            }
+            out.sync_all()?;
+            std::fs::rename(&tmp2, &tmp)?;
+            st.file = File::options().read(true).write(true).open(&tmp)?;
+            Ok(())
+        })();
+        if res.is_err() {
+            let _ = std::fs::remove_file(&tmp2);
+        } else {
+            self.header_len = new_len;
+        }
+        res
     }
 
     fn write_header(&self, json: &str) -> Result<()> {
@@ -348,7 +391,13 @@ impl StreamWriter {
             }
         }
         let json = header_json(&self.placed, metadata)?;
-        self.write_header(&json)?;
+        if json.len() as u64 > self.header_len {
+            // The metadata outgrew its reservation: move the data behind a larger header
+            // (a streamed copy; only happens when a caller under-reserved).
+            self.grow_header(&json)?;
+        } else {
+            self.write_header(&json)?;
+        }
         {
             let st = self.state.get_mut().map_err(|_| poisoned())?;
             st.file.sync_all()?;
@@ -441,7 +490,7 @@ mod tests {
     }
 
     #[test]
-    fn metadata_grows_into_the_reserve_or_fails() {
+    fn metadata_grows_into_the_reserve_or_moves_the_data() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.safetensors");
         let slots = vec![TensorSlot::new("t", safetensors::Dtype::U8, &[1])];
@@ -454,13 +503,16 @@ mod tests {
         let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
         assert_eq!(st.tensor("t").unwrap().data(), &[5]);
 
+        // Outgrowing the reserve moves the data behind a larger header.
         let w = StreamWriter::create(&path, slots, &BTreeMap::new(), 0).unwrap();
         w.write("t", &[6]).unwrap();
         md.insert("grown".into(), "x".repeat(600));
-        assert!(w.finish(&md).is_err());
-        // The old file is untouched and no temporary is left behind.
-        let st = std::fs::read(&path).unwrap();
-        assert_eq!(st, bytes);
+        w.finish(&md).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        assert_eq!(st.tensor("t").unwrap().data(), &[6]);
+        let (_, m) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        assert_eq!(m.metadata().as_ref().unwrap()["grown"].len(), 600);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 

@@ -501,15 +501,7 @@ pub fn native_from_canonical(
             QuantizedTensor::from_buffers(q.clone(), &shape, dtype, bufs)?.into()
         }
         (AnyQuantizer::Fp8Block(q), Scales::F32(s)) => {
-            let mut q = q.clone();
-            if sidecar.is_none() {
-                // The recipe's scale rule is not stored; infer it from the data (it
-                // only matters for quantizing again, never for reading).
-                let pow2 = s
-                    .iter()
-                    .all(|v| v.is_finite() && *v > 0.0 && v.to_bits() & 0x007F_FFFF == 0);
-                q = q.with_pow2_scales(pow2);
-            }
+            let q = q.clone();
             let (sr, _) = q.scale_shapes(m, k);
             let padded = pad(s, ceil_div(m, 128), ceil_div(k, 128), sr);
             let bufs = vec![
@@ -744,4 +736,10 @@ pub(crate) fn block_scale_shape(shape: &[usize]) -> Vec<usize> {
     s.push(ceil_div(n, 128));
     s.push(ceil_div(k, 128));
     s
+}
+
+/// Whether every scale is a positive power of two (an FP8 block recipe with `pow2`).
+pub(crate) fn all_pow2(s: &[f32]) -> bool {
+    s.iter()
+        .all(|v| v.is_finite() && *v > 0.0 && v.to_bits() & 0x007F_FFFF == 0)
 }

@@ -30,6 +30,7 @@
 //! See `docs/interop.md` for every convention with its upstream source.
 
 pub mod canonical;
+pub mod classes;
 pub mod compressed_tensors;
 pub mod config;
 pub mod deepseek;
@@ -46,6 +47,7 @@ use quant_core::io::writer::TensorSlot;
 use quant_core::{Error, Result};
 
 pub use canonical::{Canonical, Scheme, canonical_from_native, native_from_canonical};
+pub use classes::TensorClass;
 pub use detect::{Item, Plan, TensorDesc, Unit, UnitKind, plan_checkpoint};
 pub use sidecar::{SIDECAR_KEY, Sidecar, SidecarEntry};
 
@@ -223,6 +225,34 @@ pub fn export(
     })
 }
 
+/// Settles the native options a layout does not record but its data shows, reading only
+/// a unit's small scale tensor: an FP8 128x128 weight without a sidecar gets `pow2`
+/// scales exactly when every stored scale is a power of two (TE's default recipe), else
+/// full f32 scales (DeepSeek's `amax / 448`). The option never changes the bytes or the
+/// values; it records how the weight would be quantized again. Call it before planning
+/// output headers, so they are exact.
+pub fn refine_unit(
+    unit: &mut Unit,
+    fetch: &mut dyn FnMut(&str) -> Result<RawTensor>,
+) -> Result<()> {
+    if unit.sidecar.is_some() || unit.kind != UnitKind::Scheme(Scheme::Fp8Block) {
+        return Ok(());
+    }
+    let Some(sname) = unit.members.get(1).map(|d| d.name.clone()) else {
+        return Ok(());
+    };
+    let raw = fetch(&sname)?;
+    let canonical::Scales::F32(s) = canonical::scales_from_raw(&raw, Scheme::Fp8Block, &sname)?
+    else {
+        return Ok(());
+    };
+    if let crate::AnyQuantizer::Fp8Block(q) = &unit.native.quantizer {
+        unit.native.quantizer =
+            crate::AnyQuantizer::Fp8Block(q.clone().with_pow2_scales(canonical::all_pow2(&s)));
+    }
+    Ok(())
+}
+
 /// Rebuilds the native storage of `unit`, reading its tensors through `fetch`.
 /// `sidecar` is the unit's entry of the file's `quantfmt.interop` metadata, if any.
 pub fn read_unit(
@@ -375,10 +405,14 @@ pub fn load_file(path: impl AsRef<std::path::Path>) -> Result<LoadedFile> {
         let t = match item {
             Item::Plain(d) => LoadedItem::Plain(fetch(&d.name)?),
             Item::Skip(_, why) => LoadedItem::Skipped(why.clone()),
-            Item::Unit(u) => LoadedItem::Quantized(
-                read_unit(u, &mut fetch, u.sidecar.as_ref())
-                    .map_err(|e| Error::file(&name, format!("weight `{}`: {e}", u.name)))?,
-            ),
+            Item::Unit(u) => {
+                let mut u = u.clone();
+                refine_unit(&mut u, &mut fetch)?;
+                LoadedItem::Quantized(
+                    read_unit(&u, &mut fetch, u.sidecar.as_ref())
+                        .map_err(|e| Error::file(&name, format!("weight `{}`: {e}", u.name)))?,
+                )
+            }
         };
         tensors.push((item.name().to_string(), t));
     }
