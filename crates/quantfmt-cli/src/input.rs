@@ -8,8 +8,6 @@ use quant_core::{HostTensor, Result};
 
 /// An open safetensors file: its validated header and quantfmt metadata.
 pub struct InputFile {
-    /// The byte source.
-    pub src: FileSource,
     /// The validated header.
     pub header: Header,
     /// quantfmt metadata, if the file is a native quantized file.
@@ -22,7 +20,7 @@ impl InputFile {
         let mut src = FileSource::open(path)?;
         let header = read_header(&mut src)?;
         let meta = parse_meta(&path.display().to_string(), &header)?.unwrap_or_default();
-        Ok(InputFile { src, header, meta })
+        Ok(InputFile { header, meta })
     }
 }
 

@@ -157,18 +157,27 @@ pub fn svg(points: &[Point], title: &str, series: &[String]) -> String {
             p.y
         );
         let w = 7.0 * p.label.len() as f64;
-        let mut chosen = (cx + 9.0, cy - 8.0);
-        for dy in [-8.0, 14.0, -22.0, 28.0, -36.0, 42.0, -50.0, 56.0] {
-            let cand = (cx + 9.0, cy + dy);
-            let (bx0, by0, bx1, by1) = (cand.0, cand.1 - 11.0, cand.0 + w, cand.1 + 2.0);
-            if !placed
-                .iter()
-                .any(|&(a0, b0, a1, b1)| bx0 < a1 && a0 < bx1 && by0 < b1 && b0 < by1)
-            {
-                chosen = cand;
-                break;
+        // Right of the point when the label fits inside the plot, else left of it; the
+        // first vertical offset whose box overlaps no placed label wins.
+        let right_fits = cx + 9.0 + w <= W - R - 2.0;
+        let mut chosen = None;
+        'search: for dy in [-8.0, 14.0, -22.0, 28.0, -36.0, 42.0, -50.0, 56.0] {
+            for right in [right_fits, !right_fits] {
+                let x = if right { cx + 9.0 } else { cx - 9.0 - w };
+                if x < L + 2.0 || x + w > W - R - 2.0 {
+                    continue;
+                }
+                let (bx0, by0, bx1, by1) = (x, cy + dy - 11.0, x + w, cy + dy + 2.0);
+                if !placed
+                    .iter()
+                    .any(|&(a0, b0, a1, b1)| bx0 < a1 && a0 < bx1 && by0 < b1 && b0 < by1)
+                {
+                    chosen = Some((x, cy + dy));
+                    break 'search;
+                }
             }
         }
+        let chosen = chosen.unwrap_or((if right_fits { cx + 9.0 } else { cx - 9.0 - w }, cy - 8.0));
         placed.push((chosen.0, chosen.1 - 11.0, chosen.0 + w, chosen.1 + 2.0));
         let _ = writeln!(
             s,

@@ -342,6 +342,7 @@ fn ct_scheme(s: Scheme, static_input: bool) -> Value {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
     use super::*;
 
     #[test]

@@ -375,7 +375,7 @@ pub fn plan_checkpoint(
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::panic)]
     use super::*;
 
     fn d(n: &str, t: Dtype, s: &[usize]) -> TensorDesc {
