@@ -133,6 +133,12 @@ pub trait Element:
     fn from_f64(v: f64) -> Self;
     /// The largest finite value.
     const MAX_FINITE: f32;
+    /// Widens `src` into `dst` (same length) exactly; bulk form of [`Element::to_f32`]
+    /// that vectorizes (bf16: a shift; f16: the `half` crate's SIMD slice conversion).
+    fn widen_slice(src: &[Self], dst: &mut [f32]);
+    /// Narrows `src` into `dst` (same length) with round-to-nearest-even; bulk form of
+    /// [`Element::from_f32`].
+    fn narrow_slice(src: &[f32], dst: &mut [Self]);
 }
 
 impl Element for f32 {
@@ -150,6 +156,14 @@ impl Element for f32 {
     fn from_f64(v: f64) -> Self {
         v as f32
     }
+    #[inline]
+    fn widen_slice(src: &[Self], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    #[inline]
+    fn narrow_slice(src: &[f32], dst: &mut [Self]) {
+        dst.copy_from_slice(src);
+    }
 }
 
 impl Element for bf16 {
@@ -165,7 +179,28 @@ impl Element for bf16 {
     }
     #[inline(always)]
     fn from_f64(v: f64) -> Self {
-        bf16::from_f64(v)
+        // Not `bf16::from_f64`: half 2.7 drops the low mantissa bits first and can round
+        // twice (1 + 2^-8 + 2^-40 -> 1.0 instead of 1.0078125).
+        bf16::from_f32(f64_to_f32_round_odd(v))
+    }
+    #[inline]
+    fn widen_slice(src: &[Self], dst: &mut [f32]) {
+        // bf16 is the top half of an f32: widening is a shift (NaN payloads kept).
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+        }
+    }
+    #[inline]
+    fn narrow_slice(src: &[f32], dst: &mut [Self]) {
+        // Branchless round-to-nearest-even (identical to `bf16::from_f32`, NaN included:
+        // the quiet bit is set and the sign and top payload bits are kept).
+        for (d, s) in dst.iter_mut().zip(src) {
+            let x = s.to_bits();
+            let rounded = x.wrapping_add(0x7FFF + ((x >> 16) & 1)) >> 16;
+            let nan = (x >> 16) | 0x0040;
+            let is_nan = x & 0x7FFF_FFFF > 0x7F80_0000;
+            *d = bf16::from_bits((if is_nan { nan } else { rounded }) as u16);
+        }
     }
 }
 
@@ -182,8 +217,37 @@ impl Element for f16 {
     }
     #[inline(always)]
     fn from_f64(v: f64) -> Self {
-        f16::from_f64(v)
+        // Not `f16::from_f64`, which converts through an RNE f32 (a double rounding).
+        f16::from_f32(f64_to_f32_round_odd(v))
     }
+    #[inline]
+    fn widen_slice(src: &[Self], dst: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        src.convert_to_f32_slice(dst);
+    }
+    #[inline]
+    fn narrow_slice(src: &[f32], dst: &mut [Self]) {
+        use half::slice::HalfFloatSliceExt;
+        dst.convert_from_f32_slice(src);
+    }
+}
+
+/// f64 -> f32 *rounded to odd*: exact when representable, otherwise the value truncated
+/// toward zero with its last bit set. Rounding that result to nearest-even in any format
+/// with at least two fewer significand bits (bf16, f16) is then one correct rounding of
+/// the f64 (the odd bit stands in for everything below f32 precision).
+#[inline]
+pub fn f64_to_f32_round_odd(v: f64) -> f32 {
+    let f = v as f32;
+    if f.is_nan() || f64::from(f) == v {
+        return f;
+    }
+    let mut bits = f.to_bits();
+    if f64::from(f).abs() > v.abs() {
+        // Rounded away from zero (infinity included): step the magnitude back by one.
+        bits -= 1;
+    }
+    f32::from_bits(bits | 1)
 }
 
 mod private {
@@ -204,6 +268,101 @@ mod tests {
             assert_eq!(DType::from_safetensors(d.to_safetensors()), Some(d));
         }
         assert!("f64".parse::<DType>().is_err());
+    }
+
+    #[test]
+    fn bulk_conversions_equal_scalar_ones() {
+        let bits: Vec<u16> = (0..=u16::MAX).collect();
+        let b: Vec<bf16> = bits.iter().map(|&x| bf16::from_bits(x)).collect();
+        let h: Vec<f16> = bits.iter().map(|&x| f16::from_bits(x)).collect();
+        let mut w = vec![0f32; bits.len()];
+        bf16::widen_slice(&b, &mut w);
+        for (x, y) in b.iter().zip(&w) {
+            assert!(x.to_f32().to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()));
+        }
+        f16::widen_slice(&h, &mut w);
+        for (x, y) in h.iter().zip(&w) {
+            assert!(x.to_f32().to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()));
+        }
+        let f: Vec<f32> = (0..100_000u32)
+            .map(|i| f32::from_bits(i.wrapping_mul(2_654_435_761)))
+            .collect();
+        let mut nb = vec![bf16::ZERO; f.len()];
+        bf16::narrow_slice(&f, &mut nb);
+        for (x, y) in f.iter().zip(&nb) {
+            assert_eq!(bf16::from_f32(*x).to_bits(), y.to_bits(), "{x:e}");
+        }
+        // Every rounding boundary region: all f32 whose low 16 bits are near 0x8000.
+        let edge: Vec<f32> = (0..=u16::MAX)
+            .flat_map(|hi| {
+                [0x7FFFu32, 0x8000, 0x8001]
+                    .map(move |lo| f32::from_bits((u32::from(hi) << 16) | lo))
+            })
+            .collect();
+        let mut ne = vec![bf16::ZERO; edge.len()];
+        bf16::narrow_slice(&edge, &mut ne);
+        for (x, y) in edge.iter().zip(&ne) {
+            assert_eq!(
+                bf16::from_f32(*x).to_bits(),
+                y.to_bits(),
+                "{:#010x}",
+                x.to_bits()
+            );
+        }
+        let mut nh = vec![f16::ZERO; f.len()];
+        f16::narrow_slice(&f, &mut nh);
+        for (x, y) in f.iter().zip(&nh) {
+            assert!(
+                f16::from_f32(*x).to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                "{x:e}"
+            );
+        }
+    }
+
+    /// Exact round-to-nearest-even of a normal-range f64 to bf16, from the f64 bits.
+    fn bf16_rne_reference(v: f64) -> u16 {
+        let b = v.to_bits();
+        let sign = ((b >> 63) as u16) << 15;
+        let exp = ((b >> 52) & 0x7FF) as i64 - 1023 + 127;
+        let mant = b & ((1u64 << 52) - 1);
+        let (keep, rest) = (mant >> 45, mant & ((1u64 << 45) - 1));
+        let half = 1u64 << 44;
+        let up = rest > half || (rest == half && keep & 1 == 1);
+        sign | (((exp as u64) << 7 | keep) + u64::from(up)) as u16
+    }
+
+    #[test]
+    fn from_f64_rounds_once() {
+        let v = 1.0 + 2f64.powi(-8) + 2f64.powi(-40);
+        assert_eq!(<bf16 as Element>::from_f64(v).to_f32(), 1.007_812_5);
+        let w = 1.0 + 2f64.powi(-11) + 2f64.powi(-40);
+        assert_eq!(<f16 as Element>::from_f64(w).to_f32(), 1.0 + 2f32.powi(-10));
+        let mut s = 0x1234_5678_9ABC_DEF1u64;
+        for i in 0..200_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            // Values near bf16 ties: a bf16 midpoint nudged by a tiny f64-only amount.
+            let base = f64::from(bf16::from_bits((s >> 48) as u16 & 0x7E7F | 0x0080).to_f32());
+            let ulp = base.abs() * 2f64.powi(-8);
+            let nudge = ((s & 0xFFFF) as f64 - 32768.0) * ulp * 2f64.powi(-40);
+            let v = match i % 3 {
+                0 => base + ulp / 2.0 + nudge,
+                1 => base - ulp / 2.0 + nudge,
+                _ => f64::from_bits(s & 0x47EF_FFFF_FFFF_FFFF | 0x3800_0000_0000_0000),
+            };
+            if v.abs() < 2f64.powi(-126) || v.abs() >= 2f64.powi(127) {
+                continue;
+            }
+            assert_eq!(
+                <bf16 as Element>::from_f64(v).to_bits(),
+                bf16_rne_reference(v),
+                "{v:e}"
+            );
+        }
+        assert!(<bf16 as Element>::from_f64(f64::NAN).is_nan());
+        assert_eq!(<bf16 as Element>::from_f64(1e300).to_f32(), f32::INFINITY);
+        assert_eq!(<f16 as Element>::from_f64(-1e-300).to_bits(), 0x8000);
     }
 
     #[test]
