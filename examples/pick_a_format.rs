@@ -76,9 +76,9 @@ fn main() {
         ),
     ];
 
-    // (class, spec) -> (stored bytes, values, signal, noise)
-    let mut acc: BTreeMap<(Option<TensorClass>, String), (usize, usize, f64, f64)> =
-        BTreeMap::new();
+    // (class, spec) -> (stored bytes, values, signal, noise); class None = all tensors.
+    type Key = (Option<TensorClass>, String);
+    let mut acc: BTreeMap<Key, (usize, usize, f64, f64)> = BTreeMap::new();
     let mut specs = Vec::new();
     for c in &candidates {
         let q = match c

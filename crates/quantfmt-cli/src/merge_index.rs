@@ -13,6 +13,9 @@ use serde_json::{Value, json};
 
 use crate::model::INDEX_NAME;
 
+/// (worker index, workers, files written, all files of the run, total size) of a part.
+type PartInfo = (usize, usize, Vec<String>, Vec<String>, u64);
+
 /// Merges the parts in `dir`; returns (shards, tensors).
 pub fn run(dir: &Path, keep_parts: bool) -> Result<(usize, usize)> {
     let bad = |p: &Path, why: String| Error::file(p.display().to_string(), why);
@@ -34,7 +37,7 @@ pub fn run(dir: &Path, keep_parts: bool) -> Result<(usize, usize)> {
         return Err(bad(dir, format!("holds no `{prefix}*` files to merge")));
     }
     parts.sort_by(|a, b| a.0.cmp(&b.0));
-    let info = |v: &Value, p: &Path| -> Result<(usize, usize, Vec<String>, Vec<String>, u64)> {
+    let info = |v: &Value, p: &Path| -> Result<PartInfo> {
         let q = v
             .get("quantfmt_index_part")
             .ok_or_else(|| bad(p, "is not a quantfmt index part".into()))?;

@@ -152,10 +152,10 @@ impl Checkpoint {
                 Some(Err(e)) => ck.notes.push(format!("{file_name}: sidecar ignored: {e}")),
                 None => {}
             }
-            if i == 0 {
-                if let Some(qc) = header.metadata.get("quantization_config") {
-                    ck.config.metadata_quantization_config = serde_json::from_str(qc).ok();
-                }
+            if i == 0
+                && let Some(qc) = header.metadata.get("quantization_config")
+            {
+                ck.config.metadata_quantization_config = serde_json::from_str(qc).ok();
             }
             for t in &header.tensors {
                 if ck.location.insert(t.name.clone(), (i, t.clone())).is_some() {

@@ -392,20 +392,20 @@ pub fn run(opts: &Options) -> Result<Summary> {
     let layout_in = plan.layout.unwrap_or(Layout::Native);
 
     // ---- plan every job (all shards, so every worker sees the same index/config) ----
-    if let Some(q) = &opts.format {
-        if opts.to != Layout::Native {
-            let s = Scheme::of(q)?;
-            if !opts.to.holds(s) {
-                return Err(Error::invalid(
-                    "--format",
-                    q.spec(),
-                    format!(
-                        "makes {} weights, which {} cannot hold",
-                        s.describe(),
-                        opts.to
-                    ),
-                ));
-            }
+    if let Some(q) = &opts.format
+        && opts.to != Layout::Native
+    {
+        let s = Scheme::of(q)?;
+        if !opts.to.holds(s) {
+            return Err(Error::invalid(
+                "--format",
+                q.spec(),
+                format!(
+                    "makes {} weights, which {} cannot hold",
+                    s.describe(),
+                    opts.to
+                ),
+            ));
         }
     }
     let mut jobs: Vec<Job> = Vec::new();
@@ -503,7 +503,15 @@ pub fn run(opts: &Options) -> Result<Summary> {
                         });
                     }
                     None => {
-                        if d.shape.len() >= 2 && is_float(d.dtype) && d.name.ends_with(".weight") {
+                        let class = interop::TensorClass::of(&d.name);
+                        if d.shape.len() >= 2
+                            && is_float(d.dtype)
+                            && d.name.ends_with(".weight")
+                            && !matches!(
+                                class,
+                                interop::TensorClass::Embedding | interop::TensorClass::Norm
+                            )
+                        {
                             unquantized.push(d.name.clone());
                         }
                         jobs.push(Job {

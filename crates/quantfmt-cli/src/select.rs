@@ -58,15 +58,15 @@ impl Selection {
         if !self.include.is_empty() && !explicit {
             return Err("matches no --include pattern".into());
         }
-        if !self.all && !explicit {
-            if let Some((p, why)) = DEFAULT_SKIPS
+        if !self.all
+            && !explicit
+            && let Some((p, why)) = DEFAULT_SKIPS
                 .iter()
                 .find(|(p, _)| Pattern::new(p).is_ok_and(|p| p.matches(name)))
-            {
-                return Err(format!(
-                    "{why} kept in high precision by default ({p}; --all quantizes it)"
-                ));
-            }
+        {
+            return Err(format!(
+                "{why} kept in high precision by default ({p}; --all quantizes it)"
+            ));
         }
         Ok(())
     }

@@ -145,24 +145,6 @@ pub fn default_model() -> Vec<SynthTensor> {
     t
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn deterministic_and_heavy_tailed() {
-        let a = default_model();
-        let b = default_model();
-        assert_eq!(a[0].data, b[0].data);
-        let x: Vec<f64> = a[0].data.iter().map(|v| f64::from(v.to_f32())).collect();
-        let n = x.len() as f64;
-        let mean = x.iter().sum::<f64>() / n;
-        let var = x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
-        let kurt = x.iter().map(|v| (v - mean).powi(4)).sum::<f64>() / n / var.powi(2);
-        assert!(kurt > 4.0, "kurtosis {kurt} should exceed a Gaussian's 3");
-    }
-}
-
 /// One tensor of the sharded synthetic checkpoint: name, shape, and the standard
 /// deviation of its values (0 for norms, which are all ones).
 fn llama_tensors(hidden: usize, layers: usize) -> Vec<(String, Vec<usize>, f32)> {
@@ -227,7 +209,7 @@ pub fn write_sharded(
 ) -> quant_core::Result<(usize, u64)> {
     use quant_core::io::writer::{StreamWriter, TensorSlot, write_json_atomic};
     use std::collections::BTreeMap;
-    if hidden == 0 || hidden % 64 != 0 || shards == 0 {
+    if hidden == 0 || !hidden.is_multiple_of(64) || shards == 0 {
         return Err(quant_core::Error::invalid(
             "--hidden/--shards",
             format!("{hidden}/{shards}"),
@@ -288,4 +270,22 @@ pub fn write_sharded(
         }),
     )?;
     Ok((tensors.len(), sum))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deterministic_and_heavy_tailed() {
+        let a = default_model();
+        let b = default_model();
+        assert_eq!(a[0].data, b[0].data);
+        let x: Vec<f64> = a[0].data.iter().map(|v| f64::from(v.to_f32())).collect();
+        let n = x.len() as f64;
+        let mean = x.iter().sum::<f64>() / n;
+        let var = x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+        let kurt = x.iter().map(|v| (v - mean).powi(4)).sum::<f64>() / n / var.powi(2);
+        assert!(kurt > 4.0, "kurtosis {kurt} should exceed a Gaussian's 3");
+    }
 }

@@ -34,7 +34,7 @@ use super::canonical::{
     scalar_f32, scales_from_raw,
 };
 use super::detect::{Unit, UnitKind};
-use super::{Extras, module_prefix};
+use super::{Extras, LayoutTensors, module_prefix};
 
 fn input_name(name: &str, scheme: Scheme) -> Option<String> {
     module_prefix(name).map(|p| match scheme {
@@ -88,11 +88,7 @@ pub fn slots(
 }
 
 /// Writes a canonical weight.
-pub fn export(
-    name: &str,
-    c: &Canonical,
-    extras: &Extras,
-) -> Result<(Vec<(String, RawTensor)>, Vec<String>)> {
+pub fn export(name: &str, c: &Canonical, extras: &Extras) -> Result<LayoutTensors> {
     let mut notes = Vec::new();
     let mut v = match (c.scheme, &c.scales) {
         (Scheme::Nvfp4, Scales::U8(s)) => vec![

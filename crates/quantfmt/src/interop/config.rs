@@ -40,10 +40,10 @@ impl CheckpointConfig {
 
     /// The layout the configs declare, if any.
     pub fn declared_layout(&self) -> Option<Layout> {
-        if let Some(h) = &self.hf_quant_config {
-            if h.get("quantization").is_some() {
-                return Some(Layout::ModelOpt);
-            }
+        if let Some(h) = &self.hf_quant_config
+            && h.get("quantization").is_some()
+        {
+            return Some(Layout::ModelOpt);
         }
         let qc = self.quantization_config()?;
         if qc.get("quantization").is_some() && qc.get("producer").is_some() {

@@ -21,7 +21,7 @@ use super::canonical::{
     scales_from_raw,
 };
 use super::detect::{Unit, UnitKind};
-use super::{Extras, Layout, unsupported_scheme};
+use super::{Extras, Layout, LayoutTensors, unsupported_scheme};
 
 /// The tensors written for weight `name`.
 pub fn slots(name: &str, scheme: Scheme, shape: &[usize]) -> Result<Vec<TensorSlot>> {
@@ -39,11 +39,7 @@ pub fn slots(name: &str, scheme: Scheme, shape: &[usize]) -> Result<Vec<TensorSl
 }
 
 /// Writes a canonical weight.
-pub fn export(
-    name: &str,
-    c: &Canonical,
-    extras: &Extras,
-) -> Result<(Vec<(String, RawTensor)>, Vec<String>)> {
+pub fn export(name: &str, c: &Canonical, extras: &Extras) -> Result<LayoutTensors> {
     let Scales::F32(s) = &c.scales else {
         return Err(unsupported_scheme(Layout::DeepSeek, c.scheme));
     };

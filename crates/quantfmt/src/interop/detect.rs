@@ -104,6 +104,9 @@ impl Unit {
 }
 
 /// One entry of a plan.
+// A plan holds one item per tensor (thousands at most); boxing units would only add
+// indirection to every match.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Item {
     /// A tensor that passes through (or that a caller may quantize).
@@ -309,10 +312,11 @@ pub fn plan_checkpoint(
         }
         let data = members[0];
         let mut shape = data.shape.clone();
-        if scheme == Scheme::Nvfp4 && data.dtype == Dtype::U8 {
-            if let Some(l) = shape.last_mut() {
-                *l *= 2;
-            }
+        if scheme == Scheme::Nvfp4
+            && data.dtype == Dtype::U8
+            && let Some(l) = shape.last_mut()
+        {
+            *l *= 2;
         }
         let (native, side) = match sidecar.tensors.get(&base) {
             Some(e) => match e.plan(scheme) {

@@ -148,6 +148,9 @@ pub struct Extras {
     pub input_scale: Option<f32>,
 }
 
+/// A layout's tensors for one weight (name, data) and the notes on what it dropped.
+pub type LayoutTensors = (Vec<(String, RawTensor)>, Vec<String>);
+
 /// What a unit read from a checkpoint becomes.
 #[derive(Debug)]
 pub struct Imported {

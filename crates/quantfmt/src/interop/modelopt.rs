@@ -28,7 +28,7 @@ use super::canonical::{
     expect_shape, last_div, raw, raw_f32, scalar_f32, scale_2_from_amax, scales_from_raw,
 };
 use super::detect::{Unit, UnitKind};
-use super::{Extras, Layout, module_prefix, unsupported_scheme};
+use super::{Extras, Layout, LayoutTensors, module_prefix, unsupported_scheme};
 
 fn input_scale_name(name: &str) -> Option<String> {
     module_prefix(name).map(|p| format!("{p}.input_scale"))
@@ -68,11 +68,7 @@ pub fn slots(
 }
 
 /// Writes a canonical weight; returns its tensors and notes.
-pub fn export(
-    name: &str,
-    c: &Canonical,
-    extras: &Extras,
-) -> Result<(Vec<(String, RawTensor)>, Vec<String>)> {
+pub fn export(name: &str, c: &Canonical, extras: &Extras) -> Result<LayoutTensors> {
     let mut notes = Vec::new();
     let mut v = match (c.scheme, &c.scales) {
         (Scheme::Nvfp4, Scales::U8(s)) => {
