@@ -152,6 +152,7 @@ impl Checkpoint {
                 Some(Err(e)) => ck.notes.push(format!("{file_name}: sidecar ignored: {e}")),
                 None => {}
             }
+            ck.config.add_file_metadata(&header.metadata);
             if i == 0
                 && let Some(qc) = header.metadata.get("quantization_config")
             {

@@ -94,6 +94,8 @@ struct Job {
     cost: u64,
     planned_meta: Option<TensorMeta>,
     planned_sidecar: Option<SidecarEntry>,
+    /// torchao file-metadata entry of a quantized weight.
+    torchao_entry: Option<String>,
     note: Option<String>,
 }
 
@@ -288,6 +290,20 @@ fn input_scale_slot(to: Layout, unit: &Unit) -> Option<TensorSlot> {
         .map(|p| TensorSlot::new(format!("{p}.input_scale"), safetensors::Dtype::F32, &[]))
 }
 
+fn group_of(q: &AnyQuantizer) -> Option<usize> {
+    match q {
+        AnyQuantizer::Int4Tiled(q) => Some(q.group_size()),
+        _ => None,
+    }
+}
+
+fn torchao_entry(q: &AnyQuantizer, shape: &[usize]) -> Option<String> {
+    match q {
+        AnyQuantizer::Int4Tiled(q) => Some(interop::torchao::metadata_entry(q, shape)),
+        _ => None,
+    }
+}
+
 /// Assigns shards to workers: largest first, each to the least-loaded worker (ties to
 /// the lower index). Deterministic for the same headers.
 pub fn partition(sizes: &[(String, u64)], workers: usize) -> Vec<usize> {
@@ -470,12 +486,13 @@ pub fn run(opts: &Options) -> Result<Summary> {
                                 name: d.name.clone(),
                                 scheme,
                                 input_scale: false,
+                                group_size: group_of(&q),
                             });
                             (
-                                interop::export_slots(
+                                interop::export_slots_for(
                                     opts.to,
                                     &d.name,
-                                    scheme,
+                                    &q,
                                     &d.shape,
                                     &Extras::default(),
                                 )?,
@@ -483,6 +500,7 @@ pub fn run(opts: &Options) -> Result<Summary> {
                             )
                         };
                         let out = slot_bytes(&slots);
+                        let entry = torchao_entry(&q, &d.shape);
                         let columnwise = q.usage().columnwise;
                         let sidecar = if opts.to == Layout::Native {
                             None
@@ -499,6 +517,7 @@ pub fn run(opts: &Options) -> Result<Summary> {
                             slots,
                             planned_meta: meta,
                             planned_sidecar: sidecar,
+                            torchao_entry: entry,
                             note: None,
                         });
                     }
@@ -524,6 +543,7 @@ pub fn run(opts: &Options) -> Result<Summary> {
                             cost: d.nbytes().min(COPY_CHUNK),
                             planned_meta: None,
                             planned_sidecar: None,
+                            torchao_entry: None,
                             note: reason,
                         });
                     }
@@ -568,10 +588,17 @@ pub fn run(opts: &Options) -> Result<Summary> {
                                 name: u.name.clone(),
                                 scheme,
                                 input_scale: u.input_scale.is_some(),
+                                group_size: group_of(&u.native.quantizer),
                             });
                             (
                                 Work::Convert(Box::new(u.clone())),
-                                interop::export_slots(to, &u.name, scheme, &u.shape, &extras)?,
+                                interop::export_slots_for(
+                                    to,
+                                    &u.name,
+                                    &u.native.quantizer,
+                                    &u.shape,
+                                    &extras,
+                                )?,
                                 None,
                                 Some(planned_sidecar(&u.native.quantizer, u.native.dtype)?),
                             )
@@ -592,10 +619,11 @@ pub fn run(opts: &Options) -> Result<Summary> {
                                 name: u.name.clone(),
                                 scheme: s2,
                                 input_scale: u.input_scale.is_some(),
+                                group_size: group_of(rq),
                             });
                             (
                                 Work::Requantize(Box::new(u.clone()), rq.clone()),
-                                interop::export_slots(to, &u.name, s2, &u.shape, &extras)?,
+                                interop::export_slots_for(to, &u.name, rq, &u.shape, &extras)?,
                                 None,
                                 Some(planned_sidecar(rq, u.native.dtype)?),
                             )
@@ -632,6 +660,11 @@ pub fn run(opts: &Options) -> Result<Summary> {
                     Work::NativeCopy(_) => bytes_in.min(COPY_CHUNK),
                     _ => bytes_in + out + extra,
                 };
+                let torchao = match &work {
+                    Work::Convert(u) => torchao_entry(&u.native.quantizer, &u.shape),
+                    Work::Requantize(u, rq) => torchao_entry(rq, &u.shape),
+                    _ => None,
+                };
                 jobs.push(Job {
                     name: u.name.clone(),
                     shard,
@@ -642,6 +675,7 @@ pub fn run(opts: &Options) -> Result<Summary> {
                     cost,
                     planned_meta: meta,
                     planned_sidecar: sidecar,
+                    torchao_entry: torchao,
                     note: None,
                 });
             }
@@ -743,13 +777,38 @@ pub fn run(opts: &Options) -> Result<Summary> {
             .header
             .metadata
             .iter()
-            .filter(|(k, _)| {
-                ![METADATA_KEY, SIDECAR_KEY, "quantization_config"].contains(&k.as_str())
+            // Input metadata passes through, except what describes the input's own
+            // layout: quantfmt's, the sidecar, configs and torchao's per-tensor entries.
+            .filter(|(k, v)| {
+                ![
+                    METADATA_KEY,
+                    SIDECAR_KEY,
+                    "quantization_config",
+                    "tensor_names",
+                ]
+                .contains(&k.as_str())
+                    && !v.starts_with("{\"_type\"")
             })
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         if let Some(qc) = &embedded_qc {
             base.insert("quantization_config".into(), qc.clone());
+        }
+        if opts.to == Layout::TorchAo {
+            // torchao's flatten_tensor_state_dict metadata: one entry per tensor name.
+            let names: Vec<String> = shard_jobs.iter().map(|j| j.name.clone()).collect();
+            for j in &shard_jobs {
+                base.insert(
+                    j.name.clone(),
+                    j.torchao_entry
+                        .clone()
+                        .unwrap_or_else(|| interop::torchao::PLAIN_ENTRY.to_string()),
+                );
+            }
+            base.insert(
+                "tensor_names".into(),
+                interop::torchao::tensor_names_entry(&names)?,
+            );
         }
         let mut slots: Vec<TensorSlot> = Vec::new();
         for j in &shard_jobs {

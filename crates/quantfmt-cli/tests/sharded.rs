@@ -380,3 +380,77 @@ fn rss_check(size: &str, hidden: usize) {
     );
     assert!(peak < bound, "peak RSS {peak} >= bound {bound}");
 }
+
+#[test]
+fn torchao_int4_round_trips_and_carries_its_metadata() {
+    use quant_core::io::reader::{FileSource, read_header};
+    let dir = tempfile::tempdir().unwrap();
+    let m = small_model(dir.path());
+    let native = dir.path().join("native");
+    ok(&[
+        "quantize",
+        p(&m),
+        "-o",
+        p(&native),
+        "-f",
+        "int4tiled:pad=torchao",
+    ]);
+    let ta = dir.path().join("ta");
+    ok(&["convert", p(&native), "-o", p(&ta), "--to", "torchao"]);
+    let h =
+        read_header(&mut FileSource::open(&ta.join("model-00002-of-00005.safetensors")).unwrap())
+            .unwrap();
+    let names: Vec<String> = serde_json::from_str(&h.metadata["tensor_names"]).unwrap();
+    let w = names
+        .iter()
+        .find(|n| n.ends_with("q_proj.weight"))
+        .expect("a quantized weight in shard 2");
+    let entry: serde_json::Value = serde_json::from_str(&h.metadata[w]).unwrap();
+    assert_eq!(entry["_type"], "Int4TilePackedTo4dTensor");
+    assert_eq!(entry["_data"]["block_size"], serde_json::json!([1, 128]));
+    assert_eq!(
+        entry["_tensor_data_names"],
+        serde_json::json!(["qdata", "scale_and_zero"])
+    );
+    let stem = w.trim_end_matches(".weight");
+    let qd = h.get(&format!("{stem}._weight_qdata")).unwrap();
+    assert_eq!((qd.dtype, qd.shape.len()), (safetensors::Dtype::I32, 4));
+    assert!(h.get(&format!("{stem}._weight_scale_and_zero")).is_some());
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ta.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["quantization_config"]["quant_method"], "torchao");
+
+    let back = dir.path().join("back");
+    let s = json(&ok(&[
+        "convert",
+        p(&ta),
+        "-o",
+        p(&back),
+        "--to",
+        "native",
+        "--json",
+    ]));
+    assert_eq!(s["layout_in"], "torchao");
+    let a = files(&native);
+    let b = files(&back);
+    for (k, v) in &a {
+        if k.ends_with(".safetensors") {
+            assert!(
+                v == &b[k],
+                "{k}: native -> torchao -> native is not byte-identical"
+            );
+        }
+    }
+    // torchao's own geometry only: inner_k_tiles 8, K padded to 1024.
+    let k4 = dir.path().join("k4");
+    ok(&["quantize", p(&m), "-o", p(&k4), "-f", "int4tiled:k4"]);
+    let err = fails(&[
+        "convert",
+        p(&k4),
+        "-o",
+        p(&dir.path().join("x")),
+        "--to",
+        "torchao",
+    ]);
+    assert!(err.contains("inner_k_tiles=8"), "{err}");
+}

@@ -47,6 +47,8 @@ pub enum Scheme {
     Mxfp8,
     /// NVFP4: E2M1 with one E4M3 scale per 16 elements of a row and a tensor scalar.
     Nvfp4,
+    /// int4 tinygemm tiles (torchao `Int4TilePackedTo4dTensor`).
+    Int4Tiled,
 }
 
 impl Scheme {
@@ -57,6 +59,7 @@ impl Scheme {
             Scheme::Fp8Block => "FP8 128x128-block",
             Scheme::Mxfp8 => "MXFP8",
             Scheme::Nvfp4 => "NVFP4",
+            Scheme::Int4Tiled => "int4 tile-packed",
         }
     }
 
@@ -70,6 +73,10 @@ impl Scheme {
             }
             Scheme::Mxfp8 => AnyQuantizer::Mxfp8(Mxfp8Quantizer::new(Usage::ROWWISE)),
             Scheme::Nvfp4 => AnyQuantizer::Nvfp4(Nvfp4Quantizer::new(Usage::ROWWISE)),
+            Scheme::Int4Tiled => AnyQuantizer::Int4Tiled(
+                fmt_int4tiled::Int4TiledQuantizer::new()
+                    .with_padding(fmt_int4tiled::Padding::Torchao),
+            ),
         }
     }
 
@@ -125,6 +132,7 @@ impl Scheme {
                 }
                 Ok(Scheme::Nvfp4)
             }
+            AnyQuantizer::Int4Tiled(_) => Ok(Scheme::Int4Tiled),
         }
     }
 
@@ -137,6 +145,7 @@ impl Scheme {
             Scheme::Fp8Block => vec![ceil_div(m, 128), ceil_div(k, 128)],
             Scheme::Mxfp8 => vec![m, k / 32],
             Scheme::Nvfp4 => vec![m, k / 16],
+            Scheme::Int4Tiled => Vec::new(),
         }
     }
 }
@@ -286,7 +295,8 @@ pub fn amax_from_global_scale(g: f32, e4m3_max: u16, all_zero: bool) -> (f32, bo
     }
 }
 
-fn any_storage(s: &dyn Storage) -> Result<AnyStorage> {
+/// `s` as the enum of shipped formats (a cheap clone: buffers are shared).
+pub(crate) fn any_storage(s: &dyn Storage) -> Result<AnyStorage> {
     if let Some(a) = s.as_any().downcast_ref::<AnyStorage>() {
         return Ok(a.clone());
     }
@@ -434,6 +444,13 @@ pub fn canonical_from_native(s: &dyn Storage) -> Result<(Canonical, Vec<String>,
                 stored: None,
             }
         }
+        AnyStorage::Int4Tiled(t) => {
+            return Err(Error::unsupported(
+                t.quantizer().spec(),
+                "storing int4 tiles in this layout",
+                "only the torchao layout holds int4 tile-packed weights",
+            ));
+        }
     };
     Ok((c, notes, sidecar))
 }
@@ -445,6 +462,7 @@ pub fn derivable(q: &AnyQuantizer) -> bool {
         AnyQuantizer::Fp8Block(f) => f.block() == BlockScaling::TwoD,
         AnyQuantizer::Mxfp8(f) => f.is_2d(),
         AnyQuantizer::Nvfp4(f) => f.is_2d() && !f.rht(),
+        AnyQuantizer::Int4Tiled(_) => false,
     }
 }
 
@@ -569,6 +587,12 @@ pub(crate) fn scales_from_raw(
 ) -> Result<Scales> {
     let bytes = raw.data.as_slice();
     Ok(match scheme {
+        Scheme::Int4Tiled => {
+            return Err(Error::buffer(
+                what,
+                "int4 tiles have no separate scale tensor",
+            ));
+        }
         Scheme::Fp8Tensor | Scheme::Fp8Block => {
             if raw.dtype != safetensors::Dtype::F32 {
                 return Err(Error::buffer(

@@ -51,6 +51,12 @@ pub fn slots(
     extras: &Extras,
 ) -> Result<Vec<TensorSlot>> {
     let mut v = match scheme {
+        Scheme::Int4Tiled => {
+            return Err(super::unsupported_scheme(
+                super::Layout::CompressedTensors,
+                scheme,
+            ));
+        }
         Scheme::Nvfp4 => vec![
             TensorSlot::new(format!("{name}_packed"), Dtype::U8, &last_div(shape, 2)),
             TensorSlot::new(
@@ -191,6 +197,12 @@ pub fn import(
         stored: None,
     };
     match scheme {
+        Scheme::Int4Tiled => {
+            return Err(super::unsupported_scheme(
+                super::Layout::CompressedTensors,
+                scheme,
+            ));
+        }
         Scheme::Nvfp4 => {
             expect_dtype(&s, &names[1], &[Dtype::F8_E4M3, Dtype::U8])?;
             expect_shape(&s, &names[1], &last_div(&shape, 16))?;

@@ -27,9 +27,26 @@ pub struct CheckpointConfig {
     pub config: Option<Value>,
     /// `__metadata__["quantization_config"]` of the (first) safetensors file.
     pub metadata_quantization_config: Option<Value>,
+    /// torchao tensor-subclass entries of the files' metadata, by weight name.
+    pub torchao: BTreeMap<String, Value>,
 }
 
 impl CheckpointConfig {
+    /// Collects what a file's `__metadata__` declares: torchao's per-weight entries
+    /// (`{"_type": "Int4TilePackedTo4dTensor", ...}`).
+    pub fn add_file_metadata(&mut self, md: &BTreeMap<String, String>) {
+        for (k, v) in md {
+            if k == "tensor_names" || !v.starts_with('{') {
+                continue;
+            }
+            if let Ok(j) = serde_json::from_str::<Value>(v)
+                && j.get("_type").and_then(Value::as_str) == Some(super::torchao::TYPE)
+            {
+                self.torchao.insert(k.clone(), j);
+            }
+        }
+    }
+
     /// The `quantization_config` object, from `config.json` or the file metadata.
     pub fn quantization_config(&self) -> Option<&Value> {
         self.config
@@ -51,6 +68,7 @@ impl CheckpointConfig {
             return Some(Layout::ModelOpt);
         }
         match qc.get("quant_method").and_then(Value::as_str) {
+            Some("torchao") => Some(Layout::TorchAo),
             Some("modelopt") => Some(Layout::ModelOpt),
             Some("compressed-tensors") => Some(Layout::CompressedTensors),
             Some("fp8") if qc.get("weight_block_size").is_some() => Some(Layout::DeepSeek),
@@ -84,6 +102,8 @@ pub struct ConfigEntry {
     pub scheme: Scheme,
     /// Whether a static input scale is written with it.
     pub input_scale: bool,
+    /// Group size (int4 weights).
+    pub group_size: Option<usize>,
 }
 
 /// The configuration JSON a layout's consumers read.
@@ -105,6 +125,7 @@ fn modelopt_algo(s: Scheme) -> (&'static str, Option<u32>) {
         Scheme::Fp8Block => ("FP8_PB_WO", Some(128)),
         Scheme::Mxfp8 => ("MXFP8", Some(32)),
         Scheme::Nvfp4 => ("NVFP4", Some(16)),
+        Scheme::Int4Tiled => ("W4A16", Some(128)),
     }
 }
 
@@ -198,6 +219,24 @@ pub fn layout_config(layout: Layout, entries: &[ConfigEntry], ignored: &[String]
                 })),
             }
         }
+        Layout::TorchAo => {
+            let group = entries.iter().find_map(|e| e.group_size).unwrap_or(128);
+            LayoutConfig {
+                hf_quant_config: None,
+                quantization_config: Some(json!({
+                    "quant_method": "torchao",
+                    "quant_type": {"default": {
+                        "_type": "Int4WeightOnlyConfig",
+                        "_version": 2,
+                        "_data": {
+                            "group_size": group,
+                            "int4_packing_format": {"_type": "Int4PackingFormat", "_data": "TILE_PACKED_TO_4D"},
+                        },
+                    }},
+                    "modules_to_not_convert": ignore,
+                })),
+            }
+        }
         Layout::DeepSeek => {
             let mut qc = json!({
                 "activation_scheme": "dynamic",
@@ -266,6 +305,7 @@ fn ct_format(s: Scheme) -> &'static str {
         Scheme::Fp8Tensor | Scheme::Fp8Block => "float-quantized",
         Scheme::Mxfp8 => "mxfp8-quantized",
         Scheme::Nvfp4 => "nvfp4-pack-quantized",
+        Scheme::Int4Tiled => "pack-quantized",
     }
 }
 
@@ -314,6 +354,14 @@ fn ct_scheme(s: Scheme, static_input: bool) -> Value {
             a["dynamic"] = json!(true);
             a["observer"] = Value::Null;
             (w, Some(a))
+        }
+        Scheme::Int4Tiled => {
+            let mut w = base(4);
+            w["type"] = json!("int");
+            w["symmetric"] = json!(false);
+            w["strategy"] = json!("group");
+            w["group_size"] = json!(128);
+            (w, None)
         }
         Scheme::Nvfp4 => {
             let mut w = base(4);
@@ -376,11 +424,13 @@ mod tests {
                 name: "a.weight".into(),
                 scheme: Scheme::Nvfp4,
                 input_scale: false,
+                group_size: None,
             },
             ConfigEntry {
                 name: "b.weight".into(),
                 scheme: Scheme::Fp8Tensor,
                 input_scale: false,
+                group_size: None,
             },
         ];
         let c = layout_config(Layout::ModelOpt, &e, &["lm_head.weight".into()]);

@@ -207,6 +207,53 @@ pub fn plan_checkpoint(
         }));
     }
 
+    // torchao int4 weights: declared in the files' metadata.
+    for (name, entry) in &cfg.torchao {
+        let (qn, sn) = super::torchao::member_names(name)?;
+        let (Some(qd), Some(sd)) = (by_name.get(qn.as_str()), by_name.get(sn.as_str())) else {
+            notes.push(format!(
+                "torchao metadata names `{name}` but `{qn}` / `{sn}` are missing; ignored"
+            ));
+            continue;
+        };
+        let (q, shape) = super::torchao::plan(name, entry, qd, sd)?;
+        let (native, side) = match sidecar.tensors.get(name) {
+            Some(e) => match e.plan(Scheme::Int4Tiled) {
+                Ok(p) => (p, Some(e.clone())),
+                Err(err) => {
+                    notes.push(format!("`{name}`: sidecar entry ignored: {err}"));
+                    (
+                        NativePlan {
+                            quantizer: crate::AnyQuantizer::Int4Tiled(q),
+                            dtype: DType::BF16,
+                        },
+                        None,
+                    )
+                }
+            },
+            None => (
+                NativePlan {
+                    quantizer: crate::AnyQuantizer::Int4Tiled(q),
+                    dtype: DType::BF16,
+                },
+                None,
+            ),
+        };
+        used.insert(qd.name.as_str());
+        used.insert(sd.name.as_str());
+        seen_layouts.insert(Layout::TorchAo);
+        items.push(Item::Unit(Unit {
+            name: name.clone(),
+            layout: Layout::TorchAo,
+            kind: UnitKind::Scheme(Scheme::Int4Tiled),
+            shape,
+            members: vec![(*qd).clone(), (*sd).clone()],
+            input_scale: None,
+            native,
+            sidecar: side,
+        }));
+    }
+
     let get = |n: &str| by_name.get(n).copied();
     for t in tensors {
         let n = t.name.as_str();

@@ -38,6 +38,7 @@ pub mod detect;
 pub mod modelopt;
 pub mod native;
 pub mod sidecar;
+pub mod torchao;
 
 use std::fmt;
 use std::str::FromStr;
@@ -69,15 +70,18 @@ pub enum Layout {
     CompressedTensors,
     /// DeepSeek-V3 blockwise FP8 (`weight_scale_inv`).
     DeepSeek,
+    /// torchao int4 tile-packed (`_weight_qdata`, `_weight_scale_and_zero`).
+    TorchAo,
 }
 
 impl Layout {
     /// Every layout, for listings.
-    pub const ALL: [Layout; 4] = [
+    pub const ALL: [Layout; 5] = [
         Layout::Native,
         Layout::ModelOpt,
         Layout::CompressedTensors,
         Layout::DeepSeek,
+        Layout::TorchAo,
     ];
 
     /// The CLI name.
@@ -87,6 +91,7 @@ impl Layout {
             Layout::ModelOpt => "modelopt",
             Layout::CompressedTensors => "compressed-tensors",
             Layout::DeepSeek => "deepseek",
+            Layout::TorchAo => "torchao",
         }
     }
 
@@ -98,6 +103,7 @@ impl Layout {
                 Scheme::Fp8Block,
                 Scheme::Mxfp8,
                 Scheme::Nvfp4,
+                Scheme::Int4Tiled,
             ],
             Layout::ModelOpt => &[Scheme::Fp8Tensor, Scheme::Mxfp8, Scheme::Nvfp4],
             Layout::CompressedTensors => &[
@@ -107,6 +113,7 @@ impl Layout {
                 Scheme::Nvfp4,
             ],
             Layout::DeepSeek => &[Scheme::Fp8Block],
+            Layout::TorchAo => &[Scheme::Int4Tiled],
         }
     }
 
@@ -130,10 +137,11 @@ impl FromStr for Layout {
             "modelopt" | "model-opt" => Ok(Layout::ModelOpt),
             "compressed-tensors" | "compressed_tensors" | "ct" => Ok(Layout::CompressedTensors),
             "deepseek" | "deepseek-v3" => Ok(Layout::DeepSeek),
+            "torchao" => Ok(Layout::TorchAo),
             _ => Err(Error::invalid(
                 "layout",
                 s,
-                "must be one of native, modelopt, compressed-tensors, deepseek",
+                "must be one of native, modelopt, compressed-tensors, deepseek, torchao",
             )),
         }
     }
@@ -189,12 +197,32 @@ pub fn export_slots(
         Layout::ModelOpt => modelopt::slots(name, scheme, shape, extras),
         Layout::CompressedTensors => compressed_tensors::slots(name, scheme, shape, extras),
         Layout::DeepSeek => deepseek::slots(name, scheme, shape),
+        Layout::TorchAo => Err(Error::invalid(
+            "layout",
+            layout,
+            "torchao slots depend on the quantizer: use torchao::slots",
+        )),
         Layout::Native => Err(Error::invalid(
             "layout",
             layout,
             "native tensors are planned from their quantizer's buffers",
         )),
     }
+}
+
+/// [`export_slots`] for a weight quantized by `q` (torchao's tensor shapes depend on the
+/// quantizer's group and padding, not only on the scheme).
+pub fn export_slots_for(
+    layout: Layout,
+    name: &str,
+    q: &crate::AnyQuantizer,
+    shape: &[usize],
+    extras: &Extras,
+) -> Result<Vec<TensorSlot>> {
+    if layout == Layout::TorchAo {
+        return torchao::slots(name, q, shape);
+    }
+    export_slots(layout, name, Scheme::of(q)?, shape, extras)
 }
 
 /// Writes a native storage as `layout` tensors named after `name` (see [`Exported`]).
@@ -204,6 +232,17 @@ pub fn export(
     storage: &dyn quant_core::Storage,
     extras: &Extras,
 ) -> Result<Exported> {
+    if layout == Layout::TorchAo {
+        let any = canonical::any_storage(storage)?;
+        let q = crate::AnyQuantizer::from_dyn(quant_core::Storage::quantizer(&any))?;
+        let sidecar = SidecarEntry::describe(&any, &q)?;
+        let (tensors, notes) = torchao::export(name, storage, extras)?;
+        return Ok(Exported {
+            tensors,
+            sidecar,
+            notes,
+        });
+    }
     let (c, mut notes, sidecar) = canonical_from_native(storage)?;
     if !layout.holds(c.scheme) {
         return Err(unsupported_scheme(layout, c.scheme));
@@ -212,7 +251,7 @@ pub fn export(
         Layout::ModelOpt => modelopt::export(name, &c, extras)?,
         Layout::CompressedTensors => compressed_tensors::export(name, &c, extras)?,
         Layout::DeepSeek => deepseek::export(name, &c, extras)?,
-        Layout::Native => {
+        Layout::Native | Layout::TorchAo => {
             return Err(Error::invalid(
                 "layout",
                 layout,
@@ -277,6 +316,11 @@ pub fn read_unit(
             let (c, extras, notes) = deepseek::import(unit, fetch)?;
             finish_import(unit, c, extras, notes, sidecar)
         }
+        Layout::TorchAo => Ok(Imported {
+            storage: torchao::import(unit, fetch)?,
+            extras: Extras::default(),
+            notes: Vec::new(),
+        }),
     }
 }
 
@@ -379,13 +423,14 @@ pub fn load_file(path: impl AsRef<std::path::Path>) -> Result<LoadedFile> {
         }
         None => Sidecar::new(),
     };
-    let cfg = config::CheckpointConfig {
+    let mut cfg = config::CheckpointConfig {
         metadata_quantization_config: header
             .metadata
             .get("quantization_config")
             .and_then(|s| serde_json::from_str(s).ok()),
         ..Default::default()
     };
+    cfg.add_file_metadata(&header.metadata);
     let descs: Vec<TensorDesc> = header
         .tensors
         .iter()

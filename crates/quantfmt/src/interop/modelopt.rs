@@ -59,7 +59,9 @@ pub fn slots(
             TensorSlot::new(name, Dtype::F8_E4M3, shape),
             TensorSlot::new(format!("{name}_scale"), Dtype::U8, &last_div(shape, 32)),
         ],
-        Scheme::Fp8Block => return Err(unsupported_scheme(Layout::ModelOpt, scheme)),
+        Scheme::Fp8Block | Scheme::Int4Tiled => {
+            return Err(unsupported_scheme(Layout::ModelOpt, scheme));
+        }
     };
     if let (Some(_), Some(n)) = (extras.input_scale, input_scale_name(name)) {
         v.push(TensorSlot::new(n, Dtype::F32, &[]));
@@ -197,7 +199,9 @@ pub fn import(
                 stored: None,
             }
         }
-        Scheme::Fp8Block => return Err(unsupported_scheme(Layout::ModelOpt, scheme)),
+        Scheme::Fp8Block | Scheme::Int4Tiled => {
+            return Err(unsupported_scheme(Layout::ModelOpt, scheme));
+        }
     };
     let mut extras = Extras::default();
     if let Some(n) = &unit.input_scale {
