@@ -5,13 +5,19 @@
 
 mod bench;
 mod compare;
+mod convert;
 mod dequantize;
 mod glu;
 mod input;
 mod inspect;
+mod merge_index;
 mod metrics;
+mod model;
+mod pipeline;
+mod plot;
 mod progress;
 mod quantize;
+mod select;
 mod synthetic;
 mod table;
 
@@ -42,13 +48,23 @@ enum Command {
         /// (`--formats fp8,nvfp4:2d,swizzled,mxfp8`).
         #[arg(long, short)]
         formats: Vec<String>,
+        /// Print a JSON report (per tensor, per class, per format) instead of tables.
+        #[arg(long, conflicts_with = "csv")]
+        json: bool,
+        /// Print CSV (one row per tensor and format) instead of tables.
+        #[arg(long)]
+        csv: bool,
+        /// Write an SVG chart of SQNR against bits per value to this file.
+        #[arg(long, value_name = "FILE")]
+        plot: Option<PathBuf>,
     },
-    /// Quantize every f32/bf16/f16 tensor of rank >= 2 that the format accepts; others are
-    /// copied and listed with the reason.
+    /// Quantize a checkpoint (one file, or a directory of shards with an index) into the
+    /// native layout, tensor by tensor with bounded memory. Tensors the format or the
+    /// selection leaves out are copied and listed with the reason.
     Quantize {
-        /// Input safetensors file.
+        /// Input safetensors file or checkpoint directory.
         input: PathBuf,
-        /// Output file (native quantfmt layout).
+        /// Output file (for a file input) or directory (keeps the input's sharding).
         #[arg(short, long)]
         output: PathBuf,
         /// Format spec `NAME[:OPT[,OPT...]]`, e.g. `fp8-block:1x128` (see `quantfmt formats`).
@@ -57,13 +73,49 @@ enum Command {
         /// Which operands to store.
         #[arg(long, default_value = "rowwise")]
         usage: Usage,
-        /// Fail if any tensor cannot be quantized.
+        /// Fail if any float tensor is left unquantized (other than by --exclude).
         #[arg(long)]
         strict: bool,
         /// Store every rank-3 tensor `[E, n, k]` as a grouped tensor of E members `[n, k]`
         /// (MoE experts in one allocation per buffer kind).
         #[arg(long)]
         grouped: bool,
+        #[command(flatten)]
+        stream: StreamArgs,
+    },
+    /// Convert a checkpoint between layouts: native, modelopt, compressed-tensors,
+    /// deepseek. The input layout is detected from tensor names and configs; with
+    /// --format, plain weights are quantized on the way. Whatever the target cannot hold
+    /// is reported (and in --json), never dropped silently.
+    Convert {
+        /// Input safetensors file or checkpoint directory (any layout).
+        input: PathBuf,
+        /// Output file (for a file input) or directory (keeps the input's sharding).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Target layout: native, modelopt, compressed-tensors (ct), deepseek.
+        #[arg(long)]
+        to: quantfmt::interop::Layout,
+        /// Also quantize selected plain weights with this format.
+        #[arg(long, short)]
+        format: Option<FormatSpec>,
+        /// Re-quantize weights the target layout cannot hold with this format
+        /// (dequantize, then quantize: values change; each one is reported).
+        #[arg(long, value_name = "SPEC")]
+        requantize: Option<FormatSpec>,
+        /// Fail if any float tensor is left unquantized (with --format).
+        #[arg(long)]
+        strict: bool,
+        #[command(flatten)]
+        stream: StreamArgs,
+    },
+    /// Join the partial indexes of a `--workers N` run into `model.safetensors.index.json`.
+    MergeIndex {
+        /// The output directory the workers wrote to.
+        dir: PathBuf,
+        /// Keep the partial index files.
+        #[arg(long)]
+        keep_parts: bool,
     },
     /// Dequantize a native file back to plain tensors.
     Dequantize {
@@ -133,17 +185,124 @@ enum Command {
     },
     /// List the formats this build knows, their options and shape rules.
     Formats,
-    /// Write the embedded synthetic model to a safetensors file (to try the other commands).
+    /// Write the embedded synthetic model to a safetensors file (to try the other commands),
+    /// or with --size a sharded Llama-like checkpoint directory of about that many bytes.
     Example {
-        /// Output safetensors file.
+        /// Output safetensors file (or directory with --size).
         #[arg(short, long)]
         output: PathBuf,
+        /// Write a sharded checkpoint directory of about this size (e.g. 4GiB).
+        #[arg(long, value_name = "BYTES")]
+        size: Option<String>,
+        /// Shards of the sharded checkpoint.
+        #[arg(long, default_value_t = 4)]
+        shards: usize,
+        /// Hidden size of the sharded checkpoint (intermediate 11/4 of it, vocabulary 16x).
+        #[arg(long, default_value_t = 2048)]
+        hidden: usize,
     },
+}
+
+/// Options shared by the streaming commands.
+#[derive(clap::Args, Clone, Debug)]
+struct StreamArgs {
+    /// Quantize only tensors matching these glob patterns (repeatable; an explicit match
+    /// also overrides the LLM defaults).
+    #[arg(long, value_name = "GLOB")]
+    include: Vec<String>,
+    /// Never quantize tensors matching these glob patterns (repeatable).
+    #[arg(long, value_name = "GLOB")]
+    exclude: Vec<String>,
+    /// Turn off the LLM defaults (which keep embeddings, norms, lm_head, biases and MoE
+    /// routers in high precision).
+    #[arg(long)]
+    all: bool,
+    /// This process's index among --workers (0-based): it converts its share of shards.
+    #[arg(long, default_value_t = 0)]
+    worker_index: usize,
+    /// Number of processes converting the model together (then run `merge-index`).
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Bytes of tensors in flight at once (e.g. 2GiB; default: twice the largest tensor,
+    /// at least 64 MiB).
+    #[arg(long, value_name = "BYTES")]
+    max_memory: Option<String>,
+    /// Tensors processed in parallel (default: up to 4, the number of CPUs).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print a machine-readable JSON summary on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_bytes(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num.parse().map_err(|_| {
+        quant_core::Error::invalid(
+            "--max-memory",
+            s,
+            "must be a number with an optional unit (KiB, MiB, GiB)",
+        )
+    })?;
+    let mul = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1u64,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => {
+            return Err(quant_core::Error::invalid(
+                "--max-memory",
+                s,
+                "unit must be one of B, KiB, MiB, GiB, TiB",
+            ));
+        }
+    };
+    Ok((v * mul as f64) as u64)
+}
+
+fn stream_options(
+    a: &StreamArgs,
+    input: PathBuf,
+    output: PathBuf,
+    to: quantfmt::interop::Layout,
+) -> Result<pipeline::Options> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Ok(pipeline::Options {
+        input,
+        output,
+        to,
+        format: None,
+        grouped: false,
+        requantize: None,
+        selection: select::Selection::new(&a.include, &a.exclude, a.all)?,
+        strict: false,
+        worker: (a.worker_index, a.workers),
+        max_memory: a.max_memory.as_deref().map(parse_bytes).transpose()?,
+        threads: a.threads.unwrap_or(cpus.min(4)),
+        json: a.json,
+    })
+}
+
+fn install_ctrlc() {
+    let _ = ctrlc::set_handler(|| {
+        pipeline::INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
 }
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Compare { input, formats } => compare::run(input, &formats),
+        Command::Compare {
+            input,
+            formats,
+            json,
+            csv,
+            plot,
+        } => compare::run(input, &formats, &compare::Output { json, csv, plot }),
         Command::Quantize {
             input,
             output,
@@ -151,7 +310,41 @@ fn run(cli: Cli) -> Result<()> {
             usage,
             strict,
             grouped,
-        } => quantize::run(&input, &output, &format, usage, strict, grouped),
+            stream,
+        } => {
+            install_ctrlc();
+            let mut o = stream_options(&stream, input, output, quantfmt::interop::Layout::Native)?;
+            o.format = Some(format.quantizer(usage)?);
+            o.strict = strict;
+            o.grouped = grouped;
+            quantize::run(&o)
+        }
+        Command::Convert {
+            input,
+            output,
+            to,
+            format,
+            requantize,
+            strict,
+            stream,
+        } => {
+            install_ctrlc();
+            let mut o = stream_options(&stream, input, output, to)?;
+            o.format = format.map(|f| f.quantizer(Usage::ROWWISE)).transpose()?;
+            o.requantize = requantize
+                .map(|f| f.quantizer(Usage::ROWWISE))
+                .transpose()?;
+            o.strict = strict;
+            convert::run(&o)
+        }
+        Command::MergeIndex { dir, keep_parts } => {
+            let (shards, tensors) = merge_index::run(&dir, keep_parts)?;
+            println!(
+                "wrote {}: {tensors} tensors in {shards} shards",
+                dir.join(model::INDEX_NAME).display()
+            );
+            Ok(())
+        }
         Command::Dequantize {
             input,
             output,
@@ -218,7 +411,24 @@ fn run(cli: Cli) -> Result<()> {
             list_formats();
             Ok(())
         }
-        Command::Example { output } => write_example(&output),
+        Command::Example {
+            output, size: None, ..
+        } => write_example(&output),
+        Command::Example {
+            output,
+            size: Some(size),
+            shards,
+            hidden,
+        } => {
+            let (n, total) =
+                synthetic::write_sharded(&output, parse_bytes(&size)?, shards, hidden)?;
+            println!(
+                "wrote {n} tensors ({}) in {shards} shards to {}",
+                table::bytes(total),
+                output.display()
+            );
+            Ok(())
+        }
     }
 }
 

@@ -24,17 +24,6 @@ impl Progress {
         Progress(pb)
     }
 
-    /// A bar measured in bytes.
-    pub fn bytes(len: u64, what: &str) -> Progress {
-        let p = Progress::new(len, what);
-        if let Ok(style) = ProgressStyle::with_template(
-            "{prefix} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} (eta {eta})",
-        ) {
-            p.0.set_style(style.progress_chars("=> "));
-        }
-        p
-    }
-
     /// Advances by `n`.
     pub fn inc(&self, n: u64) {
         self.0.inc(n);

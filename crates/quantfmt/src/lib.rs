@@ -31,6 +31,7 @@
 mod any;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod interop;
 pub mod io;
 mod spec;
 

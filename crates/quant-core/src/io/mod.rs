@@ -15,6 +15,7 @@
 //! description before accepting it.
 
 pub mod reader;
+pub mod writer;
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
