@@ -28,6 +28,7 @@
 #![deny(unsafe_code)]
 
 mod block;
+mod engine;
 mod kernels;
 mod per_tensor;
 mod scale;
