@@ -105,9 +105,11 @@
 #![doc(test(attr(deny(warnings))))]
 
 mod dequant;
+mod engine;
 mod kernel;
 pub mod layout;
 mod quantizer;
+pub mod reference;
 pub mod rht;
 pub mod scale;
 pub mod sr;
