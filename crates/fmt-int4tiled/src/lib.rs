@@ -40,9 +40,11 @@
 
 pub mod dequant;
 mod format;
+mod kernels;
 pub mod layout;
 mod linear;
 pub mod qparams;
+pub mod reference;
 mod tensor;
 
 pub use format::{

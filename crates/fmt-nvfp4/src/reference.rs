@@ -76,7 +76,11 @@ pub fn dequantize(
     let stride = scale_shape(rows, cols)[1];
     let value = |r: usize, c: usize| {
         let byte = data[(r * cols + c) / 2];
-        let code = if c.is_multiple_of(2) { byte & 0xF } else { byte >> 4 };
+        let code = if c.is_multiple_of(2) {
+            byte & 0xF
+        } else {
+            byte >> 4
+        };
         let sdb = scales[scale_index(r, c / BLOCK, stride, q.swizzled())];
         let a = if amax.len() == 1 { amax[0] } else { amax[r] };
         e2m1::decode(code) * dequant_factor(sdb, a, q.e4m3_max())
