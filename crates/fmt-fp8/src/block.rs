@@ -25,15 +25,15 @@ use quant_core::{
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::kernels::{amax_encode_block, decode_scaled, encode_scaled};
-use crate::scale::{AmaxEpsilon, Fp8Dtype, amax_of, compute_scale_from_amax, fmax_ignore_nan};
-use crate::transpose::{transpose_bytes, transpose_map};
+use crate::engine::{self, Mode};
+use crate::kernels::decode_scaled;
+use crate::per_tensor::decode_transposed;
+use crate::scale::{AmaxEpsilon, Fp8Dtype, compute_scale_from_amax};
+use crate::transpose::transpose_bytes;
+use quant_core::simd;
 
 /// Block edge.
 pub const BLOCK: usize = 128;
-
-/// Columns handled together by one columnwise task (their 128-row blocks fit in L1/L2).
-const COL_CHUNK: usize = 64;
 
 /// Scale granularity.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -138,7 +138,7 @@ impl Fp8BlockQuantizer {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn scale<T: Element>(&self, amax: f32) -> f32 {
         compute_scale_from_amax(
             amax,
@@ -151,6 +151,9 @@ impl Fp8BlockQuantizer {
 
     fn cast<T: Element>(&self, xs: &[T], shape: &Shape, bufs: &mut [BufferMut<'_>]) -> Result<()> {
         let (m, k) = shape.as_2d();
+        if m == 0 || k == 0 {
+            return Ok(());
+        }
         let [rd, rs, cd, cs] = buffers_by_name_mut(
             bufs,
             [
@@ -160,189 +163,37 @@ impl Fp8BlockQuantizer {
                 "columnwise_scale_inv",
             ],
         );
-        match self.block {
-            BlockScaling::OneD => {
-                if let (Some(rd), Some(rs)) = (rd, rs) {
-                    self.rowwise_1d(xs, m, k, rd.bytes_mut(), rs.as_mut_slice::<f32>()?);
-                }
-                if let (Some(cd), Some(cs)) = (cd, cs) {
-                    self.columnwise_1d(xs, m, k, cd.bytes_mut(), cs.as_mut_slice::<f32>()?);
-                }
-            }
-            BlockScaling::TwoD => {
-                let scales = self.tile_scales(xs, m, k);
-                let nkb = ceil_div(k, BLOCK);
-                let dt = self.dtype;
-                let scale_at = |i: usize, j: usize| scales[(i / BLOCK) * nkb + j / BLOCK];
-                let (ss_r, ss_c) = self.scale_shapes(m, k);
-                if let Some(rs) = rs {
-                    let rs = rs.as_mut_slice::<f32>()?;
-                    for (t, &s) in scales.iter().enumerate() {
-                        rs[(t / nkb) * ss_r[1] + t % nkb] = 1.0 / s;
-                    }
-                }
-                if let Some(cs) = cs {
-                    let cs = cs.as_mut_slice::<f32>()?;
-                    for (t, &s) in scales.iter().enumerate() {
-                        cs[(t % nkb) * ss_c[1] + t / nkb] = 1.0 / s;
-                    }
-                }
-                match (rd, cd) {
-                    (Some(rd), cd) => {
-                        let rb = rd.bytes_mut();
-                        rb.par_chunks_mut(k)
-                            .zip(xs.par_chunks(k))
-                            .enumerate()
-                            .for_each(|(i, (o, x))| {
-                                for (kb, (ob, xb)) in
-                                    o.chunks_mut(BLOCK).zip(x.chunks(BLOCK)).enumerate()
-                                {
-                                    encode_scaled(dt, xb, scale_at(i, kb * BLOCK), ob);
-                                }
-                            });
-                        if let Some(cd) = cd {
-                            transpose_bytes(rd.bytes(), cd.bytes_mut(), m, k);
-                        }
-                    }
-                    (None, Some(cd)) => transpose_map(xs, cd.bytes_mut(), m, k, |i, j, v| {
-                        dt.encode(v.to_f32() * scale_at(i, j))
-                    }),
-                    (None, None) => {}
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// 1x128 rowwise: parallel over rows; each row's block scales are returned and then
-    /// scattered into the transposed `[ceil(K/128), roundup(M,4)]` layout.
-    fn rowwise_1d<T: Element>(
-        &self,
-        xs: &[T],
-        m: usize,
-        k: usize,
-        data: &mut [u8],
-        sinv: &mut [f32],
-    ) {
-        let nkb = ceil_div(k, BLOCK);
-        let mp = round_up(m, 4);
-        let dt = self.dtype;
-        let rows_per_task = (65536 / k.max(1)).max(1);
-        let row_scales: Vec<Vec<f32>> = data
-            .par_chunks_mut(rows_per_task * k)
-            .zip(xs.par_chunks(rows_per_task * k))
-            .map(|(out, x)| {
-                let mut s_inv = Vec::with_capacity(out.len() / k * nkb);
-                for (orow, xrow) in out.chunks_mut(k).zip(x.chunks(k)) {
-                    for (ob, xb) in orow.chunks_mut(BLOCK).zip(xrow.chunks(BLOCK)) {
-                        let scale = amax_encode_block(dt, xb, ob, |a| self.scale::<T>(a));
-                        s_inv.push(1.0 / scale);
-                    }
-                }
-                s_inv
-            })
-            .collect();
-        let mut row = 0;
-        for chunk in row_scales {
-            for r in chunk.chunks(nkb) {
-                for (kb, &s) in r.iter().enumerate() {
-                    sinv[kb * mp + row] = s;
-                }
-                row += 1;
-            }
-        }
-    }
-
-    /// 1x128 columnwise: 128 consecutive rows of one column per block, written transposed
-    /// (`[K, M]`). Parallel over chunks of columns (= chunks of destination rows).
-    fn columnwise_1d<T: Element>(
-        &self,
-        xs: &[T],
-        m: usize,
-        k: usize,
-        data: &mut [u8],
-        sinv: &mut [f32],
-    ) {
-        let kp = round_up(k, 4);
-        let nmb = ceil_div(m, BLOCK);
-        let dt = self.dtype;
-        let col_scales: Vec<Vec<f32>> = data
-            .par_chunks_mut(COL_CHUNK * m)
-            .enumerate()
-            .map(|(c, out)| {
-                let k0 = c * COL_CHUNK;
-                let kn = out.len() / m;
-                let mut s_inv = vec![0f32; nmb * kn];
-                let mut amax = vec![0f32; kn];
-                let mut scale = vec![0f32; kn];
-                // One 128-row block of these columns, widened once: [rows][kn].
-                let mut tile = vec![0f32; BLOCK * kn];
-                let mut codes = vec![0u8; kn];
-                for mb in 0..nmb {
-                    let (m0, m1) = (mb * BLOCK, ((mb + 1) * BLOCK).min(m));
-                    amax.fill(0.0);
-                    for (r, i) in (m0..m1).enumerate() {
-                        let w = &mut tile[r * kn..(r + 1) * kn];
-                        T::widen_slice(&xs[i * k + k0..i * k + k0 + kn], w);
-                        for (a, &v) in amax.iter_mut().zip(w.iter()) {
-                            *a = fmax_ignore_nan(*a, v.abs());
-                        }
-                    }
-                    for j in 0..kn {
-                        scale[j] = self.scale::<T>(amax[j]);
-                        s_inv[mb * kn + j] = 1.0 / scale[j];
-                    }
-                    for (r, i) in (m0..m1).enumerate() {
-                        let w = &tile[r * kn..(r + 1) * kn];
-                        match dt {
-                            Fp8Dtype::E4M3 => {
-                                for ((c, &v), &s) in codes.iter_mut().zip(w).zip(&scale) {
-                                    *c = quant_core::codec::e4m3::encode(v * s);
-                                }
-                            }
-                            Fp8Dtype::E5M2 => {
-                                for ((c, &v), &s) in codes.iter_mut().zip(w).zip(&scale) {
-                                    *c = quant_core::codec::e5m2::encode(v * s);
-                                }
-                            }
-                        }
-                        for (j, &c) in codes.iter().enumerate() {
-                            out[j * m + i] = c;
-                        }
-                    }
-                }
-                s_inv
-            })
-            .collect();
-        for (c, s) in col_scales.iter().enumerate() {
-            let k0 = c * COL_CHUNK;
-            let kn = s.len() / nmb.max(1);
-            for mb in 0..nmb {
-                sinv[mb * kp + k0..mb * kp + k0 + kn].copy_from_slice(&s[mb * kn..(mb + 1) * kn]);
-            }
-        }
-    }
-
-    /// 128x128 tile scales, row-major over tiles `(mb, kb)`.
-    fn tile_scales<T: Element>(&self, xs: &[T], m: usize, k: usize) -> Vec<f32> {
-        let nkb = ceil_div(k, BLOCK);
-        let amax: Vec<Vec<f32>> = xs
-            .par_chunks(BLOCK * k)
-            .map(|rows| {
-                let mut a = vec![0f32; nkb];
-                for row in rows.chunks(k) {
-                    for (kb, blk) in row.chunks(BLOCK).enumerate() {
-                        a[kb] = fmax_ignore_nan(a[kb], amax_of(blk));
-                    }
-                }
-                a
-            })
-            .collect();
-        debug_assert_eq!(amax.len(), ceil_div(m, BLOCK));
-        amax.into_iter()
-            .flatten()
-            .map(|a| self.scale::<T>(a))
-            .collect()
+        let (ss_r, ss_c) = self.scale_shapes(m, k);
+        let (row, row_s) = match (rd, rs) {
+            (Some(d), Some(s)) => (
+                Some(d.bytes_mut()),
+                Some((s.as_mut_slice::<f32>()?, ss_r[1])),
+            ),
+            _ => (None, None),
+        };
+        let (col, col_s) = match (cd, cs) {
+            (Some(d), Some(s)) => (
+                Some(d.bytes_mut()),
+                Some((s.as_mut_slice::<f32>()?, ss_c[1])),
+            ),
+            _ => (None, None),
+        };
+        let mode = match self.block {
+            BlockScaling::OneD => Mode::OneD,
+            BlockScaling::TwoD => Mode::TwoD,
+        };
+        engine::run(
+            self.dtype,
+            mode,
+            |a| self.scale::<T>(a),
+            xs,
+            m,
+            k,
+            row,
+            row_s,
+            col,
+            col_s,
+        )
     }
 }
 
@@ -474,40 +325,68 @@ impl Format for Fp8BlockQuantizer {
     ) -> Result<()> {
         let (m, k) = shape.as_2d();
         let (sr, sc) = self.scale_shapes(m, k);
-        let table = self.dtype.decode_table();
+        let (block, dt) = (self.block, self.dtype);
         match dir {
             Direction::Rowwise => {
                 let q = buffer_by_name(bufs, "rowwise_data")?.bytes();
                 let s = buffer_by_name(bufs, "rowwise_scale_inv")?.as_slice::<f32>()?;
-                let (block, dt) = (self.block, self.dtype);
-                out.par_chunks_mut(k)
-                    .zip(q.par_chunks(k))
+                let level = simd::level();
+                out.par_chunks_mut(BLOCK * k)
+                    .zip(q.par_chunks(BLOCK * k))
                     .enumerate()
-                    .for_each(|(i, (o, q))| {
-                        for (kb, (ob, qb)) in o.chunks_mut(BLOCK).zip(q.chunks(BLOCK)).enumerate() {
-                            let si = match block {
-                                BlockScaling::OneD => s[kb * sr[1] + i],
-                                BlockScaling::TwoD => s[(i / BLOCK) * sr[1] + kb],
-                            };
-                            decode_scaled(dt, qb, si, ob);
-                        }
+                    .for_each(|(mb, (o, q))| {
+                        simd::dispatch(
+                            level,
+                            #[inline(always)]
+                            || {
+                                for (r, (o, q)) in o.chunks_mut(k).zip(q.chunks(k)).enumerate() {
+                                    let i = mb * BLOCK + r;
+                                    for (kb, (ob, qb)) in
+                                        o.chunks_mut(BLOCK).zip(q.chunks(BLOCK)).enumerate()
+                                    {
+                                        let si = match block {
+                                            BlockScaling::OneD => s[kb * sr[1] + i],
+                                            BlockScaling::TwoD => s[mb * sr[1] + kb],
+                                        };
+                                        decode_scaled(dt, qb, si, ob);
+                                    }
+                                }
+                            },
+                        )
                     });
             }
             Direction::Columnwise => {
                 let q = buffer_by_name(bufs, "columnwise_data")?.bytes();
                 let s = buffer_by_name(bufs, "columnwise_scale_inv")?.as_slice::<f32>()?;
-                let block = self.block;
-                // q is [K, M]: source row = k, source column = m.
-                transpose_map(q, out, k, m, |kk, mm, b| {
-                    let si = match block {
-                        BlockScaling::OneD => s[(mm / BLOCK) * sc[1] + kk],
-                        BlockScaling::TwoD => s[(kk / BLOCK) * sc[1] + mm / BLOCK],
-                    };
-                    T::from_f32(table[b as usize] * si)
-                });
+                // q is [K, M]: the scale of logical (i, j) is that of stored (j, i).
+                decode_transposed(
+                    dt,
+                    q,
+                    m,
+                    k,
+                    |i, j0, si: &mut [f32]| {
+                        let mb = i / BLOCK;
+                        match block {
+                            BlockScaling::OneD => {
+                                si.copy_from_slice(&s[mb * sc[1] + j0..mb * sc[1] + j0 + si.len()])
+                            }
+                            BlockScaling::TwoD => {
+                                for (b, seg) in si.chunks_mut(BLOCK).enumerate() {
+                                    seg.fill(s[(j0 / BLOCK + b) * sc[1] + mb]);
+                                }
+                            }
+                        }
+                    },
+                    out,
+                );
             }
         }
         Ok(())
+    }
+
+    /// Data buffers are written in full; scale buffers have zero padding and are zeroed.
+    fn overwrites(&self, desc: &BufferDesc) -> bool {
+        desc.name.ends_with("_data")
     }
 
     /// 128x128 shares one scale per tile between directions, so either direction is the

@@ -1,14 +1,20 @@
 //! The inner loops shared by both FP8 recipes, written to vectorize: each block of input
-//! is widened to f32 once, scaled with one multiply, and encoded branchlessly.
+//! is widened to f32 once, scaled with one multiply, and encoded branchlessly; decoding
+//! is a bit trick ([`e4m3::decode_fast`]), not a table gather.
+//!
+//! Every function here is `#[inline(always)]`: the recipes call them inside
+//! [`quant_core::simd::dispatch`], once per row slab or tile, so they are compiled at the
+//! dispatched vector width (SSE2, AVX2 or AVX-512). The results are the same bits at every
+//! width (no fused multiply-add, no reassociation); `tests/simd_levels.rs` checks it.
 
 use quant_core::Element;
 use quant_core::codec::{e4m3, e5m2};
-use quant_core::cpu::BLOCK;
+use quant_core::cpu::{BLOCK, amax_f32, fmax_nan_loses};
 
 use crate::scale::Fp8Dtype;
 
 /// `dst[i] = fp8(src[i] * scale)` over f32 values.
-#[inline]
+#[inline(always)]
 pub(crate) fn encode_f32(dt: Fp8Dtype, src: &[f32], scale: f32, dst: &mut [u8]) {
     // The dtype is matched once per call, not per element, so each loop is one codec.
     match dt {
@@ -26,7 +32,7 @@ pub(crate) fn encode_f32(dt: Fp8Dtype, src: &[f32], scale: f32, dst: &mut [u8]) 
 }
 
 /// `dst[i] = fp8(float(src[i]) * scale)` for any input element type.
-#[inline]
+#[inline(always)]
 pub(crate) fn encode_scaled<T: Element>(dt: Fp8Dtype, src: &[T], scale: f32, dst: &mut [u8]) {
     let mut buf = [0f32; BLOCK];
     for (s, d) in src.chunks(BLOCK).zip(dst.chunks_mut(BLOCK)) {
@@ -36,15 +42,98 @@ pub(crate) fn encode_scaled<T: Element>(dt: Fp8Dtype, src: &[T], scale: f32, dst
     }
 }
 
+/// `dst[j] = fp8(float(src[j]) * scale[j])`: one row of a tile under per-column scales.
+#[inline(always)]
+pub(crate) fn encode_cols<T: Element>(dt: Fp8Dtype, src: &[T], scale: &[f32], dst: &mut [u8]) {
+    let mut buf = [0f32; BLOCK];
+    for ((s, d), sc) in src
+        .chunks(BLOCK)
+        .zip(dst.chunks_mut(BLOCK))
+        .zip(scale.chunks(BLOCK))
+    {
+        let w = &mut buf[..s.len()];
+        T::widen_slice(s, w);
+        match dt {
+            Fp8Dtype::E4M3 => {
+                for ((d, &v), &c) in d.iter_mut().zip(w.iter()).zip(sc) {
+                    *d = e4m3::encode(v * c);
+                }
+            }
+            Fp8Dtype::E5M2 => {
+                for ((d, &v), &c) in d.iter_mut().zip(w.iter()).zip(sc) {
+                    *d = e5m2::encode(v * c);
+                }
+            }
+        }
+    }
+}
+
+/// `acc[j] = fmaxf(acc[j], |src[j]|)`: the running per-column amax of a tile, one row
+/// at a time (NaN ignored).
+#[inline(always)]
+pub(crate) fn amax_cols<T: Element>(src: &[T], acc: &mut [f32]) {
+    let mut buf = [0f32; BLOCK];
+    for (s, a) in src.chunks(BLOCK).zip(acc.chunks_mut(BLOCK)) {
+        let w = &mut buf[..s.len()];
+        T::widen_slice(s, w);
+        for (a, &v) in a.iter_mut().zip(w.iter()) {
+            *a = fmax_nan_loses(*a, v.abs());
+        }
+    }
+}
+
+/// `max |src|` (NaN ignored) of one short run of elements (at most [`BLOCK`]).
+#[inline(always)]
+pub(crate) fn amax_run<T: Element>(src: &[T]) -> f32 {
+    let mut buf = [0f32; BLOCK];
+    let w = &mut buf[..src.len()];
+    T::widen_slice(src, w);
+    amax_f32(w)
+}
+
 /// `dst[i] = T(decode(src[i]) * scale_inv)`: the dequantize loop.
-#[inline]
+#[inline(always)]
 pub(crate) fn decode_scaled<T: Element>(dt: Fp8Dtype, src: &[u8], scale_inv: f32, dst: &mut [T]) {
-    let table = dt.decode_table();
     let mut buf = [0f32; BLOCK];
     for (s, d) in src.chunks(BLOCK).zip(dst.chunks_mut(BLOCK)) {
         let w = &mut buf[..s.len()];
-        for (o, &b) in w.iter_mut().zip(s) {
-            *o = table[b as usize] * scale_inv;
+        match dt {
+            Fp8Dtype::E4M3 => {
+                for (o, &b) in w.iter_mut().zip(s) {
+                    *o = e4m3::decode_fast(b) * scale_inv;
+                }
+            }
+            Fp8Dtype::E5M2 => {
+                for (o, &b) in w.iter_mut().zip(s) {
+                    *o = e5m2::decode_fast(b) * scale_inv;
+                }
+            }
+        }
+        T::narrow_slice(w, d);
+    }
+}
+
+/// `dst[j] = T(decode(src[j]) * scale_inv[j])`: one row under per-column scales.
+#[inline(always)]
+pub(crate) fn decode_cols<T: Element>(dt: Fp8Dtype, src: &[u8], scale_inv: &[f32], dst: &mut [T]) {
+    let mut buf = [0f32; BLOCK];
+    for ((s, d), sc) in src
+        .chunks(BLOCK)
+        .zip(dst.chunks_mut(BLOCK))
+        .zip(scale_inv.chunks(BLOCK))
+    {
+        let w = &mut buf[..s.len()];
+        match dt {
+            Fp8Dtype::E4M3 => {
+                for ((o, &b), &c) in w.iter_mut().zip(s).zip(sc) {
+                    *o = e4m3::decode_fast(b) * c;
+                }
+            }
+            Fp8Dtype::E5M2 => {
+                for ((o, &b), &c) in w.iter_mut().zip(s).zip(sc) {
+                    *o = e5m2::decode_fast(b) * c;
+                }
+            }
         }
         T::narrow_slice(w, d);
     }
@@ -53,7 +142,7 @@ pub(crate) fn decode_scaled<T: Element>(dt: Fp8Dtype, src: &[u8], scale_inv: f32
 /// Widens one block, takes its NaN-ignoring amax, derives the scale with `scale_of`,
 /// encodes the block with it and returns the scale: the whole 1x128 step in one pass
 /// over the (cached) input.
-#[inline]
+#[inline(always)]
 pub(crate) fn amax_encode_block<T: Element>(
     dt: Fp8Dtype,
     src: &[T],
@@ -63,7 +152,7 @@ pub(crate) fn amax_encode_block<T: Element>(
     let mut buf = [0f32; BLOCK];
     let w = &mut buf[..src.len()];
     T::widen_slice(src, w);
-    let scale = scale_of(quant_core::cpu::amax_f32(w));
+    let scale = scale_of(amax_f32(w));
     encode_f32(dt, w, scale, dst);
     scale
 }

@@ -31,6 +31,7 @@ mod block;
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)] // kernel launches; every block has a SAFETY comment
 pub mod cuda;
+mod engine;
 mod kernels;
 mod per_tensor;
 mod scale;

@@ -17,9 +17,12 @@ use quant_core::{
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::kernels::{decode_scaled, encode_scaled};
+use crate::engine::CHUNK as COLS;
+use crate::engine::{self, Mode};
+use crate::kernels::{decode_cols, decode_scaled, encode_scaled};
 use crate::scale::{AmaxEpsilon, Fp8Dtype, compute_scale_from_amax};
-use crate::transpose::{transpose_bytes, transpose_map};
+use crate::transpose::{SLAB, TILE, transpose_bytes};
+use quant_core::simd;
 
 /// Elements per parallel work item for streaming passes.
 const CHUNK: usize = quant_core::cpu::PAR_CHUNK;
@@ -133,22 +136,114 @@ impl Fp8Quantizer {
         let sinv = sinv.ok_or_else(|| Error::buffer("scale_inv", "is missing"))?;
         sinv.as_mut_slice::<f32>()?[0] = 1.0 / scale;
         let dt = self.dtype;
-        let enc = move |v: T| dt.encode(v.to_f32() * scale);
+        let level = simd::level();
         match (row, col) {
-            (Some(row), col) => {
-                let rb = row.bytes_mut();
-                rb.par_chunks_mut(CHUNK)
+            (Some(row), None) => {
+                row.bytes_mut()
+                    .par_chunks_mut(CHUNK)
                     .zip(xs.par_chunks(CHUNK))
-                    .for_each(|(o, i)| encode_scaled(dt, i, scale, o));
-                if let Some(col) = col {
-                    transpose_bytes(row.bytes(), col.bytes_mut(), m, k);
-                }
+                    .for_each(|(o, i)| {
+                        simd::dispatch(
+                            level,
+                            #[inline(always)]
+                            || encode_scaled(dt, i, scale, o),
+                        )
+                    });
             }
-            (None, Some(col)) => transpose_map(xs, col.bytes_mut(), m, k, |_, _, v| enc(v)),
+            (row, Some(col)) => encode_transposed(
+                dt,
+                xs,
+                m,
+                k,
+                scale,
+                row.map(|r| r.bytes_mut()),
+                col.bytes_mut(),
+            )?,
             (None, None) => {}
         }
         Ok(())
     }
+}
+
+/// Quantizes `xs` (`[m, k]`) with one scale into the transposed `col` (`[k, m]`) and,
+/// when given, the rowwise `row` (`[m, k]`), reading the input once (see [`engine`]).
+fn encode_transposed<T: Element>(
+    dt: Fp8Dtype,
+    xs: &[T],
+    m: usize,
+    k: usize,
+    scale: f32,
+    row: Option<&mut [u8]>,
+    col: &mut [u8],
+) -> Result<()> {
+    if m == 0 || k == 0 {
+        return Ok(());
+    }
+    engine::run(
+        dt,
+        Mode::Tensor(scale),
+        |_| scale,
+        xs,
+        m,
+        k,
+        row,
+        None,
+        Some(col),
+        None,
+    )
+}
+
+/// Dequantizes the transposed `q` (`[k, m]`) into `out` (`[m, k]`). `scale_inv(i, j0,
+/// s)` fills `s` with the scale_inv of logical elements `(i, j0..j0 + s.len())`.
+pub(crate) fn decode_transposed<T: Element>(
+    dt: Fp8Dtype,
+    q: &[u8],
+    m: usize,
+    k: usize,
+    scale_inv: impl Fn(usize, usize, &mut [f32]) + Sync,
+    out: &mut [T],
+) {
+    if m == 0 || k == 0 {
+        return;
+    }
+    let level = simd::level();
+    out.par_chunks_mut(SLAB * k).enumerate().for_each_init(
+        || vec![0u8; SLAB * COLS],
+        |tile, (s, o)| {
+            simd::dispatch(
+                level,
+                #[inline(always)]
+                || {
+                    let i0 = s * SLAB;
+                    let rows = o.len() / k;
+                    let mut si = [0f32; COLS];
+                    for c0 in (0..k).step_by(COLS) {
+                        let cw = COLS.min(k - c0);
+                        for j in (0..cw).step_by(TILE) {
+                            let bw = TILE.min(cw - j);
+                            simd::transpose_bytes(
+                                &q[(c0 + j) * m + i0..],
+                                m,
+                                &mut tile[j..],
+                                COLS,
+                                bw,
+                                rows,
+                            );
+                        }
+                        for r in 0..rows {
+                            scale_inv(i0 + r, c0, &mut si[..cw]);
+                            decode_cols(
+                                dt,
+                                &tile[r * COLS..r * COLS + cw],
+                                &si[..cw],
+                                &mut o[r * k + c0..r * k + c0 + cw],
+                            );
+                        }
+                    }
+                },
+            )
+        },
+    );
 }
 
 /// NaN-ignoring `max |x|` over the whole tensor, in parallel.
@@ -262,19 +357,24 @@ impl Format for Fp8Quantizer {
     ) -> Result<()> {
         let (m, k) = shape.as_2d();
         let sinv = buffer_by_name(bufs, "scale_inv")?.as_slice::<f32>()?[0];
-        let table = self.dtype.decode_table();
-        let dec = |b: u8| T::from_f32(table[b as usize] * sinv);
         let dt = self.dtype;
         match dir {
             Direction::Rowwise => {
                 let q = buffer_by_name(bufs, "rowwise_data")?.bytes();
+                let level = simd::level();
                 out.par_chunks_mut(CHUNK)
                     .zip(q.par_chunks(CHUNK))
-                    .for_each(|(o, q)| decode_scaled(dt, q, sinv, o));
+                    .for_each(|(o, q)| {
+                        simd::dispatch(
+                            level,
+                            #[inline(always)]
+                            || decode_scaled(dt, q, sinv, o),
+                        )
+                    });
             }
             Direction::Columnwise => {
                 let q = buffer_by_name(bufs, "columnwise_data")?.bytes();
-                transpose_map(q, out, k, m, |_, _, b| dec(b));
+                decode_transposed(dt, q, m, k, |_, _, s: &mut [f32]| s.fill(sinv), out);
             }
         }
         Ok(())
@@ -307,6 +407,11 @@ impl Format for Fp8Quantizer {
                 Ok(b)
             })
             .collect()
+    }
+
+    /// Every byte of every buffer is written (no padding): no zeroing before a re-quantize.
+    fn overwrites(&self, _desc: &BufferDesc) -> bool {
+        true
     }
 
     /// The tensor amax is needed before the first byte is cast.

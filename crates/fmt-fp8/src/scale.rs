@@ -139,7 +139,7 @@ impl Hash for AmaxEpsilon {
 /// assert_eq!(compute_scale_from_amax(3.0, 448.0, true, 0.0, f32::MAX), 128.0);
 /// assert_eq!(compute_scale_from_amax(1e-40, 448.0, false, 0.0, f32::MAX), f32::MAX);
 /// ```
-#[inline]
+#[inline(always)]
 pub fn compute_scale_from_amax(
     amax: f32,
     max_fp8: f32,

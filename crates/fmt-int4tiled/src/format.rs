@@ -13,7 +13,9 @@ use quant_core::{
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::dequant::group_table;
+use crate::kernels;
+use quant_core::simd;
+use quant_core::strips::column_strips;
 use std::ops::Range;
 
 use quant_core::layout::{block_ranges, gather_col_ranges, gather_row_ranges};
@@ -320,7 +322,63 @@ impl Int4TiledQuantizer {
         quant_core::quantize(self, x)
     }
 
+    /// The fast path (see [`crate::kernels`]): one task per n-tile of 8 rows, writing its
+    /// words and its scale/zero strip in place.
     fn quantize_typed<T: Element>(
+        &self,
+        xs: &[T],
+        shape: &Shape,
+        out: &mut [BufferMut<'_>],
+    ) -> Result<()> {
+        let geo = self.geometry(shape)?;
+        let path = if T::DTYPE == DType::BF16 {
+            QParamsPath::Bf16
+        } else {
+            QParamsPath::F32
+        };
+        let [packed, sz] = buffers_by_name_mut(out, ["packed_weight", "scale_and_zero"]);
+        let packed = packed
+            .ok_or_else(|| Error::buffer("packed_weight", "is missing"))?
+            .as_mut_slice::<i32>()?;
+        let sz = sz
+            .ok_or_else(|| Error::buffer("scale_and_zero", "is missing"))?
+            .as_mut_slice::<bf16>()?;
+        let eps = self.eps.get();
+        let g = geo.group_size;
+        let pad = quantize_group(path, &vec![0.0; g], eps, &mut vec![0u8; g]);
+        let mut strips = Vec::with_capacity(geo.num_experts() * geo.n_tiles());
+        for e in sz.chunks_mut(geo.expert_scale_and_zero().max(1)) {
+            strips.extend(column_strips(e, geo.n_padded * 2, N_TILE * 2)?.collect::<Vec<_>>());
+        }
+        let n_tiles = geo.n_tiles();
+        let expert = geo.n * geo.k;
+        let level = simd::level();
+        packed
+            .par_chunks_mut(geo.k_padded)
+            .zip(strips)
+            .enumerate()
+            .for_each_init(
+                || kernels::Scratch::new(&geo),
+                |scratch, (i, (words, mut strip))| {
+                    let (e, nt) = (i / n_tiles, i % n_tiles);
+                    let x = &xs[e * expert..(e + 1) * expert];
+                    simd::dispatch(
+                        level,
+                        #[inline(always)]
+                        || {
+                            kernels::quantize_tile(
+                                path, eps, &geo, x, nt, words, &mut strip, pad, scratch,
+                            )
+                        },
+                    )
+                },
+            );
+        Ok(())
+    }
+
+    /// The scalar specification of [`Self::quantize_typed`]: torchao's element-wise
+    /// division, [`pack_tile`], scales collected and scattered afterwards.
+    pub(crate) fn reference_quantize<T: Element>(
         &self,
         xs: &[T],
         shape: &Shape,
@@ -581,25 +639,34 @@ impl Format for Int4TiledQuantizer {
         let geo = self.geometry(shape)?;
         let packed = buffer_by_name(bufs, "packed_weight")?.as_slice::<i32>()?;
         let sz = buffer_by_name(bufs, "scale_and_zero")?.as_slice::<bf16>()?;
-        let (n, k, g) = (geo.n, geo.k, geo.group_size);
-        let kp = geo.k_padded;
-        out.par_chunks_mut(k).enumerate().for_each_init(
-            || vec![0u8; kp],
-            |u, (row, dst)| {
-                let (e, n_idx) = (row / n, row % n);
-                let words = &packed[e * geo.expert_words()..][..geo.expert_words()];
-                let sz = &sz[e * geo.expert_scale_and_zero()..][..geo.expert_scale_and_zero()];
-                unpack_row(words, n_idx, kp, geo.inner_k_tiles, 0, u);
-                for (gi, (dst, u)) in dst.chunks_mut(g).zip(u.chunks(g)).enumerate() {
-                    let at = (gi * geo.n_padded + n_idx) * 2;
-                    let table = group_table::<T>(sz[at], sz[at + 1]);
-                    dst.iter_mut()
-                        .zip(u)
-                        .for_each(|(o, &v)| *o = table[usize::from(v)]);
-                }
-            },
-        );
+        let (n, k) = (geo.n, geo.k);
+        let rows_per_task = ((1 << 16) / k.max(1)).clamp(1, n.max(1));
+        let level = simd::level();
+        out.par_chunks_mut(n * k)
+            .enumerate()
+            .flat_map(|(e, o)| {
+                o.par_chunks_mut(rows_per_task * k)
+                    .enumerate()
+                    .map(move |(t, o)| (e, t * rows_per_task, o))
+            })
+            .for_each_init(
+                || vec![0u8; geo.k_padded],
+                |u, (e, n0, o)| {
+                    let words = &packed[e * geo.expert_words()..][..geo.expert_words()];
+                    let sz = &sz[e * geo.expert_scale_and_zero()..][..geo.expert_scale_and_zero()];
+                    simd::dispatch(
+                        level,
+                        #[inline(always)]
+                        || kernels::dequantize_rows(&geo, words, sz, n0, o, u),
+                    )
+                },
+            );
         Ok(())
+    }
+
+    /// Both buffers are written in full (padding rows and columns included).
+    fn overwrites(&self, _desc: &BufferDesc) -> bool {
+        true
     }
 
     /// Rows (n) move in whole n-tiles of 8: the packed layout interleaves 8 rows per

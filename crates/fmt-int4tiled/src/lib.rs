@@ -43,9 +43,11 @@
 pub mod cuda;
 pub mod dequant;
 mod format;
+mod kernels;
 pub mod layout;
 mod linear;
 pub mod qparams;
+pub mod reference;
 mod tensor;
 
 pub use format::{

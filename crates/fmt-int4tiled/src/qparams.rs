@@ -68,13 +68,14 @@ pub enum QParamsPath {
     F32,
 }
 
+/// Rounds to bf16 and back (what every eager bf16 op does to its result).
 #[inline(always)]
-fn rb(x: f32) -> f32 {
+pub fn rb(x: f32) -> f32 {
     bf16::from_f32(x).to_f32()
 }
 
 /// `amin` / `amax` with NaN propagation, as `torch.amin` / `torch.amax` do.
-#[inline]
+#[inline(always)]
 pub fn min_max(xs: &[f32]) -> (f32, f32) {
     let mut mn = f32::INFINITY;
     let mut mx = f32::NEG_INFINITY;
@@ -89,7 +90,7 @@ pub fn min_max(xs: &[f32]) -> (f32, f32) {
 
 /// `torch.clamp(x, min=eps)`: NaN stays NaN.
 #[inline(always)]
-fn clamp_min(x: f32, eps: f32) -> f32 {
+pub(crate) fn clamp_min(x: f32, eps: f32) -> f32 {
     if x.is_nan() || x >= eps { x } else { eps }
 }
 
@@ -107,12 +108,23 @@ pub fn to_nibble(q: f32) -> u8 {
     }
 }
 
-/// Chooses the group's `(scale, zero)` and quantizes it into `u` (same length as `xs`).
-///
-/// `xs` holds the group's values widened to f32 (for [`QParamsPath::Bf16`] they must be
-/// bf16 values). `eps` is the clamp floor of the scale ([`EPS_V2`] or [`EPS_V1`]).
-pub fn quantize_group(path: QParamsPath, xs: &[f32], eps: f32, u: &mut [u8]) -> (bf16, bf16) {
-    let (mn, mx) = min_max(xs);
+/// What quantizing the elements of one group needs: `u = to_nibble(op((x - min_val) / scale))`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GroupParams {
+    /// The divisor (a bf16 value).
+    pub scale: f32,
+    /// The offset subtracted first (a bf16 value).
+    pub min_val: f32,
+    /// The stored scale.
+    pub scale_bf16: bf16,
+    /// The stored float zero point.
+    pub zero_bf16: bf16,
+}
+
+/// The group's qparams from its `amin` / `amax` (NaN if the group holds one), in the
+/// eager op order of `path`.
+#[inline]
+pub fn group_params(path: QParamsPath, mn: f32, mx: f32, eps: f32) -> GroupParams {
     match path {
         QParamsPath::Bf16 => {
             let range = rb(mx - mn);
@@ -120,23 +132,51 @@ pub fn quantize_group(path: QParamsPath, xs: &[f32], eps: f32, u: &mut [u8]) -> 
             let scale8 = rb(scale * 8.0);
             let zero = rb(mn + scale8);
             let min_val = rb(zero - scale8);
-            for (o, &x) in u.iter_mut().zip(xs) {
-                let t = rb(x - min_val);
-                *o = to_nibble(rb(t / scale));
+            GroupParams {
+                scale,
+                min_val,
+                scale_bf16: bf16::from_f32(scale),
+                zero_bf16: bf16::from_f32(zero),
             }
-            (bf16::from_f32(scale), bf16::from_f32(zero))
         }
         QParamsPath::F32 => {
             let scale_f = clamp_min((mx - mn) * RCP_15, eps);
             let zero = rb(mn + scale_f * 8.0);
             let scale = rb(scale_f);
             let min_val = rb(zero - rb(scale * 8.0));
-            for (o, &x) in u.iter_mut().zip(xs) {
-                *o = to_nibble((x - min_val) / scale);
+            GroupParams {
+                scale,
+                min_val,
+                scale_bf16: bf16::from_f32(scale),
+                zero_bf16: bf16::from_f32(zero),
             }
-            (bf16::from_f32(scale), bf16::from_f32(zero))
         }
     }
+}
+
+/// Chooses the group's `(scale, zero)` and quantizes it into `u` (same length as `xs`).
+///
+/// `xs` holds the group's values widened to f32 (for [`QParamsPath::Bf16`] they must be
+/// bf16 values). `eps` is the clamp floor of the scale ([`EPS_V2`] or [`EPS_V1`]). This
+/// is the scalar specification; the quantizer's kernels compute the same nibbles
+/// without a division per element.
+pub fn quantize_group(path: QParamsPath, xs: &[f32], eps: f32, u: &mut [u8]) -> (bf16, bf16) {
+    let (mn, mx) = min_max(xs);
+    let p = group_params(path, mn, mx, eps);
+    match path {
+        QParamsPath::Bf16 => {
+            for (o, &x) in u.iter_mut().zip(xs) {
+                let t = rb(x - p.min_val);
+                *o = to_nibble(rb(t / p.scale));
+            }
+        }
+        QParamsPath::F32 => {
+            for (o, &x) in u.iter_mut().zip(xs) {
+                *o = to_nibble((x - p.min_val) / p.scale);
+            }
+        }
+    }
+    (p.scale_bf16, p.zero_bf16)
 }
 
 #[cfg(test)]

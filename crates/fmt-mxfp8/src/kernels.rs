@@ -3,10 +3,16 @@
 //! permutation applied afterwards (TE's unfused `nvte_swizzle_scaling_factors` path),
 //! so one well-tested function owns the swizzle.
 
-use quant_core::Element;
+use quant_core::codec::{e4m3, e5m2};
+use quant_core::layout::swizzled_index;
+use quant_core::strips::{Strip, column_strips};
+use quant_core::{Element, simd};
 use rayon::prelude::*;
 
-use crate::layout::{ScaleLayout, columnwise_scale_index, rowwise_scale_index};
+use crate::layout::{
+    ScaleLayout, columnwise_scale_index, columnwise_scale_shape, rowwise_scale_index,
+    rowwise_scale_shape,
+};
 use crate::scale::{BLOCK, Mxfp8Dtype, ScaleRule, multiplier, scale};
 
 /// Element type and scale rule: everything the quantize kernels need besides data.
@@ -27,131 +33,334 @@ impl Cfg {
     fn code(self, key: u32) -> u8 {
         self.rule.code(f32::from_bits(key), self.dtype)
     }
-
-    /// `fp8(x * mult)`: one IEEE f32 multiply (or TE's `fma(x, mult, +0)`), then RNE +
-    /// satfinite.
-    #[inline(always)]
-    fn encode(self, x: f32, mult: f32) -> u8 {
-        let p = if self.plus_zero && x == 0.0 {
-            0.0
-        } else {
-            x * mult
-        };
-        self.dtype.encode(p)
-    }
 }
 
-/// `out[i] = fp8(x[i] * mult)` for one block.
+/// `out[i] = fp8(x[i] * mult)` for one block (the dtype and the `+0` rule are matched
+/// once, outside the loop).
 #[inline(always)]
-fn encode_scaled<T: Element>(cfg: Cfg, xs: &[T], mult: f32, out: &mut [u8]) {
-    for (o, v) in out.iter_mut().zip(xs) {
-        *o = cfg.encode(v.to_f32(), mult);
+fn encode_run(cfg: Cfg, xs: &[f32], mult: f32, out: &mut [u8]) {
+    match (cfg.dtype, cfg.plus_zero) {
+        (Mxfp8Dtype::E4M3, false) => {
+            for (o, &v) in out.iter_mut().zip(xs) {
+                *o = e4m3::encode(v * mult);
+            }
+        }
+        (Mxfp8Dtype::E5M2, false) => {
+            for (o, &v) in out.iter_mut().zip(xs) {
+                *o = e5m2::encode(v * mult);
+            }
+        }
+        (Mxfp8Dtype::E4M3, true) => {
+            for (o, &v) in out.iter_mut().zip(xs) {
+                *o = e4m3::encode(if v == 0.0 { 0.0 } else { v * mult });
+            }
+        }
+        (Mxfp8Dtype::E5M2, true) => {
+            for (o, &v) in out.iter_mut().zip(xs) {
+                *o = e5m2::encode(if v == 0.0 { 0.0 } else { v * mult });
+            }
+        }
     }
 }
 
-/// Rowwise 1x32 blocks. `scales` is the compact `[>= M, stride]` matrix; rows of data
-/// and of scales are walked together.
-pub(crate) fn rowwise<T: Element>(
+/// `out[j] = fp8(x[j] * mult[j])`: one row under per-column multipliers.
+#[inline(always)]
+fn encode_cols(cfg: Cfg, xs: &[f32], mult: &[f32], out: &mut [u8]) {
+    match (cfg.dtype, cfg.plus_zero) {
+        (Mxfp8Dtype::E4M3, false) => {
+            for ((o, &v), &s) in out.iter_mut().zip(xs).zip(mult) {
+                *o = e4m3::encode(v * s);
+            }
+        }
+        (Mxfp8Dtype::E5M2, false) => {
+            for ((o, &v), &s) in out.iter_mut().zip(xs).zip(mult) {
+                *o = e5m2::encode(v * s);
+            }
+        }
+        (Mxfp8Dtype::E4M3, true) => {
+            for ((o, &v), &s) in out.iter_mut().zip(xs).zip(mult) {
+                *o = e4m3::encode(if v == 0.0 { 0.0 } else { v * s });
+            }
+        }
+        (Mxfp8Dtype::E5M2, true) => {
+            for ((o, &v), &s) in out.iter_mut().zip(xs).zip(mult) {
+                *o = e5m2::encode(if v == 0.0 { 0.0 } else { v * s });
+            }
+        }
+    }
+}
+
+/// The block max of the ordering keys of `xs` under `rule` (see [`ScaleRule::key`]).
+#[inline(always)]
+fn key_max(rule: ScaleRule, xs: &[f32]) -> u32 {
+    match rule {
+        ScaleRule::Te => xs.iter().fold(0u32, |m, &v| m.max(ScaleRule::Te.key(v))),
+        ScaleRule::Ocp => xs.iter().fold(0u32, |m, &v| m.max(ScaleRule::Ocp.key(v))),
+    }
+}
+
+/// `acc[j] = max(acc[j], key(xs[j]))`: running per-column key max.
+#[inline(always)]
+fn key_max_cols(rule: ScaleRule, xs: &[f32], acc: &mut [u32]) {
+    match rule {
+        ScaleRule::Te => {
+            for (a, &v) in acc.iter_mut().zip(xs) {
+                *a = (*a).max(ScaleRule::Te.key(v));
+            }
+        }
+        ScaleRule::Ocp => {
+            for (a, &v) in acc.iter_mut().zip(xs) {
+                *a = (*a).max(ScaleRule::Ocp.key(v));
+            }
+        }
+    }
+}
+
+/// Input rows per task: four 32-row block rows, one 128-row tile row of swizzled scales.
+const SLAB: usize = 128;
+/// Columns per chunk of a 32-row group (both passes of a group stay in L2).
+const CHUNK: usize = 2048;
+
+/// Where one slab's columnwise scales go.
+enum ColScales<'a> {
+    /// Compact: the slab's (up to) 4 rows of `[roundup(M/32,4), roundup(K,128)]`.
+    Compact(&'a mut [u8]),
+    /// Swizzled: the slab's 512-byte column of tiles (one 128-column tile per row).
+    Swizzled(Strip<'a, u8>),
+}
+
+/// One task's input rows and output pieces.
+struct SlabJob<'a, T> {
+    x: &'a [T],
+    row: Option<(&'a mut [u8], &'a mut [u8])>,
+    col: Option<(&'a mut [u8], ColScales<'a>)>,
+}
+
+/// Quantizes `xs` (`[m, k]`, multiples of 32) into the requested directions. Scales go
+/// straight into their final layout (compact or swizzled); padding is left untouched.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn quantize<T: Element>(
     cfg: Cfg,
+    two_d: bool,
+    layout: ScaleLayout,
     xs: &[T],
+    m: usize,
     k: usize,
-    data: &mut [u8],
-    scales: &mut [u8],
-    stride: usize,
+    row: Option<(&mut [u8], &mut [u8])>,
+    col: Option<(&mut [u8], &mut [u8])>,
+) -> quant_core::Result<()> {
+    if m == 0 || k == 0 {
+        return Ok(());
+    }
+    let slabs = m.div_ceil(SLAB);
+    let [_, rstride] = rowwise_scale_shape(m, k);
+    let [crows, cstride] = columnwise_scale_shape(m, k);
+    let mut rows: Vec<Option<(&mut [u8], &mut [u8])>> = match row {
+        Some((d, s)) => d
+            .chunks_mut(SLAB * k)
+            .zip(s.chunks_mut(SLAB * rstride))
+            .map(Some)
+            .collect(),
+        None => Vec::new(),
+    };
+    let mut cols: Vec<Option<(&mut [u8], ColScales<'_>)>> = match col {
+        Some((d, s)) => {
+            let scales: Vec<ColScales<'_>> = match layout {
+                ScaleLayout::Compact => s
+                    .chunks_mut(SLAB / BLOCK * cstride)
+                    .map(ColScales::Compact)
+                    .collect(),
+                ScaleLayout::Swizzled => {
+                    let width = crows / 4 * TILE_BYTES;
+                    column_strips(s, width, TILE_BYTES)?
+                        .map(ColScales::Swizzled)
+                        .collect()
+                }
+            };
+            d.chunks_mut(SLAB * k).zip(scales).map(Some).collect()
+        }
+        None => Vec::new(),
+    };
+    rows.resize_with(slabs, || None);
+    cols.resize_with(slabs, || None);
+    let jobs: Vec<SlabJob<'_, T>> = xs
+        .chunks(SLAB * k)
+        .zip(rows)
+        .zip(cols)
+        .map(|((x, row), col)| SlabJob { x, row, col })
+        .collect();
+    let level = simd::level();
+    jobs.into_par_iter().for_each_init(
+        || vec![0f32; BLOCK * CHUNK],
+        |wide, mut job| {
+            simd::dispatch(
+                level,
+                #[inline(always)]
+                || slab(cfg, two_d, layout, k, [rstride, cstride], &mut job, wide),
+            )
+        },
+    );
+    Ok(())
+}
+
+/// Bytes of one 128x4 swizzle tile.
+const TILE_BYTES: usize = 512;
+
+/// One slab, 32-row group by group, chunk by chunk: widen the group's chunk once (f32,
+/// in L2), take the amaxes the blocks need, then encode every requested direction.
+#[inline(always)]
+fn slab<T: Element>(
+    cfg: Cfg,
+    two_d: bool,
+    layout: ScaleLayout,
+    k: usize,
+    [rstride, cstride]: [usize; 2],
+    job: &mut SlabJob<'_, T>,
+    wide: &mut [f32],
 ) {
-    data.par_chunks_mut(k)
-        .zip(xs.par_chunks(k))
-        .zip(scales.par_chunks_mut(stride))
-        .with_min_len(8)
-        .for_each(|((out, x), s)| {
-            for ((ob, xb), s) in out
-                .chunks_exact_mut(BLOCK)
-                .zip(x.chunks_exact(BLOCK))
-                .zip(s.iter_mut())
+    let x = job.x;
+    let groups = x.len() / (BLOCK * k);
+    if let (None, false, Some((rd, rs))) = (job.col.as_ref(), two_d, job.row.as_mut()) {
+        // Rowwise 1x32 only: row by row, each block widened once on the stack.
+        let mut w = [0f32; BLOCK];
+        for (i, (xr, out)) in x.chunks_exact(k).zip(rd.chunks_exact_mut(k)).enumerate() {
+            for (kb, (xb, o)) in xr
+                .chunks_exact(BLOCK)
+                .zip(out.chunks_exact_mut(BLOCK))
+                .enumerate()
             {
-                // Widen once; the block is read twice (amax, then encode).
-                let mut xf = [0f32; BLOCK];
-                for (d, v) in xf.iter_mut().zip(xb) {
-                    *d = v.to_f32();
+                T::widen_slice(xb, &mut w);
+                let code = cfg.code(key_max(cfg.rule, &w));
+                encode_run(cfg, &w, multiplier(code), o);
+                let at = match layout {
+                    ScaleLayout::Compact => i * rstride + kb,
+                    ScaleLayout::Swizzled => swizzled_index(i, kb, rstride),
+                };
+                rs[at] = code;
+            }
+        }
+        return;
+    }
+    let mut col_key = [0u32; CHUNK];
+    let mut col_mult = [0f32; CHUNK];
+    let mut col_code = [0u8; CHUNK];
+    let mut tile_mult = [0f32; CHUNK / BLOCK];
+    let mut tile_code = [0u8; CHUNK / BLOCK];
+    for g in 0..groups {
+        for c0 in (0..k).step_by(CHUNK) {
+            let cw = CHUNK.min(k - c0);
+            let nb = cw / BLOCK;
+            // Widen the group's chunk (row-major, contiguous runs of `cw`).
+            for r in 0..BLOCK {
+                let i = g * BLOCK + r;
+                T::widen_slice(
+                    &x[i * k + c0..i * k + c0 + cw],
+                    &mut wide[r * cw..(r + 1) * cw],
+                );
+            }
+            let wide = &wide[..BLOCK * cw];
+            // Column / tile amaxes over the group's 32 rows.
+            if two_d {
+                let keys = &mut col_key[..nb];
+                keys.fill(0);
+                for row in wide.chunks_exact(cw) {
+                    for (a, b) in keys.iter_mut().zip(row.chunks_exact(BLOCK)) {
+                        *a = (*a).max(key_max(cfg.rule, b));
+                    }
                 }
-                let key = xf.iter().fold(0u32, |m, &v| m.max(cfg.rule.key(v)));
-                let code = cfg.code(key);
-                *s = code;
-                encode_scaled(cfg, &xf, multiplier(code), ob);
-            }
-        });
-}
-
-/// Columnwise 32x1 blocks (not transposed). One task per 32-row group: a running
-/// per-column max over the 32 rows, then one code per column, then the rows again.
-/// `scales` is the compact `[>= M/32, stride]` matrix.
-pub(crate) fn columnwise<T: Element>(
-    cfg: Cfg,
-    xs: &[T],
-    k: usize,
-    data: &mut [u8],
-    scales: &mut [u8],
-    stride: usize,
-) {
-    data.par_chunks_mut(BLOCK * k)
-        .zip(xs.par_chunks(BLOCK * k))
-        .zip(scales.par_chunks_mut(stride))
-        .for_each(|((out, x), s)| {
-            let mut key = vec![0u32; k];
-            for row in x.chunks_exact(k) {
-                for (a, v) in key.iter_mut().zip(row) {
-                    *a = (*a).max(cfg.rule.key(v.to_f32()));
-                }
-            }
-            let mut mult = vec![0f32; k];
-            for ((s, m), &a) in s.iter_mut().zip(mult.iter_mut()).zip(&key) {
-                let code = cfg.code(a);
-                *s = code;
-                *m = multiplier(code);
-            }
-            for (orow, xrow) in out.chunks_exact_mut(k).zip(x.chunks_exact(k)) {
-                for ((o, v), &m) in orow.iter_mut().zip(xrow).zip(&mult) {
-                    *o = cfg.encode(v.to_f32(), m);
-                }
-            }
-        });
-}
-
-/// 32x32 tiles: writes the data (identical for both directions) and returns the tile
-/// codes, row-major `[M/32, K/32]`.
-pub(crate) fn two_d<T: Element>(cfg: Cfg, xs: &[T], k: usize, data: &mut [u8]) -> Vec<u8> {
-    let nkb = k / BLOCK;
-    let nmb = xs.len() / (BLOCK * k).max(1);
-    let mut tiles = vec![0u8; nmb * nkb];
-    tiles
-        .par_chunks_mut(nkb.max(1))
-        .zip(data.par_chunks_mut(BLOCK * k))
-        .zip(xs.par_chunks(BLOCK * k))
-        .for_each(|((t, out), x)| {
-            let mut key = vec![0u32; nkb];
-            for row in x.chunks_exact(k) {
-                for (a, blk) in key.iter_mut().zip(row.chunks_exact(BLOCK)) {
-                    *a = blk.iter().fold(*a, |m, v| m.max(cfg.rule.key(v.to_f32())));
-                }
-            }
-            let mut mult = vec![0f32; nkb];
-            for ((t, m), &a) in t.iter_mut().zip(mult.iter_mut()).zip(&key) {
-                *t = cfg.code(a);
-                *m = multiplier(*t);
-            }
-            for (orow, xrow) in out.chunks_exact_mut(k).zip(x.chunks_exact(k)) {
-                for ((ob, xb), &m) in orow
-                    .chunks_exact_mut(BLOCK)
-                    .zip(xrow.chunks_exact(BLOCK))
-                    .zip(&mult)
+                for ((c, mlt), &a) in tile_code
+                    .iter_mut()
+                    .zip(tile_mult.iter_mut())
+                    .zip(keys.iter())
                 {
-                    encode_scaled(cfg, xb, m, ob);
+                    *c = cfg.code(a);
+                    *mlt = multiplier(*c);
+                }
+            } else if job.col.is_some() {
+                let keys = &mut col_key[..cw];
+                keys.fill(0);
+                for row in wide.chunks_exact(cw) {
+                    key_max_cols(cfg.rule, row, keys);
+                }
+                for ((c, mlt), &a) in col_code
+                    .iter_mut()
+                    .zip(col_mult.iter_mut())
+                    .zip(keys.iter())
+                {
+                    *c = cfg.code(a);
+                    *mlt = multiplier(*c);
                 }
             }
-        });
-    tiles
+            // Encode.
+            for (r, w) in wide.chunks_exact(cw).enumerate() {
+                let i = g * BLOCK + r;
+                let dst = i * k + c0..i * k + c0 + cw;
+                if let Some((rd, rs)) = job.row.as_mut() {
+                    let out = &mut rd[dst.clone()];
+                    for (b, (o, v)) in out
+                        .chunks_exact_mut(BLOCK)
+                        .zip(w.chunks_exact(BLOCK))
+                        .enumerate()
+                    {
+                        let code = if two_d {
+                            tile_code[b]
+                        } else {
+                            cfg.code(key_max(cfg.rule, v))
+                        };
+                        encode_run(
+                            cfg,
+                            v,
+                            if two_d {
+                                tile_mult[b]
+                            } else {
+                                multiplier(code)
+                            },
+                            o,
+                        );
+                        let kb = c0 / BLOCK + b;
+                        let at = match layout {
+                            ScaleLayout::Compact => i * rstride + kb,
+                            ScaleLayout::Swizzled => swizzled_index(i, kb, rstride),
+                        };
+                        rs[at] = code;
+                    }
+                }
+                if let Some((cd, _)) = job.col.as_mut() {
+                    let out = &mut cd[dst];
+                    if two_d {
+                        for ((o, v), &mlt) in out
+                            .chunks_exact_mut(BLOCK)
+                            .zip(w.chunks_exact(BLOCK))
+                            .zip(&tile_mult)
+                        {
+                            encode_run(cfg, v, mlt, o);
+                        }
+                    } else {
+                        encode_cols(cfg, w, &col_mult[..cw], out);
+                    }
+                }
+            }
+            // Columnwise scales of the group: one code per column (2-D: per tile).
+            if let Some((_, cs)) = job.col.as_mut() {
+                for j in 0..cw {
+                    let code = if two_d {
+                        tile_code[j / BLOCK]
+                    } else {
+                        col_code[j]
+                    };
+                    let col = c0 + j;
+                    match cs {
+                        ColScales::Compact(s) => s[g * cstride + col] = code,
+                        ColScales::Swizzled(st) => {
+                            st.row_mut(col / 128)[(col % 32) * 16 + ((col % 128) / 32) * 4 + g] =
+                                code
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
-
 /// Spreads 2-D tile codes over the compact rowwise scales: rows `32*mb .. 32*mb+32`
 /// all get tile row `mb`.
 pub(crate) fn tiles_to_rowwise(tiles: &[u8], m: usize, k: usize, scales: &mut [u8], stride: usize) {
@@ -193,30 +402,72 @@ pub(crate) fn dequantize_rowwise<T: Element>(
     scales: &[u8],
     out: &mut [T],
 ) {
-    let table = dtype.decode_table();
-    out.par_chunks_mut(k)
-        .zip(q.par_chunks(k))
+    let level = simd::level();
+    let rows_per_task = (SLAB * 2048 / k.max(1)).max(1);
+    out.par_chunks_mut(rows_per_task * k)
+        .zip(q.par_chunks(rows_per_task * k))
         .enumerate()
-        .with_min_len(8)
-        .for_each(|(i, (o, q))| {
-            for (kb, (ob, qb)) in o
-                .chunks_exact_mut(BLOCK)
-                .zip(q.chunks_exact(BLOCK))
-                .enumerate()
-            {
-                let code = scales
-                    .get(rowwise_scale_index(layout, m, k, i, kb))
-                    .copied()
-                    .unwrap_or(0xFF);
-                let s = scale(code);
-                for (o, &b) in ob.iter_mut().zip(qb) {
-                    *o = T::from_f32(s * table[usize::from(b)]);
-                }
-            }
+        .for_each(|(t, (o, q))| {
+            simd::dispatch(
+                level,
+                #[inline(always)]
+                || {
+                    let mut w = [0f32; BLOCK];
+                    for (r, (o, q)) in o.chunks_exact_mut(k).zip(q.chunks_exact(k)).enumerate() {
+                        let i = t * rows_per_task + r;
+                        for (kb, (ob, qb)) in o
+                            .chunks_exact_mut(BLOCK)
+                            .zip(q.chunks_exact(BLOCK))
+                            .enumerate()
+                        {
+                            let code = scales
+                                .get(rowwise_scale_index(layout, m, k, i, kb))
+                                .copied()
+                                .unwrap_or(0xFF);
+                            decode_run(dtype, scale(code), qb, &mut w);
+                            T::narrow_slice(&w, ob);
+                        }
+                    }
+                },
+            )
         });
 }
 
-/// Columnwise dequantization: each 32-row group reads its `K` scales once.
+/// `w[i] = s * decode(q[i])` (the dtype matched once, outside the loop).
+#[inline(always)]
+fn decode_run(dtype: Mxfp8Dtype, s: f32, q: &[u8], w: &mut [f32]) {
+    match dtype {
+        Mxfp8Dtype::E4M3 => {
+            for (o, &b) in w.iter_mut().zip(q) {
+                *o = s * e4m3::decode_fast(b);
+            }
+        }
+        Mxfp8Dtype::E5M2 => {
+            for (o, &b) in w.iter_mut().zip(q) {
+                *o = s * e5m2::decode_fast(b);
+            }
+        }
+    }
+}
+
+/// `w[j] = s[j] * decode(q[j])`.
+#[inline(always)]
+fn decode_cols(dtype: Mxfp8Dtype, s: &[f32], q: &[u8], w: &mut [f32]) {
+    match dtype {
+        Mxfp8Dtype::E4M3 => {
+            for ((o, &b), &s) in w.iter_mut().zip(q).zip(s) {
+                *o = s * e4m3::decode_fast(b);
+            }
+        }
+        Mxfp8Dtype::E5M2 => {
+            for ((o, &b), &s) in w.iter_mut().zip(q).zip(s) {
+                *o = s * e5m2::decode_fast(b);
+            }
+        }
+    }
+}
+
+/// Columnwise dequantization: each 32-row group reads its `K` scales once per chunk.
 pub(crate) fn dequantize_columnwise<T: Element>(
     dtype: Mxfp8Dtype,
     layout: ScaleLayout,
@@ -226,24 +477,32 @@ pub(crate) fn dequantize_columnwise<T: Element>(
     scales: &[u8],
     out: &mut [T],
 ) {
-    let table = dtype.decode_table();
+    let level = simd::level();
     out.par_chunks_mut(BLOCK * k)
         .zip(q.par_chunks(BLOCK * k))
         .enumerate()
         .for_each(|(mb, (o, q))| {
-            let s: Vec<f32> = (0..k)
-                .map(|j| {
-                    let code = scales
-                        .get(columnwise_scale_index(layout, m, k, mb, j))
-                        .copied()
-                        .unwrap_or(0xFF);
-                    scale(code)
-                })
-                .collect();
-            for (orow, qrow) in o.chunks_exact_mut(k).zip(q.chunks_exact(k)) {
-                for ((o, &b), &s) in orow.iter_mut().zip(qrow).zip(&s) {
-                    *o = T::from_f32(s * table[usize::from(b)]);
-                }
-            }
+            simd::dispatch(
+                level,
+                #[inline(always)]
+                || {
+                    let mut s = [0f32; CHUNK];
+                    let mut w = [0f32; CHUNK];
+                    for c0 in (0..k).step_by(CHUNK) {
+                        let cw = CHUNK.min(k - c0);
+                        for (j, s) in s[..cw].iter_mut().enumerate() {
+                            let code = scales
+                                .get(columnwise_scale_index(layout, m, k, mb, c0 + j))
+                                .copied()
+                                .unwrap_or(0xFF);
+                            *s = scale(code);
+                        }
+                        for (orow, qrow) in o.chunks_exact_mut(k).zip(q.chunks_exact(k)) {
+                            decode_cols(dtype, &s[..cw], &qrow[c0..c0 + cw], &mut w[..cw]);
+                            T::narrow_slice(&w[..cw], &mut orow[c0..c0 + cw]);
+                        }
+                    }
+                },
+            )
         });
 }

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::kernels::{self, Cfg};
 use crate::layout::{
     ScaleLayout, columnwise_scale_index, columnwise_scale_shape, convert_scales,
-    rowwise_scale_index, rowwise_scale_shape, scale_shape, swizzle_scales,
+    rowwise_scale_index, rowwise_scale_shape, scale_shape,
 };
 use crate::scale::{BLOCK, Mxfp8Dtype, ScaleRule};
 
@@ -213,83 +213,16 @@ impl Mxfp8Quantizer {
             }
         }
         let cfg = self.cfg(T::DTYPE, m, k);
-        // Compact scales are written in place; swizzled ones go through a compact copy.
-        let mut compact_r = vec![
-            0u8;
-            if self.swizzled() {
-                rshape[0] * rshape[1]
-            } else {
-                0
-            }
-        ];
-        let mut compact_c = vec![
-            0u8;
-            if self.swizzled() {
-                cshape[0] * cshape[1]
-            } else {
-                0
-            }
-        ];
-        let (rowwise, columnwise) = (rowwise, columnwise);
-        if self.two_d {
-            let tiles = match (rowwise, columnwise) {
-                (Some((rd, rs)), cw) => {
-                    let tiles = kernels::two_d(cfg, xs, k, rd.bytes_mut());
-                    let dst = if self.swizzled() {
-                        &mut compact_r[..]
-                    } else {
-                        rs.bytes_mut()
-                    };
-                    kernels::tiles_to_rowwise(&tiles, m, k, dst, rshape[1]);
-                    if self.swizzled() {
-                        swizzle_scales(Direction::Rowwise, &compact_r, rs.bytes_mut(), m, k)?;
-                    }
-                    if let Some((cd, cs)) = cw {
-                        cd.bytes_mut().copy_from_slice(rd.bytes());
-                        Some((tiles, cs))
-                    } else {
-                        None
-                    }
-                }
-                (None, Some((cd, cs))) => Some((kernels::two_d(cfg, xs, k, cd.bytes_mut()), cs)),
-                (None, None) => None,
-            };
-            if let Some((tiles, cs)) = tiles {
-                let dst = if self.swizzled() {
-                    &mut compact_c[..]
-                } else {
-                    cs.bytes_mut()
-                };
-                kernels::tiles_to_columnwise(&tiles, m, k, dst, cshape[1]);
-                if self.swizzled() {
-                    swizzle_scales(Direction::Columnwise, &compact_c, cs.bytes_mut(), m, k)?;
-                }
-            }
-            return Ok(());
-        }
-        if let Some((rd, rs)) = rowwise {
-            let dst = if self.swizzled() {
-                &mut compact_r[..]
-            } else {
-                rs.bytes_mut()
-            };
-            kernels::rowwise(cfg, xs, k, rd.bytes_mut(), dst, rshape[1]);
-            if self.swizzled() {
-                swizzle_scales(Direction::Rowwise, &compact_r, rs.bytes_mut(), m, k)?;
-            }
-        }
-        if let Some((cd, cs)) = columnwise {
-            let dst = if self.swizzled() {
-                &mut compact_c[..]
-            } else {
-                cs.bytes_mut()
-            };
-            kernels::columnwise(cfg, xs, k, cd.bytes_mut(), dst, cshape[1]);
-            if self.swizzled() {
-                swizzle_scales(Direction::Columnwise, &compact_c, cs.bytes_mut(), m, k)?;
-            }
-        }
-        Ok(())
+        kernels::quantize(
+            cfg,
+            self.two_d,
+            self.scale_layout,
+            xs,
+            m,
+            k,
+            rowwise.map(|(d, s)| (d.bytes_mut(), s.bytes_mut())),
+            columnwise.map(|(d, s)| (d.bytes_mut(), s.bytes_mut())),
+        )
     }
 
     fn swizzled(&self) -> bool {
@@ -505,6 +438,11 @@ impl Format for Mxfp8Quantizer {
         self.check_shape(x.shape())?;
         let (m, k) = x.shape().as_2d();
         dispatch_elements!(x, |xs| self.cast(xs, m, k, out))
+    }
+
+    /// Data buffers are written in full; scale padding is left alone (zeroed).
+    fn overwrites(&self, desc: &BufferDesc) -> bool {
+        desc.name == ROWWISE_DATA || desc.name == COLUMNWISE_DATA
     }
 
     fn dequantize_into<T: Element>(

@@ -180,7 +180,7 @@ impl ScaleRule {
     }
 
     /// The E8M0 code of a block whose amax (under this rule) is `amax`.
-    #[inline]
+    #[inline(always)]
     pub fn code(self, amax: f32, dtype: Mxfp8Dtype) -> u8 {
         match self {
             // TE: one IEEE multiply by float(1/max), then round up to a power of two.

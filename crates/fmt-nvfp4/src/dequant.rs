@@ -14,8 +14,8 @@
 //! quantization error (and the bf16 rounding of the forward transform) is spread over
 //! its 16 elements, so an exact input value (e.g. a zero) generally comes back nonzero.
 
-use quant_core::Element;
 use quant_core::codec::e2m1;
+use quant_core::{Element, simd};
 use rayon::prelude::*;
 
 use crate::layout::{scale_index, scale_shape};
@@ -34,7 +34,7 @@ pub(crate) struct Operand<'a> {
 impl Operand<'_> {
     /// Dequantize factor of block `(row, block)` of a stored operand with `stride`-wide
     /// scales.
-    #[inline]
+    #[inline(always)]
     fn factor(&self, row: usize, block: usize, stride: usize) -> f32 {
         let sdb = self.scales[scale_index(row, block, stride, self.swizzled)];
         let amax = if self.amax.len() == 1 {
@@ -52,24 +52,43 @@ pub(crate) fn rowwise<T: Element>(op: &Operand<'_>, m: usize, k: usize, out: &mu
     if k == 0 {
         return;
     }
-    out.par_chunks_mut(k)
-        .zip(op.data.par_chunks(k / 2))
+    let level = simd::level();
+    let rows_per_task = (1 << 16) / k + 1;
+    out.par_chunks_mut(rows_per_task * k)
+        .zip(op.data.par_chunks(rows_per_task * k / 2))
         .enumerate()
-        .for_each(|(row, (o, d))| {
-            for (b, (ob, db)) in o
-                .chunks_exact_mut(BLOCK)
-                .zip(d.chunks_exact(BLOCK / 2))
-                .enumerate()
-            {
-                let f = op.factor(row, b, stride);
-                for (pair, &byte) in ob.chunks_exact_mut(2).zip(db) {
-                    let (lo, hi) = e2m1::unpack(byte);
-                    pair[0] = T::from_f32(e2m1::decode(lo) * f);
-                    pair[1] = T::from_f32(e2m1::decode(hi) * f);
-                }
-            }
+        .for_each(|(t, (o, d))| {
+            simd::dispatch(
+                level,
+                #[inline(always)]
+                || {
+                    let mut w = [0f32; BLOCK];
+                    for (r, (o, d)) in o.chunks_exact_mut(k).zip(d.chunks_exact(k / 2)).enumerate()
+                    {
+                        let row = t * rows_per_task + r;
+                        for (b, (ob, db)) in o
+                            .chunks_exact_mut(BLOCK)
+                            .zip(d.chunks_exact(BLOCK / 2))
+                            .enumerate()
+                        {
+                            let f = op.factor(row, b, stride);
+                            for (pair, &byte) in w.chunks_exact_mut(2).zip(db) {
+                                let (lo, hi) = e2m1::unpack(byte);
+                                pair[0] = e2m1::decode_fast(lo) * f;
+                                pair[1] = e2m1::decode_fast(hi) * f;
+                            }
+                            T::narrow_slice(&w, ob);
+                        }
+                    }
+                },
+            )
         });
 }
+
+/// Output rows per columnwise task (64 bytes of every stored row).
+const SLAB: usize = 128;
+/// Stored rows (output columns) per chunk.
+const CHUNK: usize = 256;
 
 /// Columnwise: `[k, m]` codes and scales (of `x^T`) to `out` in the logical `[m, k]`
 /// layout, undoing the Hadamard transform when `rht`.
@@ -84,28 +103,88 @@ pub(crate) fn columnwise<T: Element>(
     if k == 0 || m == 0 {
         return;
     }
-    // One task per 16 rows of the output (= one block column of the stored x^T).
-    out.par_chunks_mut(BLOCK * k)
-        .enumerate()
-        .for_each(|(b, o)| {
-            for c in 0..k {
-                let f = op.factor(c, b, stride);
-                let bytes = &op.data[c * m / 2 + b * BLOCK / 2..c * m / 2 + (b + 1) * BLOCK / 2];
-                let mut y = [0.0f32; BLOCK];
-                for (pair, &byte) in y.chunks_exact_mut(2).zip(bytes) {
-                    let (lo, hi) = e2m1::unpack(byte);
-                    pair[0] = e2m1::decode(lo) * f;
-                    pair[1] = e2m1::decode(hi) * f;
-                }
-                if rht_on {
-                    for (i, v) in rht::inverse_16(&y).into_iter().enumerate() {
-                        o[i * k + c] = T::from_f64(v);
+    let level = simd::level();
+    out.par_chunks_mut(SLAB * k).enumerate().for_each_init(
+        || (vec![0u8; SLAB / 2 * CHUNK], vec![0f32; SLAB * CHUNK]),
+        |(pairs, vals), (s, o)| {
+            simd::dispatch(
+                level,
+                #[inline(always)]
+                || {
+                    let rows = o.len() / k;
+                    let half = rows / 2;
+                    let p0 = s * SLAB / 2;
+                    for c0 in (0..k).step_by(CHUNK) {
+                        let cw = CHUNK.min(k - c0);
+                        // Stored rows c0.. (columns of x), this slab's bytes, transposed.
+                        simd::transpose_bytes(
+                            &op.data[c0 * (m / 2) + p0..],
+                            m / 2,
+                            pairs,
+                            CHUNK,
+                            cw,
+                            half,
+                        );
+                        for g in 0..rows / BLOCK {
+                            let mb = s * SLAB / BLOCK + g;
+                            let mut f = [0f32; CHUNK];
+                            for (c, f) in f[..cw].iter_mut().enumerate() {
+                                *f = op.factor(c0 + c, mb, stride);
+                            }
+                            for q in 0..BLOCK / 2 {
+                                let src = &pairs[(g * BLOCK / 2 + q) * CHUNK..][..cw];
+                                let (lo, hi) =
+                                    vals[(g * BLOCK + 2 * q) * CHUNK..].split_at_mut(CHUNK);
+                                for (((a, b), &byte), &f) in lo[..cw]
+                                    .iter_mut()
+                                    .zip(hi[..cw].iter_mut())
+                                    .zip(src)
+                                    .zip(&f[..cw])
+                                {
+                                    *a = e2m1::decode_fast(byte & 0xF) * f;
+                                    *b = e2m1::decode_fast(byte >> 4) * f;
+                                }
+                            }
+                            if rht_on {
+                                inverse_group(
+                                    &vals[g * BLOCK * CHUNK..][..BLOCK * CHUNK],
+                                    cw,
+                                    &mut o[g * BLOCK * k..][..BLOCK * k],
+                                    k,
+                                    c0,
+                                );
+                            } else {
+                                for i in 0..BLOCK {
+                                    let r = g * BLOCK + i;
+                                    T::narrow_slice(
+                                        &vals[r * CHUNK..r * CHUNK + cw],
+                                        &mut o[r * k + c0..r * k + c0 + cw],
+                                    );
+                                }
+                            }
+                        }
                     }
-                } else {
-                    for (i, v) in y.into_iter().enumerate() {
-                        o[i * k + c] = T::from_f32(v);
-                    }
-                }
+                },
+            )
+        },
+    );
+}
+
+/// The inverse Hadamard transform of one 16-row group, vectorized across columns:
+/// `v_i = sum_j y_j * R[i][j]` in f64, index order, rounded once to `T`.
+#[inline(always)]
+fn inverse_group<T: Element>(y: &[f32], cw: usize, out: &mut [T], k: usize, c0: usize) {
+    for (i, ri) in rht::R.iter().enumerate() {
+        let mut acc = [0f64; CHUNK];
+        for (j, &rij) in ri.iter().enumerate() {
+            let yj = &y[j * CHUNK..j * CHUNK + cw];
+            let r = f64::from(rij);
+            for (a, &v) in acc[..cw].iter_mut().zip(yj) {
+                *a += f64::from(v) * r;
             }
-        });
+        }
+        for (o, &a) in out[i * k + c0..i * k + c0 + cw].iter_mut().zip(&acc[..cw]) {
+            *o = T::from_f64(a);
+        }
+    }
 }

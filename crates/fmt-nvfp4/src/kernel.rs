@@ -26,7 +26,7 @@ pub(crate) enum Amax<'a> {
 
 impl Amax<'_> {
     #[inline]
-    fn of_row(&self, row: usize) -> f32 {
+    pub(crate) fn of_row(&self, row: usize) -> f32 {
         match *self {
             Amax::Tensor(a) => a,
             Amax::PerRow(v) => v.get(row).copied().unwrap_or(0.0),

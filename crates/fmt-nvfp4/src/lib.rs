@@ -108,9 +108,11 @@
 #[allow(unsafe_code)] // kernel launches; every block has a SAFETY comment
 pub mod cuda;
 mod dequant;
+mod engine;
 mod kernel;
 pub mod layout;
 mod quantizer;
+pub mod reference;
 pub mod rht;
 pub mod scale;
 pub mod sr;

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::kernel::{self, Amax, RowQuant};
 use crate::layout::{self, scale_shape};
 use crate::scale::BLOCK;
-use crate::{dequant, rht, sr};
+use crate::{dequant, engine, rht, sr};
 
 /// The error 4over6 minimises when it picks a block's scale candidate.
 ///
@@ -296,7 +296,9 @@ impl Nvfp4Quantizer {
         Ok(())
     }
 
-    /// Fills the buffers from `xs`; `amax` overrides the computed global amaxes.
+    /// The fast path: fills the buffers from `xs` with one read of the input after the
+    /// global amax pass (see [`crate::engine`]); `amax` overrides the computed global
+    /// amaxes.
     fn cast<T: Element>(
         &self,
         xs: &[T],
@@ -305,11 +307,102 @@ impl Nvfp4Quantizer {
         bufs: &mut [BufferMut<'_>],
     ) -> Result<()> {
         if self.rht && T::DTYPE != DType::BF16 {
-            return Err(Error::unsupported(
-                Self::NAME,
-                format!("rht with {} input", T::DTYPE),
-                "TransformerEngine's Hadamard kernels take bf16 input only; convert first (HostTensor::to_dtype(DType::BF16)) to get TE's exact bytes",
-            ));
+            return Err(rht_dtype_error(T::DTYPE));
+        }
+        let (m, k) = shape.as_2d();
+        let [rd, rs, ra, cd, cs, ca] = buffers_by_name_mut(
+            bufs,
+            [
+                "rowwise_data",
+                "rowwise_scale_inv",
+                "amax_rowwise",
+                "columnwise_data",
+                "columnwise_scale_inv",
+                "amax_columnwise",
+            ],
+        );
+        let missing = |n: &str| Error::buffer(n, "is missing from the storage");
+        let (rowwise, columnwise) = (self.usage.rowwise, self.usage.columnwise);
+        let a = engine::amaxes(
+            xs,
+            m,
+            k,
+            !self.row_scaled && amax.is_none(),
+            self.rht && columnwise && amax.is_none(),
+            self.row_scaled && rowwise,
+            self.row_scaled && columnwise,
+        );
+        // Without RHT both directions share the tensor amax (TE copies one into both).
+        let shared = match amax {
+            _ if self.row_scaled => 0.0,
+            Some((r, _)) => r,
+            None => a.x,
+        };
+        let row_amax = if self.row_scaled {
+            Amax::PerRow(&a.rows)
+        } else {
+            Amax::Tensor(shared)
+        };
+        let col_amax = if self.row_scaled {
+            Amax::PerRow(&a.cols)
+        } else if self.rht {
+            Amax::Tensor(amax.map_or(a.y, |(_, c)| c))
+        } else {
+            Amax::Tensor(amax.map_or(shared, |(_, c)| c))
+        };
+        let row = if rowwise {
+            let ra = ra
+                .ok_or_else(|| missing("amax_rowwise"))?
+                .as_mut_slice::<f32>()?;
+            match row_amax {
+                Amax::PerRow(v) => ra.copy_from_slice(v),
+                Amax::Tensor(v) => ra[0] = v,
+            }
+            let rd = rd.ok_or_else(|| missing("rowwise_data"))?;
+            let rs = rs.ok_or_else(|| missing("rowwise_scale_inv"))?;
+            Some((rd.bytes_mut(), rs.bytes_mut()))
+        } else {
+            None
+        };
+        let col = if columnwise {
+            let ca = ca
+                .ok_or_else(|| missing("amax_columnwise"))?
+                .as_mut_slice::<f32>()?;
+            match col_amax {
+                Amax::PerRow(v) => ca.copy_from_slice(v),
+                Amax::Tensor(v) => ca[0] = v,
+            }
+            let cd = cd.ok_or_else(|| missing("columnwise_data"))?;
+            let cs = cs.ok_or_else(|| missing("columnwise_scale_inv"))?;
+            Some((cd.bytes_mut(), cs.bytes_mut()))
+        } else {
+            None
+        };
+        let params = engine::Params {
+            two_d: self.two_d,
+            e4m3_max: self.e4m3_max,
+            four_over_six: self.four_over_six,
+            seed: self.stochastic_rounding.then_some(self.seed),
+            swizzled: self.swizzled,
+            rht: self.rht,
+            row_amax,
+            col_amax,
+        };
+        engine::quantize(&params, xs, m, k, row, col)
+    }
+
+    /// The scalar specification of [`Self::cast`] (used by [`crate::reference`]): one
+    /// block at a time through [`crate::kernel`], the columnwise operand materialized
+    /// as a transposed (or Hadamard-rotated) copy.
+    pub(crate) fn reference_cast<T: Element>(
+        &self,
+        xs: &[T],
+        shape: &Shape,
+        amax: Option<(f32, f32)>,
+        bufs: &mut [BufferMut<'_>],
+    ) -> Result<()> {
+        if self.rht && T::DTYPE != DType::BF16 {
+            return Err(rht_dtype_error(T::DTYPE));
         }
         let (m, k) = shape.as_2d();
         let (ss_r, ss_c) = self.scale_shapes(m, k);
@@ -838,13 +931,9 @@ impl Format for Nvfp4Quantizer {
         }
         let (m, k) = x.shape().as_2d();
         let mut amax = dispatch_elements!(x, |xs| {
-            let row = kernel::tensor_amax(xs);
-            let col = if self.rht && self.usage.columnwise && is_bf16(xs) {
-                kernel::tensor_amax(&crate::rht::transposed_rht(xs, m, k))
-            } else {
-                row
-            };
-            [row, col]
+            let want_y = self.rht && self.usage.columnwise && is_bf16(xs);
+            let a = engine::amaxes(xs, m, k, true, want_y, false, false);
+            [a.x, if want_y { a.y } else { a.x }]
         });
         reducer.all_reduce_max(&mut amax)?;
         self.quantize_with_amax(x, amax[0], amax[1])
@@ -944,6 +1033,14 @@ pub fn with_scale_layout(
         t.shape(),
         t.dtype(),
         bufs,
+    )
+}
+
+fn rht_dtype_error(dtype: DType) -> Error {
+    Error::unsupported(
+        Nvfp4Quantizer::NAME,
+        format!("rht with {dtype} input"),
+        "TransformerEngine's Hadamard kernels take bf16 input only; convert first (HostTensor::to_dtype(DType::BF16)) to get TE's exact bytes",
     )
 }
 

@@ -75,14 +75,14 @@ pub fn block_encode_scale(sdb: u8, s_dec: f32) -> f32 {
 }
 
 /// `f32(1 / (6 * e4m3_max))`, the dequantize constant (`0x39C30C31` for 448).
-#[inline]
+#[inline(always)]
 pub fn dequant_rcp(e4m3_max: u16) -> f32 {
     1.0 / (FP4_MAX * f32::from(e4m3_max))
 }
 
 /// The dequantize factor of one block: `(float(sdb) * amax) * f32(1/(6*E4M3_MAX))`.
 /// TE uses the stored amax here, not `S_dec`.
-#[inline]
+#[inline(always)]
 pub fn dequant_factor(sdb: u8, amax: f32, e4m3_max: u16) -> f32 {
     (e4m3::decode(sdb) * amax) * dequant_rcp(e4m3_max)
 }

@@ -4,10 +4,14 @@
 //! on the stack once ([`Element::widen_slice`]), then run branchless loops over it. The
 //! amax here keeps 16 independent lanes so the compiler can use vector max instructions
 //! (whose "NaN loses" behaviour is exactly CUDA `fmaxf`'s).
+//!
+//! Everything here is `#[inline(always)]` so that it compiles into the
+//! [`simd::dispatch`]ed kernel that calls it, at that kernel's vector width.
 
 use rayon::prelude::*;
 
 use crate::dtype::Element;
+use crate::simd;
 
 /// Elements widened per step (fits L1 comfortably: 2 KiB of f32).
 pub const BLOCK: usize = 512;
@@ -27,7 +31,7 @@ pub fn fmax_nan_loses(m: f32, a: f32) -> f32 {
 /// assert_eq!(quant_core::cpu::amax_f32(&[1.0, f32::NAN, -3.0, 2.0]), 3.0);
 /// assert_eq!(quant_core::cpu::amax_f32(&[]), 0.0);
 /// ```
-#[inline]
+#[inline(always)]
 pub fn amax_f32(xs: &[f32]) -> f32 {
     const LANES: usize = 16;
     let mut acc = [0f32; LANES];
@@ -48,7 +52,7 @@ pub fn amax_f32(xs: &[f32]) -> f32 {
 }
 
 /// `max |x|` of any input element type, ignoring NaN (widens block by block).
-#[inline]
+#[inline(always)]
 pub fn amax<T: Element>(xs: &[T]) -> f32 {
     let mut buf = [0f32; BLOCK];
     xs.chunks(BLOCK).fold(0f32, |m, c| {
@@ -58,10 +62,17 @@ pub fn amax<T: Element>(xs: &[T]) -> f32 {
     })
 }
 
-/// [`amax`] in parallel over chunks of the input.
+/// [`amax`] in parallel over chunks of the input, at the active [`simd::level`].
 pub fn par_amax<T: Element>(xs: &[T]) -> f32 {
+    let level = simd::level();
     xs.par_chunks(PAR_CHUNK)
-        .map(amax::<T>)
+        .map(|c| {
+            simd::dispatch(
+                level,
+                #[inline(always)]
+                || amax::<T>(c),
+            )
+        })
         .reduce(|| 0.0, fmax_nan_loses)
 }
 

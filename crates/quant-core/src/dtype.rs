@@ -156,11 +156,11 @@ impl Element for f32 {
     fn from_f64(v: f64) -> Self {
         v as f32
     }
-    #[inline]
+    #[inline(always)]
     fn widen_slice(src: &[Self], dst: &mut [f32]) {
         dst.copy_from_slice(src);
     }
-    #[inline]
+    #[inline(always)]
     fn narrow_slice(src: &[f32], dst: &mut [Self]) {
         dst.copy_from_slice(src);
     }
@@ -183,14 +183,14 @@ impl Element for bf16 {
         // twice (1 + 2^-8 + 2^-40 -> 1.0 instead of 1.0078125).
         bf16::from_f32(f64_to_f32_round_odd(v))
     }
-    #[inline]
+    #[inline(always)]
     fn widen_slice(src: &[Self], dst: &mut [f32]) {
         // bf16 is the top half of an f32: widening is a shift (NaN payloads kept).
         for (d, s) in dst.iter_mut().zip(src) {
             *d = f32::from_bits(u32::from(s.to_bits()) << 16);
         }
     }
-    #[inline]
+    #[inline(always)]
     fn narrow_slice(src: &[f32], dst: &mut [Self]) {
         // Branchless round-to-nearest-even (identical to `bf16::from_f32`, NaN included:
         // the quiet bit is set and the sign and top payload bits are kept).

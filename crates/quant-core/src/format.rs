@@ -103,6 +103,15 @@ pub trait Format:
         ))
     }
 
+    /// Whether [`Format::quantize_into`] writes every byte of the buffer described by
+    /// `desc` (padding included), so quantizing again into existing storage
+    /// ([`QuantizedTensor::quantize_from`]) need not zero it first: that saves a whole
+    /// write pass over the output. Default `false` (the buffer is zeroed before each call).
+    fn overwrites(&self, desc: &BufferDesc) -> bool {
+        let _ = desc;
+        false
+    }
+
     /// How many times quantizing reads the input: 1 for block formats whose scales come
     /// from the block itself, 2 where a tensor-wide amax must be known before the first
     /// byte is written (per-tensor scaling). Benchmarks use it for the memory roofline.
@@ -339,7 +348,9 @@ impl<F: Format> QuantizedTensor<F> {
         let mut views: Vec<BufferMut<'_>> =
             self.buffers.iter_mut().map(Buffer::as_mut_view).collect();
         for v in &mut views {
-            v.bytes_mut().fill(0);
+            if !self.format.overwrites(v.desc()) {
+                v.bytes_mut().fill(0);
+            }
         }
         self.format.quantize_into(x, &mut views)?;
         self.dtype = x.dtype();
@@ -360,13 +371,32 @@ impl<F: Format> QuantizedTensor<F> {
 
     /// Dequantizes the `dir` operand into a new vector of `T` in the logical shape.
     pub fn dequantize_as<T: Element>(&self, dir: Direction) -> Result<Vec<T>> {
-        self.check_dir(dir)?;
         let mut out = vec![T::from_f32(0.0); self.shape.numel()];
+        self.dequantize_into(dir, &mut out)?;
+        Ok(out)
+    }
+
+    /// Dequantizes the `dir` operand into caller memory (`out` holds the logical shape's
+    /// element count, row-major): no allocation, so a loop can reuse one buffer (the
+    /// `fmt_fp8::Fp8Quantizer` docs show it).
+    pub fn dequantize_into<T: Element>(&self, dir: Direction, out: &mut [T]) -> Result<()> {
+        self.check_dir(dir)?;
+        if out.len() != self.shape.numel() {
+            return Err(Error::invalid(
+                "out",
+                format!("{} elements", out.len()),
+                format!(
+                    "must hold the {} elements of {}",
+                    self.shape.numel(),
+                    self.shape
+                ),
+            ));
+        }
         if !out.is_empty() {
             self.format
-                .dequantize_into(&self.shape, &self.buffers, dir, &mut out)?;
+                .dequantize_into(&self.shape, &self.buffers, dir, out)?;
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Dequantizes the `dir` operand to `dtype` (f32, bf16 or f16).

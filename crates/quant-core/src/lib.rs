@@ -45,6 +45,8 @@ pub mod plan;
 pub mod proto;
 pub mod registry;
 pub mod shape;
+pub mod simd;
+pub mod strips;
 pub mod tensor;
 pub mod traits;
 pub mod usage;
@@ -57,7 +59,7 @@ pub use grouped::{GroupKind, GroupLayout, GroupedTensor};
 pub use proto::TensorProto;
 pub use registry::{FormatEntry, Registry};
 pub use shape::Shape;
-pub use tensor::{HostData, HostTensor};
+pub use tensor::{HostData, HostDataMut, HostTensor};
 pub use traits::{GroupedStorage, Quantizer, Storage};
 pub use usage::{Direction, Usage};
 

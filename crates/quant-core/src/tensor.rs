@@ -19,6 +19,61 @@ pub enum HostData<'a> {
     F16(Cow<'a, [f16]>),
 }
 
+/// Caller-provided output memory of a float dtype: where
+/// [`Storage::dequantize_into`](crate::Storage::dequantize_into) writes without allocating.
+///
+/// ```
+/// use quant_core::{DType, HostDataMut};
+/// let mut out = vec![half::bf16::ZERO; 8];
+/// let view = HostDataMut::from(&mut out[..]);
+/// assert_eq!((view.dtype(), view.len()), (DType::BF16, 8));
+/// ```
+#[derive(Debug)]
+pub enum HostDataMut<'a> {
+    /// f32 elements.
+    F32(&'a mut [f32]),
+    /// bf16 elements.
+    BF16(&'a mut [bf16]),
+    /// f16 elements.
+    F16(&'a mut [f16]),
+}
+
+impl HostDataMut<'_> {
+    /// The element dtype.
+    pub fn dtype(&self) -> DType {
+        match self {
+            HostDataMut::F32(_) => DType::F32,
+            HostDataMut::BF16(_) => DType::BF16,
+            HostDataMut::F16(_) => DType::F16,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            HostDataMut::F32(d) => d.len(),
+            HostDataMut::BF16(d) => d.len(),
+            HostDataMut::F16(d) => d.len(),
+        }
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<'a, T: Element> From<&'a mut [T]> for HostDataMut<'a> {
+    fn from(data: &'a mut [T]) -> Self {
+        // The dtype tag names T exactly; the casts are between identical types.
+        match T::DTYPE {
+            DType::F32 => HostDataMut::F32(bytemuck::cast_slice_mut(data)),
+            DType::BF16 => HostDataMut::BF16(bytemuck::cast_slice_mut(data)),
+            _ => HostDataMut::F16(bytemuck::cast_slice_mut(data)),
+        }
+    }
+}
+
 /// A dense row-major f32/bf16/f16 tensor on the host, usually borrowed (no copy).
 ///
 /// ```

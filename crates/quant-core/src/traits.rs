@@ -16,7 +16,7 @@ use crate::grouped::{GroupKind, GroupedTensor};
 use crate::parallel::AmaxReducer;
 use crate::proto::TensorProto;
 use crate::shape::Shape;
-use crate::tensor::HostTensor;
+use crate::tensor::{HostDataMut, HostTensor};
 use crate::usage::{Direction, Usage};
 
 /// A quantization recipe chosen at run time. Stateless: options only.
@@ -256,6 +256,30 @@ pub trait Storage: Send + Sync + fmt::Debug + Any {
     }
     /// Dequantizes one direction to `dtype`, in the logical shape.
     fn dequantize(&self, dir: Direction, dtype: DType) -> Result<HostTensor<'static>>;
+    /// Dequantizes one direction into caller memory (its dtype is the output dtype; it
+    /// holds the logical element count), without allocating. The default goes through
+    /// [`Storage::dequantize`] and copies; quantized tensors write in place.
+    fn dequantize_into(&self, dir: Direction, out: HostDataMut<'_>) -> Result<()> {
+        let t = self.dequantize(dir, out.dtype())?;
+        let src = t.as_bytes();
+        let dst: &mut [u8] = match out {
+            HostDataMut::F32(d) => bytemuck::cast_slice_mut(d),
+            HostDataMut::BF16(d) => bytemuck::cast_slice_mut(d),
+            HostDataMut::F16(d) => bytemuck::cast_slice_mut(d),
+        };
+        if dst.len() != src.len() {
+            return Err(Error::invalid(
+                "out",
+                format!("{} bytes", dst.len()),
+                format!(
+                    "must hold the {} bytes of the dequantized tensor",
+                    src.len()
+                ),
+            ));
+        }
+        dst.copy_from_slice(src);
+        Ok(())
+    }
     /// Dequantizes the preferred direction (rowwise when stored) to f32.
     fn dequantize_f32(&self) -> Result<Vec<f32>>;
     /// Drops or derives directions.
@@ -300,6 +324,13 @@ impl<F: Format> Storage for QuantizedTensor<F> {
     }
     fn dequantize(&self, dir: Direction, dtype: DType) -> Result<HostTensor<'static>> {
         QuantizedTensor::dequantize(self, dir, dtype)
+    }
+    fn dequantize_into(&self, dir: Direction, out: HostDataMut<'_>) -> Result<()> {
+        match out {
+            HostDataMut::F32(d) => QuantizedTensor::dequantize_into(self, dir, d),
+            HostDataMut::BF16(d) => QuantizedTensor::dequantize_into(self, dir, d),
+            HostDataMut::F16(d) => QuantizedTensor::dequantize_into(self, dir, d),
+        }
     }
     fn dequantize_f32(&self) -> Result<Vec<f32>> {
         QuantizedTensor::dequantize_f32(self)

@@ -13,7 +13,7 @@ use std::ops::Range;
 use enum_dispatch::enum_dispatch;
 use quant_core::parallel::AmaxReducer;
 use quant_core::{
-    Buffer, BufferDesc, DType, Direction, Error, Format, GroupedStorage, HostTensor,
+    Buffer, BufferDesc, DType, Direction, Error, Format, GroupedStorage, HostDataMut, HostTensor,
     QuantizedTensor, Quantizer, Result, Shape, Storage, TensorProto, Usage,
 };
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -239,6 +239,9 @@ impl Storage for AnyStorage {
     }
     fn dequantize(&self, dir: Direction, dtype: DType) -> Result<HostTensor<'static>> {
         self.as_storage().dequantize(dir, dtype)
+    }
+    fn dequantize_into(&self, dir: Direction, out: HostDataMut<'_>) -> Result<()> {
+        self.as_storage().dequantize_into(dir, out)
     }
     fn dequantize_f32(&self) -> Result<Vec<f32>> {
         self.as_storage().dequantize_f32()

@@ -83,6 +83,27 @@ pub fn decode(code: u8) -> f32 {
     DECODE[(code & 0xF) as usize]
 }
 
+/// Branchless form of [`decode`] (no table gather, so loops vectorize): exponent
+/// `e = (code >> 1) & 3`, mantissa bit `m`; `e > 0` is `2^(e-1) * (1 + m/2)`, built from
+/// its f32 bits, `e = 0` is `m * 0.5`; the sign bit (bit 3) becomes the f32 sign.
+///
+/// ```
+/// use quant_core::codec::e2m1;
+/// for c in 0..16u8 {
+///     assert_eq!(e2m1::decode_fast(c).to_bits(), e2m1::decode(c).to_bits());
+/// }
+/// ```
+#[inline(always)]
+pub fn decode_fast(code: u8) -> f32 {
+    let c = u32::from(code);
+    let e = (c >> 1) & 3;
+    let m = c & 1;
+    let normal = ((e + 126) << 23) | (m << 22);
+    let sub = m * 0x3F00_0000;
+    let bits = if e == 0 { sub } else { normal };
+    f32::from_bits(bits | ((c & 8) << 28))
+}
+
 /// Packs two codes into a byte: `lo` (element 2i) in bits 0..4, `hi` (element 2i+1) in bits 4..8.
 #[inline(always)]
 pub fn pack(lo: u8, hi: u8) -> u8 {

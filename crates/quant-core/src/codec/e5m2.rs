@@ -37,6 +37,26 @@ pub fn decode(code: u8) -> f32 {
     DECODE[code as usize]
 }
 
+/// Branchless E5M2 -> f32, bit-identical to [`decode`] (NaN bits included): the 7
+/// magnitude bits shifted into an f32 times `2^112` (rebias 15 -> 127); `0x7C` is
+/// infinity, `0x7D..=0x7F` NaN; the sign bit is copied.
+///
+/// ```
+/// use quant_core::codec::e5m2;
+/// for c in 0..=255u8 {
+///     assert_eq!(e5m2::decode_fast(c).to_bits(), e5m2::decode(c).to_bits());
+/// }
+/// ```
+#[inline(always)]
+pub fn decode_fast(code: u8) -> f32 {
+    let c = u32::from(code);
+    let mag = c & 0x7F;
+    let v = f32::from_bits(mag << 21) * f32::from_bits(239 << 23);
+    let v = if mag == 0x7C { f32::INFINITY } else { v };
+    let v = if mag > 0x7C { f32::NAN } else { v };
+    f32::from_bits(v.to_bits() | ((c & 0x80) << 24))
+}
+
 /// Decoding table, built at compile time.
 pub static DECODE: [f32; 256] = build();
 

@@ -1,0 +1,292 @@
+//! The slab engine: every FP8 quantization that needs more than one row at a time.
+//!
+//! A task owns a slab of up to 128 input rows and writes every output those rows touch:
+//! its rows of `rowwise_data`, its column strip of the transposed `columnwise_data`
+//! (`[K, M]`), and its scales. Inside a slab the input is walked in chunks of
+//! [`CHUNK`] columns, **row-major** (long contiguous runs the hardware prefetchers
+//! follow), at most twice:
+//!
+//! ```text
+//!            chunk c (512 columns)
+//!   row 0    ──────────────►     pass 1 (2-D tiles, 1x128 columnwise): amaxes
+//!   row 1    ──────────────►     pass 2: scale, encode -> rowwise row / codes buffer
+//!   ...                          then each 128x128 block of codes is transposed in L1
+//!   row 127  ──────────────►     (SSE2 16x16) into the columnwise strip
+//! ```
+//!
+//! The chunk (128 rows x 512 columns, at most 256 KiB of f32) stays in L2 between the two
+//! passes, so memory is read once.
+
+use quant_core::Element;
+use quant_core::strips::Strip;
+
+use crate::kernels::{amax_cols, amax_encode_block, amax_run, encode_cols, encode_scaled};
+use crate::scale::{Fp8Dtype, fmax_ignore_nan};
+use crate::transpose::store_transposed;
+
+/// Rows per slab: the block edge.
+pub(crate) const SLAB: usize = 128;
+/// Block edge of the scales (1x128, 128x128).
+const BLOCK: usize = 128;
+/// Columns per chunk (a multiple of [`BLOCK`]).
+pub(crate) const CHUNK: usize = 512;
+
+/// How a slab is scaled.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Mode {
+    /// One scale for the whole tensor (per-tensor current scaling).
+    Tensor(f32),
+    /// 1x128 rowwise blocks and 128x1 columnwise blocks, scales from `scale_of(amax)`.
+    OneD,
+    /// 128x128 tiles shared by both directions.
+    TwoD,
+}
+
+/// Where one slab's rowwise scale_inv go.
+pub(crate) enum RowScales<'a> {
+    /// 1x128: column `i` of `[ceil(K/128), roundup(M,4)]` for slab row `i`.
+    OneD(Strip<'a, f32>),
+    /// 128x128: the slab's row of `[ceil(M/128), stride]`.
+    TwoD(&'a mut [f32]),
+}
+
+/// Where one slab's columnwise scale_inv go.
+pub(crate) enum ColScales<'a> {
+    /// 1x128: the slab's row of `[ceil(M/128), roundup(K,4)]`.
+    OneD(&'a mut [f32]),
+    /// 128x128: the slab's column of `[ceil(K/128), stride]`.
+    TwoD(Strip<'a, f32>),
+}
+
+/// One task: a slab of input rows and its pieces of every output.
+pub(crate) struct SlabJob<'a, T> {
+    pub x: &'a [T],
+    pub row: Option<&'a mut [u8]>,
+    pub row_s: Option<RowScales<'a>>,
+    pub col: Option<Strip<'a, u8>>,
+    pub col_s: Option<ColScales<'a>>,
+}
+
+/// Per-worker scratch: a chunk of codes and a transposed block.
+pub(crate) struct Scratch {
+    codes: Vec<u8>,
+    tposed: Vec<u8>,
+}
+
+impl Scratch {
+    pub(crate) fn new() -> Scratch {
+        Scratch {
+            codes: vec![0; SLAB * CHUNK],
+            tposed: vec![0; SLAB * BLOCK],
+        }
+    }
+}
+
+/// Quantizes one slab (`k` columns). `scale_of(amax)` is the block scale rule.
+#[inline(always)]
+pub(crate) fn run_slab<T: Element>(
+    dt: Fp8Dtype,
+    mode: Mode,
+    scale_of: impl Fn(f32) -> f32,
+    k: usize,
+    job: &mut SlabJob<'_, T>,
+    scratch: &mut Scratch,
+) {
+    let x = job.x;
+    let rows = x.len() / k;
+    let mut tile_scale = [0f32; CHUNK / BLOCK];
+    let mut col_scale = [0f32; CHUNK];
+    let mut row_scale = [[0f32; CHUNK / BLOCK]; SLAB];
+    for c0 in (0..k).step_by(CHUNK) {
+        let cw = CHUNK.min(k - c0);
+        let seg = |r: usize| &x[r * k + c0..r * k + c0 + cw];
+        let nb = cw.div_ceil(BLOCK);
+        // Pass 1: the amaxes a block needs before its first element is encoded.
+        match mode {
+            Mode::TwoD => {
+                let mut amax = [0f32; CHUNK / BLOCK];
+                for r in 0..rows {
+                    for (a, b) in amax.iter_mut().zip(seg(r).chunks(BLOCK)) {
+                        *a = fmax_ignore_nan(*a, amax_run(b));
+                    }
+                }
+                for (s, &a) in tile_scale.iter_mut().zip(&amax[..nb]) {
+                    *s = scale_of(a);
+                }
+            }
+            Mode::OneD if job.col.is_some() => {
+                let amax = &mut col_scale[..cw];
+                amax.fill(0.0);
+                for r in 0..rows {
+                    amax_cols(seg(r), amax);
+                }
+                for a in amax.iter_mut() {
+                    *a = scale_of(*a);
+                }
+            }
+            _ => {}
+        }
+        // Pass 2: encode (the chunk is now in L2).
+        let codes = &mut scratch.codes[..rows * cw];
+        for r in 0..rows {
+            let xr = seg(r);
+            if let Some(rd) = job.row.as_deref_mut() {
+                let out = &mut rd[r * k + c0..r * k + c0 + cw];
+                match mode {
+                    Mode::Tensor(s) => encode_scaled(dt, xr, s, out),
+                    Mode::TwoD => {
+                        for ((o, b), &s) in
+                            out.chunks_mut(BLOCK).zip(xr.chunks(BLOCK)).zip(&tile_scale)
+                        {
+                            encode_scaled(dt, b, s, o);
+                        }
+                    }
+                    Mode::OneD => {
+                        for ((o, b), s) in out
+                            .chunks_mut(BLOCK)
+                            .zip(xr.chunks(BLOCK))
+                            .zip(row_scale[r].iter_mut())
+                        {
+                            *s = amax_encode_block(dt, b, o, &scale_of);
+                        }
+                    }
+                }
+            }
+            if job.col.is_some() {
+                let cr = &mut codes[r * cw..(r + 1) * cw];
+                match mode {
+                    // Same codes as rowwise: transposed from the rowwise output below.
+                    Mode::Tensor(_) | Mode::TwoD if job.row.is_some() => {}
+                    Mode::Tensor(s) => encode_scaled(dt, xr, s, cr),
+                    Mode::TwoD => {
+                        for ((o, b), &s) in
+                            cr.chunks_mut(BLOCK).zip(xr.chunks(BLOCK)).zip(&tile_scale)
+                        {
+                            encode_scaled(dt, b, s, o);
+                        }
+                    }
+                    Mode::OneD => encode_cols(dt, xr, &col_scale[..cw], cr),
+                }
+            }
+        }
+        // Scales of this chunk.
+        let kb0 = c0 / BLOCK;
+        match (mode, job.row_s.as_mut()) {
+            (Mode::OneD, Some(RowScales::OneD(st))) => {
+                for b in 0..nb {
+                    for (d, s) in st.row_mut(kb0 + b).iter_mut().zip(&row_scale[..rows]) {
+                        *d = 1.0 / s[b];
+                    }
+                }
+            }
+            (Mode::TwoD, Some(RowScales::TwoD(rs))) => {
+                for (d, s) in rs[kb0..kb0 + nb].iter_mut().zip(&tile_scale) {
+                    *d = 1.0 / s;
+                }
+            }
+            _ => {}
+        }
+        match (mode, job.col_s.as_mut()) {
+            (Mode::OneD, Some(ColScales::OneD(cs))) => {
+                for (d, s) in cs[c0..c0 + cw].iter_mut().zip(&col_scale[..cw]) {
+                    *d = 1.0 / s;
+                }
+            }
+            (Mode::TwoD, Some(ColScales::TwoD(st))) => {
+                for (b, s) in tile_scale[..nb].iter().enumerate() {
+                    st.row_mut(kb0 + b)[0] = 1.0 / s;
+                }
+            }
+            _ => {}
+        }
+        // Transposed codes, block by block.
+        if let Some(strip) = job.col.as_mut() {
+            let from_row = matches!(mode, Mode::Tensor(_) | Mode::TwoD) && job.row.is_some();
+            for j in (0..cw).step_by(BLOCK) {
+                let bw = BLOCK.min(cw - j);
+                let (src, stride): (&[u8], usize) = match job.row.as_deref() {
+                    Some(rd) if from_row => (&rd[c0 + j..], k),
+                    _ => (&codes[j..], cw),
+                };
+                store_transposed(src, stride, rows, bw, strip, c0 + j, &mut scratch.tposed);
+            }
+        }
+    }
+}
+
+/// Quantizes `xs` (`[m, k]`, both nonzero) into the given outputs, in parallel over
+/// slabs. Scale buffers come with their padded row width (`stride`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run<T: Element>(
+    dt: Fp8Dtype,
+    mode: Mode,
+    scale_of: impl Fn(f32) -> f32 + Sync,
+    xs: &[T],
+    m: usize,
+    k: usize,
+    row: Option<&mut [u8]>,
+    row_s: Option<(&mut [f32], usize)>,
+    col: Option<&mut [u8]>,
+    col_s: Option<(&mut [f32], usize)>,
+) -> quant_core::Result<()> {
+    use quant_core::simd;
+    use quant_core::strips::column_strips;
+    use rayon::prelude::*;
+
+    let slabs = m.div_ceil(SLAB);
+    fn nones<X>(n: usize) -> Vec<Option<X>> {
+        (0..n).map(|_| None).collect()
+    }
+    let row: Vec<Option<&mut [u8]>> = match row {
+        Some(r) => r.chunks_mut(SLAB * k).map(Some).collect(),
+        None => nones(slabs),
+    };
+    let row_s: Vec<Option<RowScales<'_>>> = match (row_s, mode) {
+        (Some((s, stride)), Mode::OneD) => column_strips(s, stride, SLAB)?
+            .map(|st| Some(RowScales::OneD(st)))
+            .collect(),
+        (Some((s, stride)), Mode::TwoD) => s
+            .chunks_mut(stride)
+            .map(|c| Some(RowScales::TwoD(c)))
+            .collect(),
+        _ => nones(slabs),
+    };
+    let col: Vec<Option<Strip<'_, u8>>> = match col {
+        Some(c) => column_strips(c, m, SLAB)?.map(Some).collect(),
+        None => nones(slabs),
+    };
+    let col_s: Vec<Option<ColScales<'_>>> = match (col_s, mode) {
+        (Some((s, stride)), Mode::OneD) => s
+            .chunks_mut(stride)
+            .map(|c| Some(ColScales::OneD(c)))
+            .collect(),
+        (Some((s, stride)), Mode::TwoD) => column_strips(s, stride, 1)?
+            .map(|st| Some(ColScales::TwoD(st)))
+            .collect(),
+        _ => nones(slabs),
+    };
+    let jobs: Vec<SlabJob<'_, T>> = xs
+        .chunks(SLAB * k)
+        .zip(row)
+        .zip(row_s)
+        .zip(col)
+        .zip(col_s)
+        .map(|((((x, row), row_s), col), col_s)| SlabJob {
+            x,
+            row,
+            row_s,
+            col,
+            col_s,
+        })
+        .collect();
+    let level = simd::level();
+    jobs.into_par_iter()
+        .for_each_init(Scratch::new, |scratch, mut job| {
+            simd::dispatch(
+                level,
+                #[inline(always)]
+                || run_slab(dt, mode, &scale_of, k, &mut job, scratch),
+            )
+        });
+    Ok(())
+}

@@ -1,0 +1,233 @@
+//! Fast pack and dequantize: no division, no table, no per-nibble loop.
+//!
+//! **Quantize.** torchao divides every element by the group's scale. Here
+//! `q = f32(f64(t) * f64(1 / scale))` instead, and that is exact: `t` has at most 24
+//! significant bits (8 on the bf16 path) and the scale 8, so a quotient that is not
+//! itself an f32 rounding boundary (a 25-bit midpoint) lies at least `2^-34` (relative)
+//! away from every boundary; no such quotient can be a midpoint (its odd part would
+//! need more bits than `t` has); and the f64 product is within `2^-52` of the quotient.
+//! So it rounds to the same f32 as the IEEE division (below 2^-126, where the f32 grid
+//! is coarser, the nibble is 0 either way). `tests/simd_levels.rs` compares with the
+//! division on every bf16 value and on random f32 groups.
+//!
+//! **Pack.** Lane `t` of an n-tile holds, per 32-wide k block, one word whose nibble `q`
+//! (`q < 4`) is `u[8q + 2(t%4)]` and nibble `q + 4` is `u[8q + 2(t%4) + 1]`. Read the
+//! block's 32 nibbles as sixteen u16 pairs `(u[2i], u[2i+1])` zero-extended to u32
+//! (`e[i] = u[2i] | u[2i+1] << 16`): then word `c` is `e[c] | e[4+c] << 4 | e[8+c] << 8 |
+//! e[12+c] << 12`, four vector shifts and ORs per 32 nibbles. Unpacking inverts it:
+//! `e[4q + c] = (word_c >> 4q) & 0x000F000F`.
+//!
+//! **Dequantize.** `w = (u - 8) * scale + zero` rounded once: `p = (u - 8) * scale` is
+//! exact in f32; for f32 output `p + zero` is the correctly rounded sum; for bf16/f16 the
+//! rounding error of that sum (TwoSum, exact) turns it into a round-to-odd f32, whose
+//! round-to-nearest-even narrowing is the single rounding of the exact value (see
+//! [`crate::dequant`] for the f64 specification it equals).
+
+use half::bf16;
+use quant_core::strips::Strip;
+use quant_core::{DType, Element};
+
+use crate::format::Geometry;
+use crate::layout::{K_TILE, LANES, N_TILE};
+use crate::qparams::{GroupParams, QParamsPath, group_params, min_max, to_nibble};
+
+/// Branchless f32 -> bf16 -> f32 (round to nearest even; NaN stays NaN).
+#[inline(always)]
+fn rb(x: f32) -> f32 {
+    let b = x.to_bits();
+    let r = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000;
+    let nan = (b | 0x0040_0000) & 0xFFFF_0000;
+    f32::from_bits(if b & 0x7FFF_FFFF > 0x7F80_0000 {
+        nan
+    } else {
+        r
+    })
+}
+
+/// Nibbles of one group: `u = to_nibble(op((x - min_val) / scale))`, division-free.
+#[inline(always)]
+fn group_nibbles(path: QParamsPath, xs: &[f32], p: &GroupParams, u: &mut [u8]) {
+    let r = 1.0f64 / f64::from(p.scale);
+    match path {
+        QParamsPath::Bf16 => {
+            for (o, &x) in u.iter_mut().zip(xs) {
+                let t = rb(x - p.min_val);
+                *o = to_nibble(rb((f64::from(t) * r) as f32));
+            }
+        }
+        QParamsPath::F32 => {
+            for (o, &x) in u.iter_mut().zip(xs) {
+                *o = to_nibble((f64::from(x - p.min_val) * r) as f32);
+            }
+        }
+    }
+}
+
+/// Packs one row's nibbles `u` (`k_padded` of them) into its n-tile's words.
+#[inline(always)]
+fn pack_row(u: &[u8], nr: usize, ikt: usize, words: &mut [i32]) {
+    let half = ikt / 2;
+    let slab = ikt * K_TILE;
+    for (kot, us) in u.chunks_exact(slab).enumerate() {
+        for (p, ub) in us.chunks_exact(32).enumerate() {
+            let mut e = [0u32; 16];
+            for (e, pair) in e.iter_mut().zip(ub.chunks_exact(2)) {
+                *e = u32::from(pair[0] & 0xF) | (u32::from(pair[1] & 0xF) << 16);
+            }
+            for c in 0..4 {
+                let w = e[c] | (e[4 + c] << 4) | (e[8 + c] << 8) | (e[12 + c] << 12);
+                words[(kot * LANES + nr * 4 + c) * half + p] = w as i32;
+            }
+        }
+    }
+}
+
+/// Unpacks one row's nibbles from its n-tile's words into `u` (`k_padded` values).
+#[inline(always)]
+fn unpack_row(words: &[i32], nr: usize, ikt: usize, u: &mut [u8]) {
+    let half = ikt / 2;
+    let slab = ikt * K_TILE;
+    for (kot, us) in u.chunks_exact_mut(slab).enumerate() {
+        for (p, ub) in us.chunks_exact_mut(32).enumerate() {
+            let w: [u32; 4] =
+                std::array::from_fn(|c| words[(kot * LANES + nr * 4 + c) * half + p] as u32);
+            let mut e = [0u32; 16];
+            for q in 0..4 {
+                for c in 0..4 {
+                    e[4 * q + c] = (w[c] >> (4 * q)) & 0x000F_000F;
+                }
+            }
+            for (pair, &e) in ub.chunks_exact_mut(2).zip(&e) {
+                pair[0] = e as u8;
+                pair[1] = (e >> 16) as u8;
+            }
+        }
+    }
+}
+
+/// Scratch of one quantize task.
+pub(crate) struct Scratch {
+    wide: Vec<f32>,
+    u: Vec<u8>,
+}
+
+impl Scratch {
+    pub(crate) fn new(geo: &Geometry) -> Scratch {
+        Scratch {
+            wide: vec![0.0; geo.group_size],
+            u: vec![0; geo.k_padded],
+        }
+    }
+}
+
+/// Quantizes the n-tile `nt` of one expert (`x` is the expert's `[n, k]`) into its
+/// `k_padded` words and its scale/zero strip (`[groups][16]` bf16: 8 rows x (scale,
+/// zero)). `pad` is what an all-zero group gets.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) fn quantize_tile<T: Element>(
+    path: QParamsPath,
+    eps: f32,
+    geo: &Geometry,
+    x: &[T],
+    nt: usize,
+    words: &mut [i32],
+    sz: &mut Strip<'_, bf16>,
+    pad: (bf16, bf16),
+    s: &mut Scratch,
+) {
+    let g = geo.group_size;
+    let logical = geo.logical_groups();
+    for nr in 0..N_TILE {
+        let n = nt * N_TILE + nr;
+        for gi in 0..geo.groups() {
+            let u = &mut s.u[gi * g..(gi + 1) * g];
+            let (scale, zero) = if n < geo.n && gi < logical {
+                let w = &mut s.wide[..g];
+                T::widen_slice(&x[n * geo.k + gi * g..n * geo.k + (gi + 1) * g], w);
+                let (mn, mx) = min_max(w);
+                let p = group_params(path, mn, mx, eps);
+                group_nibbles(path, w, &p, u);
+                (p.scale_bf16, p.zero_bf16)
+            } else {
+                u.fill(0);
+                pad
+            };
+            let row = sz.row_mut(gi);
+            row[nr * 2] = scale;
+            row[nr * 2 + 1] = zero;
+        }
+        pack_row(&s.u, nr, geo.inner_k_tiles, words);
+    }
+}
+
+/// Dequantizes rows `n0..n0+out.len()/k` of one expert (`words`, `sz` are the expert's)
+/// into `out` (`[rows, k]`). `u` is scratch of `k_padded` bytes.
+#[inline(always)]
+pub(crate) fn dequantize_rows<T: Element>(
+    geo: &Geometry,
+    words: &[i32],
+    sz: &[bf16],
+    n0: usize,
+    out: &mut [T],
+    u: &mut [u8],
+) {
+    let (k, g) = (geo.k, geo.group_size);
+    let tile_words = geo.k_padded;
+    let mut w = [0f32; 256];
+    for (r, row) in out.chunks_exact_mut(k).enumerate() {
+        let n = n0 + r;
+        let (nt, nr) = (n / N_TILE, n % N_TILE);
+        unpack_row(
+            &words[nt * tile_words..(nt + 1) * tile_words],
+            nr,
+            geo.inner_k_tiles,
+            u,
+        );
+        for (gi, (o, ug)) in row.chunks_exact_mut(g).zip(u.chunks_exact(g)).enumerate() {
+            let at = (gi * geo.n_padded + n) * 2;
+            let (s, z) = (sz[at].to_f32(), sz[at + 1].to_f32());
+            let w = &mut w[..g];
+            match T::DTYPE {
+                DType::F32 => {
+                    for (w, &u) in w.iter_mut().zip(ug) {
+                        *w = f32::from(i16::from(u) - 8) * s + z;
+                    }
+                }
+                _ => {
+                    for (w, &u) in w.iter_mut().zip(ug) {
+                        *w = round_odd_sum(f32::from(i16::from(u) - 8) * s, z);
+                    }
+                }
+            }
+            T::narrow_slice(w, o);
+        }
+    }
+}
+
+/// The exact `p + z` rounded to f32 with round-to-odd (non-finite sums as IEEE gives
+/// them): TwoSum's error term is the sticky bit.
+#[inline(always)]
+fn round_odd_sum(p: f32, z: f32) -> f32 {
+    let s = p + z;
+    let bb = s - p;
+    let e = (p - (s - bb)) + (z - bb);
+    let bits = s.to_bits();
+    // Step the magnitude toward the exact value (e has the direction) when s is even.
+    let up = (e > 0.0) == (s > 0.0);
+    let stepped = if up {
+        bits.wrapping_add(1)
+    } else {
+        bits.wrapping_sub(1)
+    };
+    let odd = if e == 0.0 || bits & 1 == 1 {
+        bits
+    } else {
+        stepped
+    };
+    if s.is_finite() {
+        f32::from_bits(odd)
+    } else {
+        s
+    }
+}

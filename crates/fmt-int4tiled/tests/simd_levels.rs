@@ -1,0 +1,192 @@
+//! The fast pack / dequantize kernels against the scalar specification
+//! ([`fmt_int4tiled::reference`]) at every SIMD level this CPU can run, and the
+//! division-free quotient against IEEE division.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use fmt_int4tiled::qparams::{rb, to_nibble};
+use fmt_int4tiled::{Int4TiledQuantizer, reference};
+use half::bf16;
+use quant_core::simd::{self, Level};
+use quant_core::{DType, Format, HostTensor, Usage};
+
+fn data(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let u = (s >> 11) as f64 / (1u64 << 53) as f64;
+            match s % 211 {
+                0 => f32::NAN,
+                1 => f32::INFINITY,
+                2 => -0.0,
+                3 => f32::from_bits(1 + (s as u32 & 0xFFFF)),
+                4 => 1e30,
+                _ => ((u - 0.5) * 4.0) as f32 * if i % 1000 < 64 { 1e-30 } else { 1.0 },
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn kernels_equal_reference_at_every_level() {
+    let cases: &[(&[usize], &[&str])] = &[
+        (&[8, 256], &[]),
+        (&[20, 384], &["g32", "k2"]),
+        (&[13, 512], &["g64", "k4"]),
+        (&[2, 12, 256], &["g256"]),
+        (&[9, 1024], &["g128", "k8", "pad=torchao"]),
+        (&[17, 64], &["g64", "eps=1e-6", "pad=torchao"]),
+    ];
+    let mut checked = 0;
+    let levels = simd::for_each_supported_level(|level| {
+        for (ci, (shape, opts)) in cases.iter().enumerate() {
+            let q = Int4TiledQuantizer::from_spec(opts, Usage::ROWWISE).unwrap();
+            let n: usize = shape.iter().product();
+            let base = data(n, 5 + ci as u64);
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                let x = HostTensor::f32(&base, shape)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                let fast = q.quantize(&x).unwrap();
+                let spec = reference::quantize(&q, &x).unwrap();
+                for (a, b) in fast.buffers().iter().zip(spec.buffers()) {
+                    assert_eq!(
+                        a.bytes(),
+                        b.bytes(),
+                        "level {level} {shape:?} {opts:?} {dtype}: {}",
+                        a.name()
+                    );
+                }
+                let f = fast
+                    .dequantize_as::<f32>(quant_core::Direction::Rowwise)
+                    .unwrap();
+                let r = reference::dequantize::<f32>(&spec).unwrap();
+                assert!(
+                    f.iter()
+                        .zip(&r)
+                        .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())),
+                    "level {level} {shape:?} {opts:?} f32 dequant"
+                );
+                let f = fast
+                    .dequantize_as::<bf16>(quant_core::Direction::Rowwise)
+                    .unwrap();
+                let r = reference::dequantize::<bf16>(&spec).unwrap();
+                assert!(
+                    f.iter()
+                        .zip(&r)
+                        .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())),
+                    "level {level} {shape:?} {opts:?} bf16 dequant"
+                );
+                let f = fast
+                    .dequantize_as::<half::f16>(quant_core::Direction::Rowwise)
+                    .unwrap();
+                let r = reference::dequantize::<half::f16>(&spec).unwrap();
+                assert!(
+                    f.iter()
+                        .zip(&r)
+                        .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())),
+                    "level {level} {shape:?} {opts:?} f16 dequant"
+                );
+                checked += 1;
+            }
+        }
+    });
+    assert!(levels.contains(&Level::Scalar));
+    assert!(checked >= 18);
+}
+
+/// Dequantization with scales and zeros chosen to stress the single rounding: every
+/// nibble against `dequant_value` (via the reference) for random bf16 scale/zero pairs.
+#[test]
+fn dequant_single_rounding_on_random_qparams() {
+    let q = Int4TiledQuantizer::from_spec(&["g32"], Usage::ROWWISE).unwrap();
+    let (n, k) = (64, 64);
+    let u: Vec<u8> = (0..n * k).map(|i| (i % 16) as u8).collect();
+    let mut s = 0x1234_5678u64;
+    let mut next = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let scale: Vec<bf16> = (0..n * 2)
+        .map(|_| bf16::from_bits((next() as u16) & 0x7FFF))
+        .collect();
+    let zero: Vec<bf16> = (0..n * 2).map(|_| bf16::from_bits(next() as u16)).collect();
+    use fmt_int4tiled::Int4TiledQuantizer as Q;
+    let t = <Q>::from_logical(&q, &[n, k], &u, &scale, &zero).unwrap();
+    simd::for_each_supported_level(|level| {
+        for (a, b) in t
+            .dequantize_as::<bf16>(quant_core::Direction::Rowwise)
+            .unwrap()
+            .iter()
+            .zip(reference::dequantize::<bf16>(&t).unwrap())
+        {
+            assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                "level {level}: {a} vs {b}"
+            );
+        }
+        for (a, b) in t
+            .dequantize_as::<f32>(quant_core::Direction::Rowwise)
+            .unwrap()
+            .iter()
+            .zip(reference::dequantize::<f32>(&t).unwrap())
+        {
+            assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                "level {level}: {a} vs {b}"
+            );
+        }
+    });
+}
+
+/// `f32(f64(t) * (1/s))` is the IEEE quotient `t / s` for every bf16 `t` and a sweep of
+/// bf16 scales (wherever the quotient is a normal f32), and always gives the same nibble.
+#[test]
+fn division_free_quotient_is_exact() {
+    let scales: Vec<f32> = (0..=0x7F7Fu16)
+        .step_by(97)
+        .map(|b| bf16::from_bits(b).to_f32())
+        .filter(|s| *s > 0.0)
+        .chain([f32::MIN_POSITIVE, 1e-6f32, 1.0, 3.0, 0.1])
+        .map(|s| bf16::from_f32(s).to_f32())
+        .collect();
+    for &s in &scales {
+        let r = 1.0f64 / f64::from(s);
+        for b in 0..=u16::MAX {
+            let t = bf16::from_bits(b).to_f32();
+            let exact = t / s;
+            let fast = (f64::from(t) * r) as f32;
+            if exact.abs() >= f32::MIN_POSITIVE || exact.is_nan() || exact == 0.0 {
+                assert!(
+                    exact.to_bits() == fast.to_bits() || (exact.is_nan() && fast.is_nan()),
+                    "{t:e} / {s:e}: {exact:e} vs {fast:e}"
+                );
+            }
+            assert_eq!(to_nibble(rb(exact)), to_nibble(rb(fast)));
+        }
+    }
+    // The f32 path: full-precision numerators.
+    let mut st = 0x9E37_79B9u64;
+    for _ in 0..2_000_000 {
+        st ^= st << 13;
+        st ^= st >> 7;
+        st ^= st << 17;
+        let d = f32::from_bits((st as u32) & 0x7FFF_FFFF)
+            * if st & (1 << 40) != 0 { -1.0 } else { 1.0 };
+        let s = scales[(st >> 32) as usize % scales.len()];
+        let exact = d / s;
+        let fast = (f64::from(d) * (1.0 / f64::from(s))) as f32;
+        if exact.abs() >= f32::MIN_POSITIVE || exact.is_nan() || exact == 0.0 {
+            assert!(
+                exact.to_bits() == fast.to_bits() || (exact.is_nan() && fast.is_nan()),
+                "{d:e} / {s:e}: {exact:e} vs {fast:e}"
+            );
+        }
+        assert_eq!(to_nibble(exact), to_nibble(fast));
+    }
+}

@@ -1,0 +1,815 @@
+//! The fast NVFP4 quantizer: both directions from one read of the input.
+//!
+//! A task owns a slab of up to 128 input rows (eight 16-row block rows) and writes every
+//! output they touch: its rows of `rowwise_data` and their scales, and its 64-byte
+//! column strip of the transposed `columnwise_data` (`[K, M/2]`) with the matching scale
+//! columns. The slab is walked in chunks of [`CHUNK`] columns: each chunk is widened to
+//! f32 once (128 x 256 x 4 = 128 KiB, L2-resident) and then
+//!
+//! ```text
+//!   rowwise:    per row, 16 blocks of 16 -> amaxes -> scales (vector over blocks)
+//!               -> codes -> nibble pairs along the row
+//!   columnwise: per 16-row group (optionally Hadamard-rotated, y = bf16(v . R)),
+//!               column amaxes (vector over columns) -> scales -> codes
+//!               -> nibble pairs of row pairs -> [64 x 256] bytes -> transposed (SSE2)
+//!               into the strip
+//! ```
+//!
+//! Every value is computed by the same IEEE operations, in the same order, as the
+//! scalar specification in [`crate::kernel`] (and `tests/simd_levels.rs` checks it at
+//! every SIMD level): block amaxes with NaN-ignoring max, `S_enc`, `sdb`, the encode
+//! multiplier, E2M1 rounding (nearest or stochastic with the Philox stream of
+//! [`crate::sr`]), the Hadamard sums in index order, 4over6 candidates and tree sums.
+
+use half::bf16;
+use quant_core::codec::{e2m1, e4m3};
+use quant_core::cpu::fmax_nan_loses;
+use quant_core::layout::swizzled_index;
+use quant_core::strips::{Strip, column_strips};
+use quant_core::{Element, Result, simd};
+use rayon::prelude::*;
+
+use crate::kernel::{Amax, four_over_six_candidates, tree_sum_16};
+use crate::layout::scale_shape;
+use crate::quantizer::FourOverSix;
+use crate::rht::R;
+use crate::scale::{self, BLOCK, RCP_6};
+use crate::sr;
+
+/// Input rows per task: eight block rows; 64 bytes of every transposed output row.
+const SLAB: usize = 128;
+/// Columns per chunk.
+const CHUNK: usize = 256;
+/// Blocks per chunk row.
+const NB: usize = CHUNK / BLOCK;
+/// Bytes of one 128x4 swizzle tile.
+const TILE_BYTES: usize = 512;
+
+/// Everything about the quantization except the data.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Params<'a> {
+    pub two_d: bool,
+    pub e4m3_max: u16,
+    pub four_over_six: Option<FourOverSix>,
+    pub seed: Option<u64>,
+    pub swizzled: bool,
+    /// The columnwise operand is `RHT(x^T)` (bf16 input only).
+    pub rht: bool,
+    /// Global amax of the rowwise operand (per row when row-scaled).
+    pub row_amax: Amax<'a>,
+    /// Global amax of the columnwise operand (per column of `x` when row-scaled).
+    pub col_amax: Amax<'a>,
+}
+
+/// Where one slab's columnwise scales go: a strip of the compact `[roundup(K,128),
+/// stride]` matrix 8 wide, or of the swizzled tiles 1024 bytes wide.
+struct ColOut<'a> {
+    data: Strip<'a, u8>,
+    scales: Strip<'a, u8>,
+}
+
+struct Job<'a, T> {
+    x: &'a [T],
+    /// Row offset of the slab.
+    i0: usize,
+    row: Option<(&'a mut [u8], &'a mut [u8])>,
+    col: Option<ColOut<'a>>,
+}
+
+/// Per-worker scratch.
+struct Scratch {
+    /// The widened chunk, `[SLAB][CHUNK]`.
+    wide: Vec<f32>,
+    /// Column codes of one 16-row group, `[16][CHUNK]`.
+    codes: Vec<u8>,
+    /// Nibble pairs of the slab's row pairs, `[SLAB/2][CHUNK]`.
+    pairs: Vec<u8>,
+    /// Transposed pairs, `[CHUNK][SLAB/2]`.
+    tposed: Vec<u8>,
+}
+
+impl Scratch {
+    fn new() -> Scratch {
+        Scratch {
+            wide: vec![0.0; SLAB * CHUNK],
+            codes: vec![0; BLOCK * CHUNK],
+            pairs: vec![0; SLAB / 2 * CHUNK],
+            tposed: vec![0; SLAB / 2 * CHUNK],
+        }
+    }
+}
+
+/// Quantizes `xs` (`[m, k]`, multiples of 16) into the requested directions.
+pub(crate) fn quantize<T: Element>(
+    p: &Params<'_>,
+    xs: &[T],
+    m: usize,
+    k: usize,
+    row: Option<(&mut [u8], &mut [u8])>,
+    col: Option<(&mut [u8], &mut [u8])>,
+) -> Result<()> {
+    if m == 0 || k == 0 {
+        return Ok(());
+    }
+    let slabs = m.div_ceil(SLAB);
+    let [_, rstride] = scale_shape(m, k);
+    let [crows, cstride] = scale_shape(k, m);
+    let mut rows: Vec<Option<(&mut [u8], &mut [u8])>> = match row {
+        Some((d, s)) => d
+            .chunks_mut(SLAB * k / 2)
+            .zip(s.chunks_mut(SLAB * rstride))
+            .map(Some)
+            .collect(),
+        None => Vec::new(),
+    };
+    let mut cols: Vec<Option<ColOut<'_>>> = match col {
+        Some((d, s)) => {
+            let scales: Vec<Strip<'_, u8>> = if p.swizzled {
+                column_strips(s, cstride / 4 * TILE_BYTES, 2 * TILE_BYTES)?.collect()
+            } else {
+                column_strips(s, cstride, SLAB / BLOCK)?.collect()
+            };
+            let _ = crows;
+            column_strips(d, m / 2, SLAB / 2)?
+                .collect::<Vec<_>>()
+                .into_iter()
+                .zip(scales)
+                .map(|(data, scales)| Some(ColOut { data, scales }))
+                .collect()
+        }
+        None => Vec::new(),
+    };
+    rows.resize_with(slabs, || None);
+    cols.resize_with(slabs, || None);
+    let jobs: Vec<Job<'_, T>> = xs
+        .chunks(SLAB * k)
+        .zip(rows)
+        .zip(cols)
+        .enumerate()
+        .map(|(s, ((x, row), col))| Job {
+            x,
+            i0: s * SLAB,
+            row,
+            col,
+        })
+        .collect();
+    let level = simd::level();
+    jobs.into_par_iter()
+        .for_each_init(Scratch::new, |scratch, mut job| {
+            simd::dispatch(
+                level,
+                #[inline(always)]
+                || slab(p, k, rstride, &mut job, scratch),
+            )
+        });
+    Ok(())
+}
+
+/// `S_enc` and `S_dec` of a global amax.
+#[inline(always)]
+fn global(amax: f32, e4m3_max: u16) -> (f32, f32) {
+    let s_enc = scale::global_encode_scale(amax, e4m3_max);
+    (s_enc, scale::global_decode_scale(s_enc))
+}
+
+/// Block scale codes and encode multipliers of a run of block amaxes (one global scale).
+#[inline(always)]
+fn block_scales(amax: &[f32], s_enc: f32, s_dec: f32, sdb: &mut [u8], enc: &mut [f32]) {
+    let mult = s_enc * RCP_6;
+    for ((&a, s), e) in amax.iter().zip(sdb.iter_mut()).zip(enc.iter_mut()) {
+        *s = e4m3::encode((a * mult).min(f32::MAX));
+        *e = (1.0 / (e4m3::decode_fast(*s) * s_dec)).min(f32::MAX);
+    }
+}
+
+/// [`block_scales`] with one global scale per block (row-scaled columnwise).
+#[inline(always)]
+fn block_scales_each(amax: &[f32], s_enc: &[f32], s_dec: &[f32], sdb: &mut [u8], enc: &mut [f32]) {
+    for ((((&a, &se), &sd), s), e) in amax
+        .iter()
+        .zip(s_enc)
+        .zip(s_dec)
+        .zip(sdb.iter_mut())
+        .zip(enc.iter_mut())
+    {
+        *s = e4m3::encode((a * (se * RCP_6)).min(f32::MAX));
+        *e = (1.0 / (e4m3::decode_fast(*s) * sd)).min(f32::MAX);
+    }
+}
+
+/// Branchless [`sr::stochastic_round_e2m1`] (same operations, selects for branches).
+#[inline(always)]
+fn sr_round(v: f32, r: u32) -> f32 {
+    let u = (r & 0xFF) as f32 * (1.0 / 256.0);
+    let a = v.abs();
+    let step = if a >= 4.0 {
+        2.0
+    } else if a >= 2.0 {
+        1.0
+    } else {
+        0.5
+    };
+    let t = a + u * step;
+    let step_t = if t >= 4.0 {
+        2.0
+    } else if t >= 2.0 {
+        1.0
+    } else {
+        0.5
+    };
+    let inv = if t >= 4.0 {
+        0.5
+    } else if t >= 2.0 {
+        1.0
+    } else {
+        2.0
+    };
+    let q = ((t * inv).floor() * step_t).min(6.0f32);
+    q.copysign(if v.is_nan() { 1.0 } else { v })
+}
+
+/// Philox4x32-10 of `N` counters at once (structure of arrays), the stream of
+/// [`sr::block_bits`]: `ctr = [block[l], row_lo[l], row_hi[l], dir]`.
+#[inline(always)]
+fn philox_lanes<const N: usize>(
+    block: &[u32; N],
+    row_lo: &[u32; N],
+    row_hi: &[u32; N],
+    dir: u32,
+    seed: u64,
+) -> [[u32; N]; 4] {
+    const M0: u64 = 0xD251_1F53;
+    const M1: u64 = 0xCD9E_8D57;
+    let (mut k0, mut k1) = (seed as u32, (seed >> 32) as u32);
+    let mut c = [*block, *row_lo, *row_hi, [dir; N]];
+    for round in 0..10 {
+        if round > 0 {
+            k0 = k0.wrapping_add(0x9E37_79B9);
+            k1 = k1.wrapping_add(0xBB67_AE85);
+        }
+        let mut n = [[0u32; N]; 4];
+        for l in 0..N {
+            let p0 = M0 * u64::from(c[0][l]);
+            let p1 = M1 * u64::from(c[2][l]);
+            n[0][l] = (p1 >> 32) as u32 ^ c[1][l] ^ k0;
+            n[1][l] = p1 as u32;
+            n[2][l] = (p0 >> 32) as u32 ^ c[3][l] ^ k1;
+            n[3][l] = p0 as u32;
+        }
+        c = n;
+    }
+    c
+}
+
+/// `out[j] = code(2j) | code(2j+1) << 4` for the codes of `v * enc`.
+#[inline(always)]
+fn encode_pack_rn(v: &[f32], enc: f32, out: &mut [u8]) {
+    for (o, p) in out.iter_mut().zip(v.chunks_exact(2)) {
+        *o = e2m1::pack(e2m1::encode(p[0] * enc), e2m1::encode(p[1] * enc));
+    }
+}
+
+/// Stochastic-rounding [`encode_pack_rn`]; `r` holds the 16 random bytes of the block.
+#[inline(always)]
+fn encode_pack_sr(v: &[f32], enc: f32, r: &[u8], out: &mut [u8]) {
+    for ((o, p), rb) in out.iter_mut().zip(v.chunks_exact(2)).zip(r.chunks_exact(2)) {
+        let lo = e2m1::encode(sr_round(p[0] * enc, u32::from(rb[0])));
+        let hi = e2m1::encode(sr_round(p[1] * enc, u32::from(rb[1])));
+        *o = e2m1::pack(lo, hi);
+    }
+}
+
+/// Position of rowwise scale `(i, b)` (local row `i` of a 128-row slab) in the slab's
+/// chunk of the scale buffer.
+#[inline(always)]
+fn row_scale_at(swizzled: bool, i: usize, b: usize, stride: usize) -> usize {
+    if swizzled {
+        swizzled_index(i, b, stride)
+    } else {
+        i * stride + b
+    }
+}
+
+/// One slab.
+#[inline(always)]
+fn slab<T: Element>(
+    p: &Params<'_>,
+    k: usize,
+    rstride: usize,
+    job: &mut Job<'_, T>,
+    s: &mut Scratch,
+) {
+    let x = job.x;
+    let rows = x.len() / k;
+    let groups = rows / BLOCK;
+    for c0 in (0..k).step_by(CHUNK) {
+        let cw = CHUNK.min(k - c0);
+        let nb = cw / BLOCK;
+        for r in 0..rows {
+            T::widen_slice(
+                &x[r * k + c0..r * k + c0 + cw],
+                &mut s.wide[r * CHUNK..r * CHUNK + cw],
+            );
+        }
+        // 16x16 tile amaxes, shared by both directions in 2-D mode: [group][block].
+        let mut tile_amax = [[0f32; NB]; SLAB / BLOCK];
+        if p.two_d {
+            for (g, ta) in tile_amax.iter_mut().enumerate().take(groups) {
+                for r in 0..BLOCK {
+                    let w = &s.wide[(g * BLOCK + r) * CHUNK..][..cw];
+                    for (a, blk) in ta.iter_mut().zip(w.chunks_exact(BLOCK)) {
+                        *a = fmax_nan_loses(*a, scale::amax_of(blk.iter().copied()));
+                    }
+                }
+            }
+        }
+        if let Some((rd, rs)) = job.row.as_mut() {
+            rowwise_chunk(
+                p, k, rstride, job.i0, c0, cw, rows, &s.wide, &tile_amax, rd, rs,
+            );
+        }
+        if let Some(col) = job.col.as_mut() {
+            columnwise_chunk(p, job.i0, c0, cw, nb, rows, &tile_amax, col, s);
+        }
+    }
+}
+
+/// Rowwise quantization of one chunk of the slab.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn rowwise_chunk(
+    p: &Params<'_>,
+    k: usize,
+    rstride: usize,
+    i0: usize,
+    c0: usize,
+    cw: usize,
+    rows: usize,
+    wide: &[f32],
+    tile_amax: &[[f32; NB]; SLAB / BLOCK],
+    rd: &mut [u8],
+    rs: &mut [u8],
+) {
+    let nb = cw / BLOCK;
+    let kb0 = c0 / BLOCK;
+    let (mut se, mut sd) = match p.row_amax {
+        Amax::Tensor(a) => global(a, p.e4m3_max),
+        Amax::PerRow(_) => (1.0, 1.0),
+    };
+    if let Some(mode) = p.four_over_six {
+        four_over_six_rows(
+            p, mode, k, rstride, i0, c0, cw, rows, wide, tile_amax, rd, rs,
+        );
+        return;
+    }
+    for r in 0..rows {
+        let i = i0 + r;
+        if let Amax::PerRow(v) = p.row_amax {
+            (se, sd) = global(v.get(i).copied().unwrap_or(0.0), p.e4m3_max);
+        }
+        let w = &wide[r * CHUNK..r * CHUNK + cw];
+        let mut amax = [0f32; NB];
+        if p.two_d {
+            amax = tile_amax[r / BLOCK];
+        } else {
+            for (a, blk) in amax.iter_mut().zip(w.chunks_exact(BLOCK)) {
+                *a = scale::amax_of(blk.iter().copied());
+            }
+        }
+        let mut sdb = [0u8; NB];
+        let mut enc = [0f32; NB];
+        block_scales(&amax[..nb], se, sd, &mut sdb[..nb], &mut enc[..nb]);
+        let out = &mut rd[r * k / 2 + c0 / 2..r * k / 2 + (c0 + cw) / 2];
+        match p.seed {
+            None => {
+                for ((o, v), &e) in out
+                    .chunks_exact_mut(BLOCK / 2)
+                    .zip(w.chunks_exact(BLOCK))
+                    .zip(&enc)
+                {
+                    encode_pack_rn(v, e, o);
+                }
+            }
+            Some(seed) => {
+                let blocks: [u32; NB] = std::array::from_fn(|b| (kb0 + b) as u32);
+                let bits = philox_lanes(
+                    &blocks,
+                    &[i as u32; NB],
+                    &[(i as u64 >> 32) as u32; NB],
+                    sr::DIR_ROWWISE,
+                    seed,
+                );
+                let mut rb = [0u8; CHUNK];
+                for b in 0..NB {
+                    for wi in 0..4 {
+                        rb[b * 16 + wi * 4..b * 16 + wi * 4 + 4]
+                            .copy_from_slice(&bits[wi][b].to_le_bytes());
+                    }
+                }
+                for (((o, v), &e), r) in out
+                    .chunks_exact_mut(BLOCK / 2)
+                    .zip(w.chunks_exact(BLOCK))
+                    .zip(&enc)
+                    .zip(rb.chunks_exact(BLOCK))
+                {
+                    encode_pack_sr(v, e, r, o);
+                }
+            }
+        }
+        for (b, &code) in sdb[..nb].iter().enumerate() {
+            rs[row_scale_at(p.swizzled, r, kb0 + b, rstride)] = code;
+        }
+    }
+}
+
+/// 4over6 rowwise: the scalar candidate functions of [`crate::kernel`], block by block.
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[inline(always)]
+fn four_over_six_rows(
+    p: &Params<'_>,
+    mode: FourOverSix,
+    k: usize,
+    rstride: usize,
+    i0: usize,
+    c0: usize,
+    cw: usize,
+    rows: usize,
+    wide: &[f32],
+    tile_amax: &[[f32; NB]; SLAB / BLOCK],
+    rd: &mut [u8],
+    rs: &mut [u8],
+) {
+    let nb = cw / BLOCK;
+    let kb0 = c0 / BLOCK;
+    let block = |r: usize, b: usize| -> [f32; BLOCK] {
+        std::array::from_fn(|e| wide[r * CHUNK + b * BLOCK + e])
+    };
+    let amax_of_row = |r: usize| p.row_amax.of_row(i0 + r);
+    let mut write = |r: usize, b: usize, sdb: u8, codes: &[u8; BLOCK]| {
+        let out = &mut rd[r * k / 2 + (c0 + b * BLOCK) / 2..][..BLOCK / 2];
+        for (o, pair) in out.iter_mut().zip(codes.chunks_exact(2)) {
+            *o = e2m1::pack(pair[0], pair[1]);
+        }
+        rs[row_scale_at(p.swizzled, r, kb0 + b, rstride)] = sdb;
+    };
+    for b in 0..nb {
+        if p.two_d {
+            for g in 0..rows / BLOCK {
+                let cands: [_; BLOCK] = std::array::from_fn(|rr| {
+                    let r = g * BLOCK + rr;
+                    four_over_six_candidates(
+                        &block(r, b),
+                        tile_amax[g][b],
+                        amax_of_row(r),
+                        p.e4m3_max,
+                        mode,
+                    )
+                });
+                let pick4 =
+                    tree_sum_16(cands.map(|c| c.0.err)) < tree_sum_16(cands.map(|c| c.1.err));
+                for (rr, (m4, m6)) in cands.iter().enumerate() {
+                    let c = if pick4 { m4 } else { m6 };
+                    write(g * BLOCK + rr, b, c.sdb, &c.codes);
+                }
+            }
+        } else {
+            for r in 0..rows {
+                let v = block(r, b);
+                let amax = scale::amax_of(v.iter().copied());
+                let (m4, m6) = four_over_six_candidates(&v, amax, amax_of_row(r), p.e4m3_max, mode);
+                let c = if m4.err < m6.err { m4 } else { m6 };
+                write(r, b, c.sdb, &c.codes);
+            }
+        }
+    }
+}
+
+/// The columnwise operand of one 16-row group: `v[i][c]` for rows `i` of the group, or
+/// `bf16(sum_i v[i][c] * R[i][j])` (in index order from `+0.0`) with RHT.
+#[inline(always)]
+fn group_values(
+    p: &Params<'_>,
+    wide: &[f32],
+    g: usize,
+    cw: usize,
+    out: &mut [[f32; CHUNK]; BLOCK],
+) {
+    if p.rht {
+        let mut acc = [[0f32; CHUNK]; BLOCK];
+        for (i, ri) in R.iter().enumerate() {
+            let v = &wide[(g * BLOCK + i) * CHUNK..][..cw];
+            for (a, &rij) in acc.iter_mut().zip(ri) {
+                for (a, &x) in a[..cw].iter_mut().zip(v) {
+                    *a += x * rij;
+                }
+            }
+        }
+        for (o, a) in out.iter_mut().zip(&acc) {
+            for (o, &a) in o[..cw].iter_mut().zip(&a[..cw]) {
+                *o = bf16::from_f32(a).to_f32();
+            }
+        }
+    } else {
+        for (i, o) in out.iter_mut().enumerate() {
+            o[..cw].copy_from_slice(&wide[(g * BLOCK + i) * CHUNK..][..cw]);
+        }
+    }
+}
+
+/// Columnwise quantization of one chunk of the slab (rows of `x^T` = columns of `x`).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn columnwise_chunk(
+    p: &Params<'_>,
+    i0: usize,
+    c0: usize,
+    cw: usize,
+    nb: usize,
+    rows: usize,
+    tile_amax: &[[f32; NB]; SLAB / BLOCK],
+    col: &mut ColOut<'_>,
+    s: &mut Scratch,
+) {
+    let groups = rows / BLOCK;
+    let mut se = [0f32; CHUNK];
+    let mut sd = [0f32; CHUNK];
+    match p.col_amax {
+        Amax::Tensor(a) => {
+            let (e, d) = global(a, p.e4m3_max);
+            se.fill(e);
+            sd.fill(d);
+        }
+        Amax::PerRow(v) => {
+            for c in 0..cw {
+                (se[c], sd[c]) = global(v.get(c0 + c).copied().unwrap_or(0.0), p.e4m3_max);
+            }
+        }
+    }
+    let mut vals = [[0f32; CHUNK]; BLOCK];
+    for g in 0..groups {
+        group_values(p, &s.wide, g, cw, &mut vals);
+        let mb = (i0 / BLOCK + g) as u32;
+        let mut sdb = [0u8; CHUNK];
+        let codes = &mut s.codes[..BLOCK * CHUNK];
+        if let Some(mode) = p.four_over_six {
+            four_over_six_cols(p, mode, &vals, cw, nb, g, tile_amax, c0, &mut sdb, codes);
+        } else {
+            let mut amax = [0f32; CHUNK];
+            if p.two_d {
+                for (c, a) in amax[..cw].iter_mut().enumerate() {
+                    *a = tile_amax[g][c / BLOCK];
+                }
+            } else {
+                for v in vals.iter() {
+                    for (a, &x) in amax[..cw].iter_mut().zip(&v[..cw]) {
+                        *a = fmax_nan_loses(*a, x.abs());
+                    }
+                }
+            }
+            let mut enc = [0f32; CHUNK];
+            block_scales_each(
+                &amax[..cw],
+                &se[..cw],
+                &sd[..cw],
+                &mut sdb[..cw],
+                &mut enc[..cw],
+            );
+            match p.seed {
+                None => {
+                    for (v, cr) in vals.iter().zip(codes.chunks_exact_mut(CHUNK)) {
+                        for ((c, &x), &e) in cr[..cw].iter_mut().zip(&v[..cw]).zip(&enc[..cw]) {
+                            *c = e2m1::encode(x * e);
+                        }
+                    }
+                }
+                Some(seed) => {
+                    let mut bits = [[0u32; CHUNK]; 4];
+                    for c in (0..cw).step_by(16) {
+                        let kk: [u32; 16] = std::array::from_fn(|l| (c0 + c + l) as u32);
+                        let hi: [u32; 16] =
+                            std::array::from_fn(|l| ((c0 + c + l) as u64 >> 32) as u32);
+                        let b = philox_lanes(&[mb; 16], &kk, &hi, sr::DIR_COLUMNWISE, seed);
+                        for w in 0..4 {
+                            bits[w][c..c + 16].copy_from_slice(&b[w]);
+                        }
+                    }
+                    for (e, (v, cr)) in vals.iter().zip(codes.chunks_exact_mut(CHUNK)).enumerate() {
+                        let (word, shift) = (e / 4, 8 * (e % 4));
+                        for (((c, &x), &en), &bw) in cr[..cw]
+                            .iter_mut()
+                            .zip(&v[..cw])
+                            .zip(&enc[..cw])
+                            .zip(&bits[word][..cw])
+                        {
+                            *c = e2m1::encode(sr_round(x * en, (bw >> shift) & 0xFF));
+                        }
+                    }
+                }
+            }
+        }
+        // Pack row pairs: pairs[8g + q][c] = code(2q) | code(2q+1) << 4.
+        for q in 0..BLOCK / 2 {
+            let (lo, hi) = codes.split_at(CHUNK * (2 * q + 1));
+            let lo = &lo[CHUNK * 2 * q..][..cw];
+            let hi = &hi[..cw];
+            let dst = &mut s.pairs[(g * BLOCK / 2 + q) * CHUNK..][..cw];
+            for ((d, &a), &b) in dst.iter_mut().zip(lo).zip(hi) {
+                *d = a | (b << 4);
+            }
+        }
+        // Scales of this group: column (k = c0 + c) row, block column mb.
+        for (c, &code) in sdb[..cw].iter().enumerate() {
+            let kk = c0 + c;
+            if p.swizzled {
+                let at = (g / 4) * TILE_BYTES + (kk % 32) * 16 + ((kk % 128) / 32) * 4 + g % 4;
+                col.scales.row_mut(kk / 128)[at] = code;
+            } else {
+                col.scales.row_mut(kk)[g] = code;
+            }
+        }
+    }
+    // [rows/2][cw] pairs -> [cw][rows/2] bytes, one strip row per column of x.
+    let half = rows / 2;
+    simd::transpose_bytes(&s.pairs, CHUNK, &mut s.tposed, half, half, cw);
+    for (c, src) in s.tposed.chunks_exact(half).take(cw).enumerate() {
+        col.data.row_mut(c0 + c).copy_from_slice(src);
+    }
+}
+
+/// 4over6 columnwise: per column block (16 values down a column), the scalar candidates.
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[inline(always)]
+fn four_over_six_cols(
+    p: &Params<'_>,
+    mode: FourOverSix,
+    vals: &[[f32; CHUNK]; BLOCK],
+    cw: usize,
+    nb: usize,
+    g: usize,
+    tile_amax: &[[f32; NB]; SLAB / BLOCK],
+    c0: usize,
+    sdb: &mut [u8; CHUNK],
+    codes: &mut [u8],
+) {
+    let column = |c: usize| -> [f32; BLOCK] { std::array::from_fn(|i| vals[i][c]) };
+    let amax_of = |c: usize| p.col_amax.of_row(c0 + c);
+    let mut put = |c: usize, s: u8, cs: &[u8; BLOCK]| {
+        sdb[c] = s;
+        for (i, &code) in cs.iter().enumerate() {
+            codes[i * CHUNK + c] = code;
+        }
+    };
+    if p.two_d {
+        for b in 0..nb {
+            let cands: [_; BLOCK] = std::array::from_fn(|cc| {
+                let c = b * BLOCK + cc;
+                four_over_six_candidates(&column(c), tile_amax[g][b], amax_of(c), p.e4m3_max, mode)
+            });
+            let pick4 = tree_sum_16(cands.map(|c| c.0.err)) < tree_sum_16(cands.map(|c| c.1.err));
+            for (cc, (m4, m6)) in cands.iter().enumerate() {
+                let c = if pick4 { m4 } else { m6 };
+                put(b * BLOCK + cc, c.sdb, &c.codes);
+            }
+        }
+    } else {
+        for c in 0..cw {
+            let v = column(c);
+            let amax = scale::amax_of(v.iter().copied());
+            let (m4, m6) = four_over_six_candidates(&v, amax, amax_of(c), p.e4m3_max, mode);
+            let pick = if m4.err < m6.err { m4 } else { m6 };
+            put(c, pick.sdb, &pick.codes);
+        }
+    }
+}
+
+/// Global amaxes in one pass: the tensor amax of `x` (`want_x`), of its Hadamard-rotated
+/// transpose (`want_y`, bf16 input), and per-row / per-column amaxes (row-scaled).
+pub(crate) struct Amaxes {
+    pub x: f32,
+    pub y: f32,
+    pub rows: Vec<f32>,
+    pub cols: Vec<f32>,
+}
+
+/// Computes the requested global amaxes of `xs` (`[m, k]`) with one read.
+pub(crate) fn amaxes<T: Element>(
+    xs: &[T],
+    m: usize,
+    k: usize,
+    want_x: bool,
+    want_y: bool,
+    want_rows: bool,
+    want_cols: bool,
+) -> Amaxes {
+    let mut out = Amaxes {
+        x: 0.0,
+        y: 0.0,
+        rows: if want_rows { vec![0.0; m] } else { Vec::new() },
+        cols: Vec::new(),
+    };
+    if m == 0 || k == 0 {
+        out.cols = vec![0.0; if want_cols { k } else { 0 }];
+        return out;
+    }
+    if want_x && !want_y && !want_rows && !want_cols {
+        out.x = quant_core::cpu::par_amax(xs);
+        return out;
+    }
+    let level = simd::level();
+    let rows_per_task = if want_y {
+        SLAB
+    } else {
+        (SLAB * 1024 / k).max(1)
+    };
+    let mut row_chunks: Vec<Option<&mut [f32]>> = if want_rows {
+        out.rows.chunks_mut(rows_per_task).map(Some).collect()
+    } else {
+        Vec::new()
+    };
+    row_chunks.resize_with(m.div_ceil(rows_per_task), || None);
+    let p = Params {
+        two_d: false,
+        e4m3_max: 448,
+        four_over_six: None,
+        seed: None,
+        swizzled: false,
+        rht: true,
+        row_amax: Amax::Tensor(0.0),
+        col_amax: Amax::Tensor(0.0),
+    };
+    let (ax, ay, cols) = xs
+        .par_chunks(rows_per_task * k)
+        .zip(row_chunks)
+        .fold(
+            || {
+                (
+                    0f32,
+                    0f32,
+                    vec![0f32; if want_cols { k } else { 0 }],
+                    vec![0f32; if want_y { SLAB * CHUNK } else { 0 }],
+                )
+            },
+            |(mut ax, mut ay, mut cols, mut wide), (x, mut rows)| {
+                simd::dispatch(
+                    level,
+                    #[inline(always)]
+                    || {
+                        let nrows = x.len() / k;
+                        let mut buf = [0f32; quant_core::cpu::BLOCK];
+                        for (r, xr) in x.chunks_exact(k).enumerate() {
+                            let mut ar = 0f32;
+                            for (c, seg) in xr.chunks(quant_core::cpu::BLOCK).enumerate() {
+                                let w = &mut buf[..seg.len()];
+                                T::widen_slice(seg, w);
+                                ar = fmax_nan_loses(ar, quant_core::cpu::amax_f32(w));
+                                if want_cols {
+                                    let cc = &mut cols[c * quant_core::cpu::BLOCK..][..w.len()];
+                                    for (a, &v) in cc.iter_mut().zip(w.iter()) {
+                                        *a = fmax_nan_loses(*a, v.abs());
+                                    }
+                                }
+                            }
+                            ax = fmax_nan_loses(ax, ar);
+                            if let Some(rows) = rows.as_deref_mut() {
+                                rows[r] = ar;
+                            }
+                        }
+                        if want_y {
+                            let mut vals = [[0f32; CHUNK]; BLOCK];
+                            for c0 in (0..k).step_by(CHUNK) {
+                                let cw = CHUNK.min(k - c0);
+                                for r in 0..nrows {
+                                    T::widen_slice(
+                                        &x[r * k + c0..r * k + c0 + cw],
+                                        &mut wide[r * CHUNK..r * CHUNK + cw],
+                                    );
+                                }
+                                for g in 0..nrows / BLOCK {
+                                    group_values(&p, &wide, g, cw, &mut vals);
+                                    for v in vals.iter() {
+                                        ay =
+                                            fmax_nan_loses(ay, quant_core::cpu::amax_f32(&v[..cw]));
+                                    }
+                                }
+                            }
+                        }
+                    },
+                );
+                (ax, ay, cols, wide)
+            },
+        )
+        .map(|(ax, ay, cols, _)| (ax, ay, cols))
+        .reduce(
+            || (0.0, 0.0, vec![0f32; if want_cols { k } else { 0 }]),
+            |(ax, ay, mut ca), (bx, by, cb)| {
+                for (a, b) in ca.iter_mut().zip(cb) {
+                    *a = fmax_nan_loses(*a, b);
+                }
+                (fmax_nan_loses(ax, bx), fmax_nan_loses(ay, by), ca)
+            },
+        );
+    out.x = ax;
+    out.y = ay;
+    out.cols = cols;
+    out
+}

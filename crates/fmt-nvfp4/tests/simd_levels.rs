@@ -1,0 +1,164 @@
+//! The fast engine against the scalar specification ([`fmt_nvfp4::reference`]), at every
+//! SIMD level this CPU can run (levels it lacks are skipped with a note), on ragged
+//! shapes (partial 128-row slabs, partial 256-column chunks), every option combination
+//! TE allows, every usage and input dtype, and special values; dequantization too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use fmt_nvfp4::{Nvfp4Quantizer, reference};
+use quant_core::simd::{self, Level};
+use quant_core::{DType, Direction, Format, HostTensor, Usage};
+
+/// Weight-like values with special values sprinkled in: NaN, ±inf, ±0, subnormals,
+/// huge values, exact E2M1 grid points and rounding ties of the block scale.
+fn data(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let u = (s >> 11) as f64 / (1u64 << 53) as f64;
+            match s % 97 {
+                0 => f32::NAN,
+                1 => f32::INFINITY,
+                2 => f32::NEG_INFINITY,
+                3 => -0.0,
+                4 => 0.0,
+                5 => f32::from_bits(1 + (s as u32 & 0xFF)),
+                6 => 3.0e38,
+                7 => [0.5, 1.5, 2.5, 5.0, 6.0, -0.25, -3.5][i % 7],
+                _ => {
+                    let v = (u - 0.5) * 8.0;
+                    (v * v * v) as f32 * if s.is_multiple_of(13) { 1e-3 } else { 1.0 }
+                }
+            }
+        })
+        .collect()
+}
+
+fn option_sets() -> Vec<(Vec<&'static str>, Usage)> {
+    let mut v = Vec::new();
+    for usage in [Usage::ROWWISE, Usage::COLUMNWISE, Usage::BOTH] {
+        for opts in [
+            vec![],
+            vec!["2d"],
+            vec!["swizzled"],
+            vec!["2d", "swizzled"],
+            vec!["sr", "seed=7"],
+            vec!["2d", "sr", "seed=99"],
+            vec!["4over6"],
+            vec!["4over6=mse", "e4m3max=256"],
+            vec!["rht"],
+            vec!["rht", "sr", "seed=5", "swizzled"],
+        ] {
+            v.push((opts, usage));
+        }
+        if usage.rowwise {
+            v.push((vec!["row-scaled"], usage));
+            v.push((vec!["row-scaled", "swizzled"], usage));
+        }
+        if usage == Usage::ROWWISE {
+            v.push((vec!["row-scaled", "4over6"], usage));
+        }
+        if usage.rowwise {
+            v.push((vec!["2d", "4over6"], usage));
+        }
+    }
+    v
+}
+
+#[test]
+fn engine_equals_reference_at_every_level() {
+    let shapes = [[16, 16], [48, 272], [144, 528], [272, 48], [16, 784]];
+    let mut checked = 0usize;
+    let levels = simd::for_each_supported_level(|level| {
+        for (si, &[m, k]) in shapes.iter().enumerate() {
+            let base = data(m * k, 11 + si as u64);
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                let x = HostTensor::f32(&base, &[m, k])
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                for (opts, usage) in option_sets() {
+                    let Ok(q) = Nvfp4Quantizer::from_spec(&opts, usage) else {
+                        continue;
+                    };
+                    if q.rht() && dtype != DType::BF16 {
+                        continue;
+                    }
+                    let fast = q.quantize(&x).unwrap();
+                    let spec = reference::quantize(&q, &x).unwrap();
+                    for (a, b) in fast.buffers().iter().zip(spec.buffers()) {
+                        assert_eq!(a.name(), b.name());
+                        if let Some(i) = a.bytes().iter().zip(b.bytes()).position(|(p, q)| p != q) {
+                            panic!(
+                                "level {level} [{m}, {k}] {dtype} {} {usage}: {} differs at byte {i}: fast {:#04x}, reference {:#04x}",
+                                q.spec(),
+                                a.name(),
+                                a.bytes()[i],
+                                b.bytes()[i]
+                            );
+                        }
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    });
+    assert!(levels.contains(&Level::Scalar));
+    assert!(checked > 100, "{checked}");
+}
+
+/// Dequantization at every level equals the level-independent scalar formula.
+#[test]
+fn dequantize_is_level_independent() {
+    let (m, k) = (144, 528);
+    let base = data(m * k, 3);
+    let x = HostTensor::f32(&base, &[m, k])
+        .unwrap()
+        .to_dtype(DType::BF16)
+        .unwrap();
+    for opts in [
+        vec![],
+        vec!["2d", "swizzled"],
+        vec!["rht"],
+        vec!["row-scaled"],
+    ] {
+        let usage = if opts.contains(&"row-scaled") {
+            Usage::ROWWISE
+        } else {
+            Usage::BOTH
+        };
+        let q = Nvfp4Quantizer::from_spec(&opts, usage).unwrap();
+        let t = q.quantize(&x).unwrap();
+        for dir in [Direction::Rowwise, Direction::Columnwise] {
+            if !usage.has(dir) {
+                continue;
+            }
+            let spec = reference::dequantize(&t, dir).unwrap();
+            simd::for_each_supported_level(|level| {
+                let got = t.dequantize(dir, DType::F32).unwrap().to_f32_vec();
+                for (i, (a, b)) in got.iter().zip(&spec).enumerate() {
+                    assert!(
+                        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                        "level {level} {} {dir}: element {i}: {a} vs reference {b}",
+                        q.spec()
+                    );
+                }
+            });
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                let want =
+                    simd::with_level(Level::Scalar, || t.dequantize(dir, dtype).unwrap()).unwrap();
+                simd::for_each_supported_level(|level| {
+                    let got = t.dequantize(dir, dtype).unwrap();
+                    assert_eq!(
+                        got.as_bytes(),
+                        want.as_bytes(),
+                        "level {level} {} {dir} {dtype}",
+                        q.spec()
+                    );
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,411 @@
+//! Run-time SIMD dispatch: one portable kernel body, compiled three times.
+//!
+//! The default target is baseline x86-64 (SSE2), where the kernels' branchless loops
+//! vectorize four lanes wide. Instead of hand-written intrinsics for every format,
+//! [`dispatch`] runs a closure inside a function compiled with
+//! `#[target_feature(enable = "avx2,fma,..")]` or `"avx512f,avx512bw,.."`, chosen once
+//! from the CPU (`is_x86_feature_detected!`). Marked `#[inline(always)]`, the closure and
+//! every `#[inline(always)]` helper it calls are compiled *into* that function, so LLVM
+//! vectorizes the same loops 8 or 16 lanes wide.
+//!
+//! **Why the levels are bit-identical.** Rust never contracts `a * b + c` into a fused
+//! multiply-add and never reassociates floating-point arithmetic; a vectorized loop
+//! performs exactly the IEEE operations of the scalar one, lane by lane. Target features
+//! change instruction selection, not results. The format crates still test every level
+//! they can force against their scalar references ([`with_level`]).
+//!
+//! | level | needs | vector width of the portable loops |
+//! |---|---|---|
+//! | [`Level::Scalar`] | nothing (any target) | SSE2 on x86-64 (4 x f32), none elsewhere |
+//! | [`Level::Avx2`] | AVX2, FMA, BMI1/2, F16C, LZCNT, POPCNT | 8 x f32 |
+//! | [`Level::Avx512`] | the above + AVX-512 F, BW, CD, DQ, VL | 16 x f32 |
+//!
+//! The active level is the best the CPU has, unless the environment variable
+//! `QUANTFMT_SIMD=scalar|avx2|avx512` (read once) asks for a lower one, or a test forces
+//! one with [`with_level`]. A level the CPU lacks is never used: a request for it falls
+//! back to the best level below it.
+//!
+//! ```
+//! use quant_core::simd::{self, Level};
+//! let xs: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5).collect();
+//! let max_sq = |level| {
+//!     simd::dispatch(level, #[inline(always)] || {
+//!         xs.iter().map(|x| x * x).fold(0.0f32, f32::max)
+//!     })
+//! };
+//! assert_eq!(max_sq(Level::Scalar), max_sq(simd::level()));
+//! assert!(Level::Scalar.is_supported());
+//! ```
+#![allow(unsafe_code)]
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use crate::error::{Error, Result};
+
+/// An instruction-set level the kernels are compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Level {
+    /// The build target's baseline (SSE2 on x86-64); the only level elsewhere.
+    Scalar,
+    /// AVX2 + FMA (Haswell, Zen 1 and later).
+    Avx2,
+    /// AVX-512 F/BW/CD/DQ/VL (Skylake-SP, Ice Lake, Sapphire Rapids, Zen 4 and later).
+    Avx512,
+}
+
+impl Level {
+    /// Every level, lowest first.
+    pub const ALL: [Level; 3] = [Level::Scalar, Level::Avx2, Level::Avx512];
+
+    /// `scalar`, `avx2` or `avx512` (the spelling `QUANTFMT_SIMD` takes).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Level::Scalar => "scalar",
+            Level::Avx2 => "avx2",
+            Level::Avx512 => "avx512",
+        }
+    }
+
+    /// Whether this CPU can run the level.
+    pub fn is_supported(self) -> bool {
+        self <= detected()
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            Level::Scalar => 1,
+            Level::Avx2 => 2,
+            Level::Avx512 => 3,
+        }
+    }
+
+    fn from_code(c: u8) -> Option<Level> {
+        match c {
+            1 => Some(Level::Scalar),
+            2 => Some(Level::Avx2),
+            3 => Some(Level::Avx512),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Level {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Level> {
+        Level::ALL
+            .into_iter()
+            .find(|l| l.name().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| Error::invalid("simd level", s, "must be scalar, avx2 or avx512"))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn probe() -> Level {
+    let avx2 = is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("bmi1")
+        && is_x86_feature_detected!("bmi2")
+        && is_x86_feature_detected!("f16c")
+        && is_x86_feature_detected!("lzcnt")
+        && is_x86_feature_detected!("popcnt");
+    let avx512 = avx2
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512cd")
+        && is_x86_feature_detected!("avx512dq")
+        && is_x86_feature_detected!("avx512vl");
+    if avx512 {
+        Level::Avx512
+    } else if avx2 {
+        Level::Avx2
+    } else {
+        Level::Scalar
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn probe() -> Level {
+    Level::Scalar
+}
+
+/// The best level this CPU supports (probed once).
+pub fn detected() -> Level {
+    static DETECTED: OnceLock<Level> = OnceLock::new();
+    *DETECTED.get_or_init(probe)
+}
+
+/// What `QUANTFMT_SIMD` asked for, if set and valid.
+fn requested() -> Option<Level> {
+    static REQUESTED: OnceLock<Option<Level>> = OnceLock::new();
+    *REQUESTED.get_or_init(|| std::env::var("QUANTFMT_SIMD").ok()?.parse().ok())
+}
+
+/// The level kernels use when nothing is forced: `QUANTFMT_SIMD` capped at [`detected`].
+pub fn configured() -> Level {
+    requested().map_or(detected(), |r| r.min(detected()))
+}
+
+/// 0: nothing forced; otherwise a [`Level::code`].
+static FORCED: AtomicU8 = AtomicU8::new(0);
+
+/// The level the kernels dispatch to now.
+#[inline]
+pub fn level() -> Level {
+    Level::from_code(FORCED.load(Ordering::Relaxed)).unwrap_or_else(configured)
+}
+
+/// One line for logs and benchmark headers, e.g. `avx512 (cpu: avx512)` or
+/// `avx2 (cpu: avx512, QUANTFMT_SIMD=avx2)`.
+pub fn describe() -> String {
+    let mut s = format!("{} (cpu: {}", level(), detected());
+    if let Ok(v) = std::env::var("QUANTFMT_SIMD") {
+        s.push_str(&format!(", QUANTFMT_SIMD={v}"));
+    }
+    s.push(')');
+    s
+}
+
+/// Runs `f` with every kernel dispatching to `level`, process-wide; `None` (without
+/// running `f`) when the CPU lacks the level. Calls are serialized, so two forcing
+/// callers never interleave; code running concurrently without forcing may also see the
+/// forced level, which is harmless because every level computes the same bits. Meant
+/// for tests that check each level against a reference.
+pub fn with_level<R>(level: Level, f: impl FnOnce() -> R) -> Option<R> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    if !level.is_supported() {
+        return None;
+    }
+    let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            FORCED.store(0, Ordering::Relaxed);
+        }
+    }
+    FORCED.store(level.code(), Ordering::Relaxed);
+    let reset = Reset;
+    let out = f();
+    drop(reset);
+    drop(guard);
+    Some(out)
+}
+
+/// Runs `f` compiled for `level` (a level the CPU lacks runs the best one below it).
+///
+/// Mark the closure `#[inline(always)]` and keep the helpers it calls
+/// `#[inline(always)]`: only code inlined into the dispatched function is compiled with
+/// the level's instructions. Call it once per block of work (a row slab, a tile), not per
+/// element, and not around a rayon call (rayon runs closures in other functions).
+#[inline(always)]
+pub fn dispatch<R>(level: Level, f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match level.min(detected()) {
+            // SAFETY: `detected()` confirmed every feature `avx512` enables.
+            Level::Avx512 => unsafe { x86::avx512(f) },
+            // SAFETY: `detected()` confirmed every feature `avx2` enables.
+            Level::Avx2 => unsafe { x86::avx2(f) },
+            Level::Scalar => f(),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = level;
+        f()
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::{
+        __m128i, _mm_loadu_si128, _mm_setzero_si128, _mm_storeu_si128, _mm_unpackhi_epi8,
+        _mm_unpacklo_epi8,
+    };
+
+    /// 16x16 byte transpose. Interleaving the bytes of rows `i` and `i + 8` into rows
+    /// `2i` (low halves) and `2i + 1` (high halves) rotates the 8-bit element address
+    /// `row:col` left by one bit; four rounds swap row and column.
+    ///
+    /// # Safety
+    /// `src + i*ss .. + 16` must be readable and `dst + i*ds .. + 16` writable for
+    /// `i < 16`.
+    #[inline(always)]
+    pub(super) unsafe fn transpose_16x16(src: *const u8, ss: usize, dst: *mut u8, ds: usize) {
+        // SAFETY: SSE2 is part of the x86-64 baseline; the caller guarantees the rows.
+        unsafe {
+            let mut r = [_mm_setzero_si128(); 16];
+            for (i, v) in r.iter_mut().enumerate() {
+                *v = _mm_loadu_si128(src.add(i * ss).cast::<__m128i>());
+            }
+            for _ in 0..4 {
+                let mut t = [_mm_setzero_si128(); 16];
+                for i in 0..8 {
+                    t[2 * i] = _mm_unpacklo_epi8(r[i], r[i + 8]);
+                    t[2 * i + 1] = _mm_unpackhi_epi8(r[i], r[i + 8]);
+                }
+                r = t;
+            }
+            for (i, v) in r.iter().enumerate() {
+                _mm_storeu_si128(dst.add(i * ds).cast::<__m128i>(), *v);
+            }
+        }
+    }
+
+    /// `f` compiled with AVX2 + FMA and friends.
+    #[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
+    pub(super) fn avx2<R>(f: impl FnOnce() -> R) -> R {
+        f()
+    }
+
+    /// `f` compiled with AVX-512 F/BW/CD/DQ/VL on top of AVX2.
+    #[target_feature(
+        enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt,avx512f,avx512bw,avx512cd,avx512dq,avx512vl"
+    )]
+    pub(super) fn avx512<R>(f: impl FnOnce() -> R) -> R {
+        f()
+    }
+}
+
+/// Transposes a `rows x cols` block of bytes: `dst[j * dst_stride + i] =
+/// src[i * src_stride + j]`. Full 16x16 sub-blocks go through SSE2 byte unpacks (x86-64
+/// baseline, so no dispatch is needed); edges and other targets use a scalar loop.
+///
+/// Panics if a slice is too short for its block (an internal indexing bug).
+///
+/// ```
+/// let src: Vec<u8> = (0..=255).collect(); // 16 x 16
+/// let mut dst = vec![0u8; 256];
+/// quant_core::simd::transpose_bytes(&src, 16, &mut dst, 16, 16, 16);
+/// assert_eq!(dst[1], 16);
+/// assert_eq!(dst[16], 1);
+/// ```
+pub fn transpose_bytes(
+    src: &[u8],
+    src_stride: usize,
+    dst: &mut [u8],
+    dst_stride: usize,
+    rows: usize,
+    cols: usize,
+) {
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    assert!(src.len() >= (rows - 1) * src_stride + cols && cols <= src_stride);
+    assert!(dst.len() >= (cols - 1) * dst_stride + rows && rows <= dst_stride);
+    let (r16, c16) = (rows / 16 * 16, cols / 16 * 16);
+    #[cfg(target_arch = "x86_64")]
+    for i in (0..r16).step_by(16) {
+        for j in (0..c16).step_by(16) {
+            // SAFETY: rows i..i+16 of src cover bytes up to (i+15)*src_stride + j+16 <=
+            // (rows-1)*src_stride + cols <= src.len(); likewise for dst with the roles
+            // of rows and columns swapped (both asserted above).
+            unsafe {
+                x86::transpose_16x16(
+                    src.as_ptr().add(i * src_stride + j),
+                    src_stride,
+                    dst.as_mut_ptr().add(j * dst_stride + i),
+                    dst_stride,
+                )
+            }
+        }
+    }
+    let scalar = |dst: &mut [u8], i0: usize, i1: usize, j0: usize, j1: usize| {
+        for i in i0..i1 {
+            for j in j0..j1 {
+                dst[j * dst_stride + i] = src[i * src_stride + j];
+            }
+        }
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    scalar(dst, 0, r16, 0, c16);
+    scalar(dst, 0, r16, c16, cols);
+    scalar(dst, r16, rows, 0, cols);
+}
+
+/// Runs `f` once per level this CPU supports, lowest first, printing a note for each
+/// level it skips; returns the levels run. For tests of dispatch-level equality.
+pub fn for_each_supported_level(mut f: impl FnMut(Level)) -> Vec<Level> {
+    let mut ran = Vec::new();
+    for l in Level::ALL {
+        if with_level(l, || f(l)).is_some() {
+            ran.push(l);
+        } else {
+            eprintln!(
+                "note: skipping SIMD level {l}: this CPU only has {}",
+                detected()
+            );
+        }
+    }
+    ran
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_parse_and_order() {
+        for l in Level::ALL {
+            assert_eq!(l.name().parse::<Level>().unwrap(), l);
+            assert_eq!(Level::from_code(l.code()), Some(l));
+        }
+        assert!("sse9".parse::<Level>().is_err());
+        assert!(Level::Scalar < Level::Avx2 && Level::Avx2 < Level::Avx512);
+        assert!(Level::Scalar.is_supported());
+        assert!(configured() <= detected());
+    }
+
+    #[test]
+    fn forcing_sets_and_restores() {
+        let ran = for_each_supported_level(|l| assert_eq!(level(), l));
+        assert_eq!(ran.first(), Some(&Level::Scalar));
+        assert_eq!(ran.last(), Some(&detected()));
+    }
+
+    #[test]
+    fn byte_transpose_matches_scalar() {
+        for (rows, cols) in [(16, 16), (1, 1), (17, 35), (64, 48), (3, 100), (100, 3)] {
+            let (ss, ds) = (cols + 5, rows + 3);
+            let src: Vec<u8> = (0..rows * ss).map(|i| (i * 7 + i / 11) as u8).collect();
+            let mut dst = vec![0xAAu8; cols * ds];
+            transpose_bytes(&src, ss, &mut dst, ds, rows, cols);
+            for i in 0..rows {
+                for j in 0..cols {
+                    assert_eq!(dst[j * ds + i], src[i * ss + j], "{rows}x{cols} ({i},{j})");
+                }
+            }
+            for j in 0..cols {
+                assert!(dst[j * ds + rows..(j + 1) * ds].iter().all(|&v| v == 0xAA));
+            }
+        }
+    }
+
+    #[test]
+    fn every_level_computes_the_same_bits() {
+        let xs: Vec<f32> = (0..4099).map(|i| (i as f32 - 2000.0) * 0.37).collect();
+        let run = |l| {
+            dispatch(
+                l,
+                #[inline(always)]
+                || {
+                    xs.iter()
+                        .map(|&x| (x * 1.5 + 0.25).to_bits())
+                        .fold(0u32, |a, b| a.wrapping_mul(31).wrapping_add(b))
+                },
+            )
+        };
+        let want = run(Level::Scalar);
+        for l in Level::ALL {
+            assert_eq!(run(l), want, "{l}");
+        }
+    }
+}
