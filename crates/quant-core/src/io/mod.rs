@@ -13,6 +13,19 @@
 //! Tensors without an entry pass through untouched. Loading rebuilds each quantized
 //! tensor through a [`Registry`] and checks every buffer against the format's
 //! description before accepting it.
+//!
+//! # What a hostile file cannot do
+//!
+//! Every length, shape, offset and count read from a file is checked before anything is
+//! allocated for it: the header against the file size ([`reader`]), the metadata against
+//! [`MAX_METADATA_BYTES`] and serde_json's nesting limit, shapes against
+//! [`crate::shape::MAX_NUMEL`], each buffer's dtype and shape against what the format
+//! describes for the stated shape and options (before its bytes are read), grouped
+//! offsets against the member shapes (before the member layout is built), and buffer
+//! contents by the format's `validate_buffers`. Memory stays proportional to the file's
+//! size. See `docs/SECURITY.md`.
+// Indexing here would run on untrusted sizes: every access is checked instead.
+#![deny(clippy::indexing_slicing)]
 
 pub mod reader;
 
@@ -400,6 +413,12 @@ pub fn load_from<S: Source + ?Sized>(src: &mut S, registry: &Registry) -> Result
             Error::File { .. } => e,
             other => Error::file(&name, format!("tensor `{tname}`: {other}")),
         };
+        if header.get(tname).is_some() {
+            return Err(Error::file(
+                &name,
+                format!("tensor `{tname}` is both quantized (in the metadata) and stored as-is"),
+            ));
+        }
         let item = if tm.grouped.is_some() {
             Loaded::Grouped(load_grouped(src, &header, tname, tm, registry).map_err(wrap)?)
         } else {
@@ -408,7 +427,12 @@ pub fn load_from<S: Source + ?Sized>(src: &mut S, registry: &Registry) -> Result
         for b in &tm.buffers {
             let full = format!("{tname}.{b}");
             if let Some(info) = header.get(&full) {
-                claimed.insert(info.name.as_str());
+                if !claimed.insert(info.name.as_str()) {
+                    return Err(Error::file(
+                        &name,
+                        format!("tensor `{full}` is claimed by two quantized tensors"),
+                    ));
+                }
             }
         }
         out.tensors.push((tname.clone(), item));
@@ -528,11 +552,40 @@ pub fn load_grouped<S: Source + ?Sized>(
         .grouped
         .as_ref()
         .ok_or_else(|| Error::invalid("tensor", name, "is not grouped"))?;
-    if gm.member_shapes.is_empty() || gm.member_shapes.len() > MAX_GROUP_MEMBERS {
+    let n = gm.member_shapes.len();
+    if n == 0 || n > MAX_GROUP_MEMBERS {
         return Err(Error::invalid(
             "grouped members",
-            gm.member_shapes.len(),
+            n,
             format!("must be between 1 and {MAX_GROUP_MEMBERS}"),
+        ));
+    }
+    // Cheap consistency checks before the per-member layout is built.
+    if gm.element_offsets.len() != n + 1 {
+        return Err(Error::invalid(
+            "element_offsets",
+            format!("{} entries", gm.element_offsets.len()),
+            format!("must have one entry per member plus one ({})", n + 1),
+        ));
+    }
+    if let Some((b, offs)) = gm.byte_offsets.iter().find(|(_, o)| o.len() != n + 1) {
+        return Err(Error::buffer(
+            b,
+            format!(
+                "has {} stored byte offsets; a group of {n} members needs {}",
+                offs.len(),
+                n + 1
+            ),
+        ));
+    }
+    if gm.byte_offsets.len() != tm.buffers.len() {
+        return Err(Error::invalid(
+            "byte_offsets",
+            gm.byte_offsets.len(),
+            format!(
+                "must list exactly the {} buffers of the tensor",
+                tm.buffers.len()
+            ),
         ));
     }
     let shapes = gm
@@ -542,7 +595,7 @@ pub fn load_grouped<S: Source + ?Sized>(
         .collect::<Result<Vec<_>>>()?;
     let q = registry.quantizer(&tm.format, &tm.options)?;
     let layout = GroupLayout::new(&*q, &shapes)?;
-    if layout.kind() != gm.kind || layout.logical_shape()[..] != tm.shape[..] {
+    if layout.kind() != gm.kind || layout.logical_shape().as_slice() != tm.shape.as_slice() {
         return Err(Error::invalid(
             "grouped shape",
             format!("{:?} {:?}", gm.kind, tm.shape),
@@ -576,6 +629,8 @@ pub fn load_grouped<S: Source + ?Sized>(
             format!("must list exactly the {} grouped buffers", want.len()),
         ));
     }
+    // The rebuild computes its own layout: drop this one first so only one is alive.
+    drop(layout);
     let buffers = read_buffers(src, header, name, tm, &*q, want)?;
     q.unflatten_grouped(&shapes, tm.dtype, buffers)
 }
