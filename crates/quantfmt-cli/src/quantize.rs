@@ -18,8 +18,21 @@ enum Out {
 
 /// Member shapes of a rank-3 `[E, n, k]` tensor stored as a grouped tensor of E members.
 fn expert_shapes(dims: &[usize]) -> Result<Vec<Shape>> {
-    let member = Shape::new(&dims[1..])?;
-    Ok(vec![member; dims[0]])
+    let (&experts, member) = dims
+        .split_first()
+        .ok_or_else(|| Error::invalid("shape", "[]", "a grouped tensor needs dims [E, ...]"))?;
+    if experts == 0 || experts > quant_core::io::MAX_GROUP_MEMBERS {
+        return Err(Error::invalid(
+            "experts (dim 0)",
+            experts,
+            format!(
+                "must be between 1 and {}",
+                quant_core::io::MAX_GROUP_MEMBERS
+            ),
+        ));
+    }
+    let member = Shape::new(member)?;
+    Ok(vec![member; experts])
 }
 
 /// Runs `quantize`.
@@ -77,7 +90,10 @@ pub fn run(
         let as_group = grouped && info.shape.len() == 3;
         let reason = not_candidate(&info).or_else(|| {
             let check = if as_group {
-                expert_shapes(&info.shape).and_then(|m| q.check_shape(&m[0]))
+                expert_shapes(&info.shape).and_then(|m| match m.first() {
+                    Some(first) => q.check_shape(first),
+                    None => Ok(()),
+                })
             } else {
                 Shape::new(&info.shape).and_then(|s| q.check_shape(&s))
             };

@@ -92,7 +92,10 @@ fn measure<R>(f: impl FnOnce() -> R) -> (R, usize) {
 /// Loads `bytes`, which must be refused with a message containing every one of `needles`,
 /// within the heap limit. Returns the peak heap.
 fn refused(what: &str, bytes: &[u8], needles: &[&str]) -> usize {
-    assert!(bytes.len() < 1 << 20, "{what}: the test file should be < 1 MiB");
+    assert!(
+        bytes.len() < 1 << 20,
+        "{what}: the test file should be < 1 MiB"
+    );
     let (r, peak) = measure(|| load_bytes(bytes).map(|_| ()));
     let e = match r {
         Ok(()) => panic!("{what}: a hostile file was accepted"),
@@ -231,10 +234,18 @@ fn truncated_and_impossible_header_lengths() {
 #[test]
 fn malformed_header_json() {
     let _g = SERIAL.lock().unwrap();
-    refused("not UTF-8", &raw(&[0xFF, 0xFE, b'{', b'}'], &[]), &["UTF-8"]);
+    refused(
+        "not UTF-8",
+        &raw(&[0xFF, 0xFE, b'{', b'}'], &[]),
+        &["UTF-8"],
+    );
     refused("not JSON", &raw(b"hello", &[]), &["JSON"]);
     refused("a JSON array", &raw(b"[1,2,3]", &[]), &["JSON"]);
-    refused("truncated JSON", &raw(br#"{"a": {"dtype": "U8""#, &[]), &["JSON"]);
+    refused(
+        "truncated JSON",
+        &raw(br#"{"a": {"dtype": "U8""#, &[]),
+        &["JSON"],
+    );
     refused(
         "a tensor entry that is a number",
         &raw(br#"{"a": 5}"#, &[]),
@@ -284,7 +295,11 @@ fn deeply_nested_and_huge_json_is_refused_without_a_stack_overflow() {
     h.push_str(&"[".repeat(depth));
     h.push_str(&"]".repeat(depth));
     h.push('}');
-    refused("header nested 200k deep", &raw(h.as_bytes(), &[]), &["JSON"]);
+    refused(
+        "header nested 200k deep",
+        &raw(h.as_bytes(), &[]),
+        &["JSON"],
+    );
     // The same depth inside `__metadata__` (must map strings to strings).
     let mut h = String::from(r#"{"__metadata__": {"x": "#);
     h.push_str(&"{\"y\": ".repeat(1000));
@@ -301,7 +316,11 @@ fn deeply_nested_and_huge_json_is_refused_without_a_stack_overflow() {
         }
         m["tensors"]["w"]["options"] = v;
     });
-    refused("quantfmt options nested 1000 deep", &bad, &["quantfmt", "malformed"]);
+    refused(
+        "quantfmt options nested 1000 deep",
+        &bad,
+        &["quantfmt", "malformed"],
+    );
     // Hundreds of thousands of small values: bounded by the file size.
     let mut h = String::from(r#"{"__metadata__": {"#);
     for i in 0..40_000 {
@@ -311,7 +330,11 @@ fn deeply_nested_and_huge_json_is_refused_without_a_stack_overflow() {
         h.push_str(&format!(r#""k{i}": "v""#));
     }
     h.push_str("}, \"a\": 1}");
-    refused("40k metadata keys then junk", &raw(h.as_bytes(), &[]), &["`a`"]);
+    refused(
+        "40k metadata keys then junk",
+        &raw(h.as_bytes(), &[]),
+        &["`a`"],
+    );
 }
 
 #[test]
@@ -319,22 +342,43 @@ fn absurd_shapes_and_sizes_never_allocate() {
     let _g = SERIAL.lock().unwrap();
     // A 10^12-element tensor backed by 16 bytes.
     let h = json!({"a": {"dtype": "U8", "shape": [1_000_000, 1_000_000], "data_offsets": [0, 1_000_000_000_000u64]}});
-    refused("10^12 elements", &with_header(&h, &[0; 16]), &["`a`", "run past"]);
+    refused(
+        "10^12 elements",
+        &with_header(&h, &[0; 16]),
+        &["`a`", "run past"],
+    );
     // Same claim but consistent offsets are impossible too: the data is not there.
     let h = json!({"a": {"dtype": "F32", "shape": [1 << 20, 1 << 20], "data_offsets": [0, 16]}});
-    refused("shape vs offsets", &with_header(&h, &[0; 16]), &["`a`", "needs"]);
+    refused(
+        "shape vs offsets",
+        &with_header(&h, &[0; 16]),
+        &["`a`", "needs"],
+    );
     // A shape whose element count overflows u64.
-    let h = json!({"a": {"dtype": "F32", "shape": [1u64 << 40, 1u64 << 40], "data_offsets": [0, 0]}});
-    refused("shape overflow", &with_header(&h, &[]), &["`a`", "overflows"]);
+    let h =
+        json!({"a": {"dtype": "F32", "shape": [1u64 << 40, 1u64 << 40], "data_offsets": [0, 0]}});
+    refused(
+        "shape overflow",
+        &with_header(&h, &[]),
+        &["`a`", "overflows"],
+    );
     // Byte size overflow with a non-overflowing element count.
     let h = json!({"a": {"dtype": "F64", "shape": [1u64 << 62], "data_offsets": [0, 0]}});
-    refused("byte size overflow", &with_header(&h, &[]), &["`a`", "overflows"]);
+    refused(
+        "byte size overflow",
+        &with_header(&h, &[]),
+        &["`a`", "overflows"],
+    );
     // Rank far above anything real.
     let h = json!({"a": {"dtype": "U8", "shape": vec![1; 100], "data_offsets": [0, 1]}});
     refused("rank 100", &with_header(&h, &[0]), &["`a`", "rank"]);
     // FP4-style sub-byte dtypes that do not fill whole bytes.
     let h = json!({"a": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}});
-    refused("odd F4 count", &with_header(&h, &[0; 2]), &["`a`", "whole bytes"]);
+    refused(
+        "odd F4 count",
+        &with_header(&h, &[0; 2]),
+        &["`a`", "whole bytes"],
+    );
 }
 
 #[test]
@@ -346,13 +390,37 @@ fn overlapping_out_of_range_and_gapped_offsets() {
             "b": {"dtype": "U8", "shape": [b[1].saturating_sub(b[0])], "data_offsets": b},
         })
     };
-    refused("overlap", &with_header(&e([0, 8], [4, 12]), &[0; 12]), &["overlaps"]);
-    refused("aliasing", &with_header(&e([0, 8], [0, 8]), &[0; 8]), &["overlaps"]);
-    refused("gap", &with_header(&e([0, 4], [8, 12]), &[0; 12]), &["gaps"]);
-    refused("trailing bytes", &with_header(&e([0, 4], [4, 8]), &[0; 12]), &["cover 8"]);
-    refused("past the end", &with_header(&e([0, 4], [4, 64]), &[0; 8]), &["run past"]);
+    refused(
+        "overlap",
+        &with_header(&e([0, 8], [4, 12]), &[0; 12]),
+        &["overlaps"],
+    );
+    refused(
+        "aliasing",
+        &with_header(&e([0, 8], [0, 8]), &[0; 8]),
+        &["overlaps"],
+    );
+    refused(
+        "gap",
+        &with_header(&e([0, 4], [8, 12]), &[0; 12]),
+        &["gaps"],
+    );
+    refused(
+        "trailing bytes",
+        &with_header(&e([0, 4], [4, 8]), &[0; 12]),
+        &["cover 8"],
+    );
+    refused(
+        "past the end",
+        &with_header(&e([0, 4], [4, 64]), &[0; 8]),
+        &["run past"],
+    );
     let h = json!({"a": {"dtype": "U8", "shape": [0], "data_offsets": [8, 4]}});
-    refused("end before begin", &with_header(&h, &[0; 8]), &["`a`", "offsets"]);
+    refused(
+        "end before begin",
+        &with_header(&h, &[0; 8]),
+        &["`a`", "offsets"],
+    );
     let h = json!({"a": {"dtype": "U8", "shape": [1], "data_offsets": [u64::MAX, u64::MAX]}});
     refused("offsets at u64::MAX", &with_header(&h, &[0; 8]), &["`a`"]);
 }
@@ -385,7 +453,11 @@ fn truncated_and_bit_flipped_valid_files_never_panic() {
             let mut bad = file.clone();
             bad[pos] ^= 1 << (s >> 29);
             let (r, peak) = measure(|| load_bytes(&bad));
-            assert!(peak < PEAK_LIMIT, "{}: flip at {pos}: peak {peak}", q.spec());
+            assert!(
+                peak < PEAK_LIMIT,
+                "{}: flip at {pos}: peak {peak}",
+                q.spec()
+            );
             if let Ok(f) = r {
                 for (_, t) in &f.tensors {
                     if let Loaded::Quantized(t) = t {
@@ -406,9 +478,17 @@ fn metadata_that_is_malformed_or_from_another_version() {
     let (file, _) = valid_file(&*quantizers()[0]);
     let (mut header, data) = split(&file);
     header["__metadata__"]["quantfmt"] = json!("{not json");
-    refused("quantfmt not JSON", &with_header(&header, &data), &["malformed"]);
+    refused(
+        "quantfmt not JSON",
+        &with_header(&header, &data),
+        &["malformed"],
+    );
     header["__metadata__"]["quantfmt"] = json!("[1, 2]");
-    refused("quantfmt an array", &with_header(&header, &data), &["malformed"]);
+    refused(
+        "quantfmt an array",
+        &with_header(&header, &data),
+        &["malformed"],
+    );
     refused(
         "version 99",
         &with_meta(&file, |m| m["version"] = json!(99)),
@@ -483,7 +563,8 @@ fn unknown_formats_and_options_are_refused_for_every_format() {
         refused(
             &format!("{spec}: empty usage"),
             &with_meta(&file, |m| {
-                m["tensors"]["w"]["options"]["usage"] = json!({"rowwise": false, "columnwise": false})
+                m["tensors"]["w"]["options"]["usage"] =
+                    json!({"rowwise": false, "columnwise": false})
             }),
             &["usage"],
         );
@@ -634,8 +715,10 @@ fn corrupt_buffer_contents_are_refused_or_harmless() {
                         let Some(Loaded::Quantized(t)) = f.get("w") else {
                             panic!("{}: w not loaded", q.spec());
                         };
-                        for dir in [quantfmt::Direction::Rowwise, quantfmt::Direction::Columnwise]
-                        {
+                        for dir in [
+                            quantfmt::Direction::Rowwise,
+                            quantfmt::Direction::Columnwise,
+                        ] {
                             if t.usage().has(dir) {
                                 t.dequantize(dir, quantfmt::DType::F32).unwrap();
                             }
@@ -646,7 +729,11 @@ fn corrupt_buffer_contents_are_refused_or_harmless() {
         }
         // A NaN in the first f32 buffer is refused by every format that stores scales
         // or amaxes as f32 (a NaN scale would poison every value it scales).
-        if let Some(b) = s.buffers().iter().find(|b| b.dtype() == quantfmt::DType::F32) {
+        if let Some(b) = s
+            .buffers()
+            .iter()
+            .find(|b| b.dtype() == quantfmt::DType::F32)
+        {
             let full = format!("w.{}", b.name());
             let lo = header[&full]["data_offsets"][0].as_u64().unwrap() as usize;
             let mut d = data.clone();
@@ -859,6 +946,10 @@ fn valid_files_load_within_a_small_multiple_of_their_size() {
             file.len(),
             peak >> 10
         );
-        assert!(peak < 4 * file.len() + (1 << 20), "{}: peak {peak}", q.spec());
+        assert!(
+            peak < 4 * file.len() + (1 << 20),
+            "{}: peak {peak}",
+            q.spec()
+        );
     }
 }

@@ -426,13 +426,13 @@ pub fn load_from<S: Source + ?Sized>(src: &mut S, registry: &Registry) -> Result
         };
         for b in &tm.buffers {
             let full = format!("{tname}.{b}");
-            if let Some(info) = header.get(&full) {
-                if !claimed.insert(info.name.as_str()) {
-                    return Err(Error::file(
-                        &name,
-                        format!("tensor `{full}` is claimed by two quantized tensors"),
-                    ));
-                }
+            if let Some(info) = header.get(&full)
+                && !claimed.insert(info.name.as_str())
+            {
+                return Err(Error::file(
+                    &name,
+                    format!("tensor `{full}` is claimed by two quantized tensors"),
+                ));
             }
         }
         out.tensors.push((tname.clone(), item));

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs every cargo-fuzz target for a fixed time (nightly only; not part of CI).
+#
+#   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
+#
+# Seeds the corpora first (valid files of every registered format, every spec option),
+# runs each target with debug assertions and overflow checks on, a 512 MiB RSS limit
+# and a 100 MiB limit on any single allocation, and prints each target's summary
+# (executions, coverage, crashes). Logs go to fuzz/logs/, crashes to fuzz/artifacts/.
+set -euo pipefail
+cd "$(dirname "$0")/../fuzz"
+
+secs="${1:-600}"
+shift || true
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+    targets=(load_bytes unflatten spec_parse quantize)
+fi
+
+mkdir -p logs corpus
+if [ ! -d corpus/load_bytes ] || [ -z "$(ls -A corpus/load_bytes 2>/dev/null)" ]; then
+    cargo +nightly run --release --bin seed_corpus
+fi
+
+status=0
+for t in "${targets[@]}"; do
+    mkdir -p "corpus/$t"
+    dict=()
+    if [ "$t" = load_bytes ]; then
+        dict=(-dict=dict/native.dict)
+    fi
+    echo "== $t: ${secs}s"
+    if ! cargo +nightly fuzz run --debug-assertions "$t" "corpus/$t" -- \
+        -max_total_time="$secs" -rss_limit_mb=512 -malloc_limit_mb=100 \
+        -max_len=65536 -print_final_stats=1 "${dict[@]}" >"logs/$t.log" 2>&1; then
+        echo "   FAILED (see fuzz/logs/$t.log and fuzz/artifacts/$t/)"
+        status=1
+    fi
+    grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb|stat::new_units_added)|Done [0-9]+ runs" "logs/$t.log" || true
+    grep -E "^#[0-9]+.*(DONE|cov:)" "logs/$t.log" | tail -1 || true
+done
+exit $status
