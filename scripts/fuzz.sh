@@ -18,8 +18,11 @@ if [ ${#targets[@]} -eq 0 ]; then
 fi
 
 mkdir -p logs corpus
+cargo +nightly fuzz build --debug-assertions
 if [ ! -d corpus/load_bytes ] || [ -z "$(ls -A corpus/load_bytes 2>/dev/null)" ]; then
-    cargo +nightly run --release --bin seed_corpus
+    # Built by `cargo fuzz build` with the targets (same flags, so no second build).
+    triple="$(rustc +nightly -vV | sed -n 's/^host: //p')"
+    "target/$triple/release/seed_corpus"
 fi
 
 status=0

@@ -176,7 +176,9 @@ fn every_code_round_trips() {
     for c in &CODECS {
         for code in 0..=c.codes {
             let v = (c.decode)(code);
-            if v.is_nan() {
+            // NaN and E5M2's infinities are never produced (satfinite), so they do not
+            // round-trip by design.
+            if !v.is_finite() {
                 continue;
             }
             let back = (c.encode)(v);
