@@ -25,6 +25,7 @@ use quant_core::{
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::kernels::{amax_encode_block, decode_scaled, encode_scaled};
 use crate::scale::{AmaxEpsilon, Fp8Dtype, amax_of, compute_scale_from_amax, fmax_ignore_nan};
 use crate::transpose::{transpose_bytes, transpose_map};
 
@@ -188,8 +189,10 @@ impl Fp8BlockQuantizer {
                             .zip(xs.par_chunks(k))
                             .enumerate()
                             .for_each(|(i, (o, x))| {
-                                for (j, (o, v)) in o.iter_mut().zip(x).enumerate() {
-                                    *o = dt.encode(v.to_f32() * scale_at(i, j));
+                                for (kb, (ob, xb)) in
+                                    o.chunks_mut(BLOCK).zip(x.chunks(BLOCK)).enumerate()
+                                {
+                                    encode_scaled(dt, xb, scale_at(i, kb * BLOCK), ob);
                                 }
                             });
                         if let Some(cd) = cd {
@@ -227,10 +230,7 @@ impl Fp8BlockQuantizer {
                 let mut s_inv = Vec::with_capacity(out.len() / k * nkb);
                 for (orow, xrow) in out.chunks_mut(k).zip(x.chunks(k)) {
                     for (ob, xb) in orow.chunks_mut(BLOCK).zip(xrow.chunks(BLOCK)) {
-                        let scale = self.scale::<T>(amax_of(xb));
-                        for (o, v) in ob.iter_mut().zip(xb) {
-                            *o = dt.encode(v.to_f32() * scale);
-                        }
+                        let scale = amax_encode_block(dt, xb, ob, |a| self.scale::<T>(a));
                         s_inv.push(1.0 / scale);
                     }
                 }
@@ -270,23 +270,39 @@ impl Fp8BlockQuantizer {
                 let mut s_inv = vec![0f32; nmb * kn];
                 let mut amax = vec![0f32; kn];
                 let mut scale = vec![0f32; kn];
+                // One 128-row block of these columns, widened once: [rows][kn].
+                let mut tile = vec![0f32; BLOCK * kn];
+                let mut codes = vec![0u8; kn];
                 for mb in 0..nmb {
                     let (m0, m1) = (mb * BLOCK, ((mb + 1) * BLOCK).min(m));
                     amax.fill(0.0);
-                    for i in m0..m1 {
-                        let row = &xs[i * k + k0..i * k + k0 + kn];
-                        for (a, v) in amax.iter_mut().zip(row) {
-                            *a = fmax_ignore_nan(*a, v.to_f32().abs());
+                    for (r, i) in (m0..m1).enumerate() {
+                        let w = &mut tile[r * kn..(r + 1) * kn];
+                        T::widen_slice(&xs[i * k + k0..i * k + k0 + kn], w);
+                        for (a, &v) in amax.iter_mut().zip(w.iter()) {
+                            *a = fmax_ignore_nan(*a, v.abs());
                         }
                     }
                     for j in 0..kn {
                         scale[j] = self.scale::<T>(amax[j]);
                         s_inv[mb * kn + j] = 1.0 / scale[j];
                     }
-                    for i in m0..m1 {
-                        let row = &xs[i * k + k0..i * k + k0 + kn];
-                        for (j, v) in row.iter().enumerate() {
-                            out[j * m + i] = dt.encode(v.to_f32() * scale[j]);
+                    for (r, i) in (m0..m1).enumerate() {
+                        let w = &tile[r * kn..(r + 1) * kn];
+                        match dt {
+                            Fp8Dtype::E4M3 => {
+                                for ((c, &v), &s) in codes.iter_mut().zip(w).zip(&scale) {
+                                    *c = quant_core::codec::e4m3::encode(v * s);
+                                }
+                            }
+                            Fp8Dtype::E5M2 => {
+                                for ((c, &v), &s) in codes.iter_mut().zip(w).zip(&scale) {
+                                    *c = quant_core::codec::e5m2::encode(v * s);
+                                }
+                            }
+                        }
+                        for (j, &c) in codes.iter().enumerate() {
+                            out[j * m + i] = c;
                         }
                     }
                 }
@@ -458,17 +474,17 @@ impl Format for Fp8BlockQuantizer {
             Direction::Rowwise => {
                 let q = buffer_by_name(bufs, "rowwise_data")?.bytes();
                 let s = buffer_by_name(bufs, "rowwise_scale_inv")?.as_slice::<f32>()?;
-                let block = self.block;
+                let (block, dt) = (self.block, self.dtype);
                 out.par_chunks_mut(k)
                     .zip(q.par_chunks(k))
                     .enumerate()
                     .for_each(|(i, (o, q))| {
-                        for (j, (o, &b)) in o.iter_mut().zip(q).enumerate() {
+                        for (kb, (ob, qb)) in o.chunks_mut(BLOCK).zip(q.chunks(BLOCK)).enumerate() {
                             let si = match block {
-                                BlockScaling::OneD => s[(j / BLOCK) * sr[1] + i],
-                                BlockScaling::TwoD => s[(i / BLOCK) * sr[1] + j / BLOCK],
+                                BlockScaling::OneD => s[kb * sr[1] + i],
+                                BlockScaling::TwoD => s[(i / BLOCK) * sr[1] + kb],
                             };
-                            *o = T::from_f32(table[b as usize] * si);
+                            decode_scaled(dt, qb, si, ob);
                         }
                     });
             }

@@ -28,6 +28,7 @@
 #![deny(unsafe_code)]
 
 mod block;
+mod kernels;
 mod per_tensor;
 mod scale;
 mod transpose;

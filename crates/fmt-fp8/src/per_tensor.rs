@@ -17,11 +17,12 @@ use quant_core::{
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::scale::{AmaxEpsilon, Fp8Dtype, compute_scale_from_amax, fmax_ignore_nan};
+use crate::kernels::{decode_scaled, encode_scaled};
+use crate::scale::{AmaxEpsilon, Fp8Dtype, compute_scale_from_amax};
 use crate::transpose::{transpose_bytes, transpose_map};
 
 /// Elements per parallel work item for streaming passes.
-const CHUNK: usize = 1 << 16;
+const CHUNK: usize = quant_core::cpu::PAR_CHUNK;
 
 /// Per-tensor current-scaling FP8 quantizer.
 ///
@@ -138,7 +139,7 @@ impl Fp8Quantizer {
                 let rb = row.bytes_mut();
                 rb.par_chunks_mut(CHUNK)
                     .zip(xs.par_chunks(CHUNK))
-                    .for_each(|(o, i)| o.iter_mut().zip(i).for_each(|(o, &v)| *o = enc(v)));
+                    .for_each(|(o, i)| encode_scaled(dt, i, scale, o));
                 if let Some(col) = col {
                     transpose_bytes(row.bytes(), col.bytes_mut(), m, k);
                 }
@@ -152,9 +153,7 @@ impl Fp8Quantizer {
 
 /// NaN-ignoring `max |x|` over the whole tensor, in parallel.
 pub fn tensor_amax<T: Element>(xs: &[T]) -> f32 {
-    xs.par_chunks(CHUNK)
-        .map(crate::scale::amax_of)
-        .reduce(|| 0.0, fmax_ignore_nan)
+    quant_core::cpu::par_amax(xs)
 }
 
 impl Format for Fp8Quantizer {
@@ -265,12 +264,13 @@ impl Format for Fp8Quantizer {
         let sinv = buffer_by_name(bufs, "scale_inv")?.as_slice::<f32>()?[0];
         let table = self.dtype.decode_table();
         let dec = |b: u8| T::from_f32(table[b as usize] * sinv);
+        let dt = self.dtype;
         match dir {
             Direction::Rowwise => {
                 let q = buffer_by_name(bufs, "rowwise_data")?.bytes();
                 out.par_chunks_mut(CHUNK)
                     .zip(q.par_chunks(CHUNK))
-                    .for_each(|(o, q)| o.iter_mut().zip(q).for_each(|(o, &b)| *o = dec(b)));
+                    .for_each(|(o, q)| decode_scaled(dt, q, sinv, o));
             }
             Direction::Columnwise => {
                 let q = buffer_by_name(bufs, "columnwise_data")?.bytes();
@@ -307,6 +307,11 @@ impl Format for Fp8Quantizer {
                 Ok(b)
             })
             .collect()
+    }
+
+    /// The tensor amax is needed before the first byte is cast.
+    fn input_passes(&self) -> usize {
+        2
     }
 
     /// One scale for the whole tensor: any rows can move.

@@ -86,8 +86,8 @@
 //! Refused combinations (each error names TE's reason): `rht`+`2d`, `row-scaled` with
 //! `rht`, `sr`, `2d` or columnwise-only usage, `4over6` with `rht` or `sr`, `row-scaled`
 //! `4over6` with columnwise usage, `4over6`+`2d` with columnwise-only usage,
-//! `e4m3max=256` without `4over6`, `seed=N` without `sr`, and amax reduction
-//! ([`Nvfp4Quantizer::quantize_with_amax`]) for `row-scaled`.
+//! `e4m3max=256` without `4over6`, and amax reduction
+//! ([`Nvfp4Quantizer::quantize_with_amax`]) for `row-scaled`. `seed=N` implies `sr`.
 //!
 //! ## Where TE's kernels, its Python oracle and its C++ test oracle differ
 //!

@@ -450,7 +450,7 @@ impl Nvfp4Quantizer {
         },
         OptionHelp {
             name: "seed=N",
-            help: "stochastic-rounding seed, a u64 (default 0; needs sr)",
+            help: "stochastic rounding with this seed, a u64 (implies sr; default seed 0)",
         },
         OptionHelp {
             name: "row-scaled",
@@ -495,6 +495,8 @@ impl Format for Nvfp4Quantizer {
                 "swizzled" => q.swizzled = true,
                 _ => {
                     if let Some(v) = o.strip_prefix("seed=") {
+                        // A seed only means something for stochastic rounding: it implies `sr`.
+                        q.stochastic_rounding = true;
                         q.seed = v.parse().map_err(|_| {
                             Error::invalid(
                                 "nvfp4 option seed",
@@ -726,6 +728,17 @@ impl Format for Nvfp4Quantizer {
                 Ok(b)
             })
             .collect()
+    }
+
+    /// The global amax is needed before the first block scale (row-scaled tensors still
+    /// read each row twice, but from cache); with RHT the columnwise operand is
+    /// transformed once more for its post-transform amax.
+    fn input_passes(&self) -> usize {
+        match (self.row_scaled, self.rht && self.usage.columnwise) {
+            (true, _) => 1,
+            (false, false) => 2,
+            (false, true) => 3,
+        }
     }
 
     /// Rows move in 16-row blocks: columnwise blocks (and 2-D tiles, and Hadamard

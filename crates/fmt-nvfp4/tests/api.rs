@@ -92,7 +92,9 @@ fn bad_options_are_named() {
     assert!(err(&["seed=x", "sr"], Usage::BOTH).contains("seed"));
     assert!(err(&["4over6=max"], Usage::BOTH).contains("must be mae or mse"));
     assert!(err(&["4over6", "e4m3max=300"], Usage::BOTH).contains("must be 448 or 256"));
-    assert!(err(&["seed=3"], Usage::BOTH).contains("only applies with sr"));
+    // A seed implies stochastic rounding (the issue's `nvfp4:seed=N` spec).
+    assert_eq!(q(&["seed=3"], Usage::BOTH).stochastic_rounding(), Some(3));
+    assert_eq!(q(&["seed=3"], Usage::BOTH).spec(), "nvfp4:sr,seed=3");
 }
 
 #[test]

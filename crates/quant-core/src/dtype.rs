@@ -133,6 +133,12 @@ pub trait Element:
     fn from_f64(v: f64) -> Self;
     /// The largest finite value.
     const MAX_FINITE: f32;
+    /// Widens `src` into `dst` (same length) exactly; bulk form of [`Element::to_f32`]
+    /// that vectorizes (bf16: a shift; f16: the `half` crate's SIMD slice conversion).
+    fn widen_slice(src: &[Self], dst: &mut [f32]);
+    /// Narrows `src` into `dst` (same length) with round-to-nearest-even; bulk form of
+    /// [`Element::from_f32`].
+    fn narrow_slice(src: &[f32], dst: &mut [Self]);
 }
 
 impl Element for f32 {
@@ -149,6 +155,14 @@ impl Element for f32 {
     #[inline(always)]
     fn from_f64(v: f64) -> Self {
         v as f32
+    }
+    #[inline]
+    fn widen_slice(src: &[Self], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    #[inline]
+    fn narrow_slice(src: &[f32], dst: &mut [Self]) {
+        dst.copy_from_slice(src);
     }
 }
 
@@ -167,6 +181,25 @@ impl Element for bf16 {
     fn from_f64(v: f64) -> Self {
         bf16::from_f64(v)
     }
+    #[inline]
+    fn widen_slice(src: &[Self], dst: &mut [f32]) {
+        // bf16 is the top half of an f32: widening is a shift (NaN payloads kept).
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+        }
+    }
+    #[inline]
+    fn narrow_slice(src: &[f32], dst: &mut [Self]) {
+        // Branchless round-to-nearest-even (identical to `bf16::from_f32`, NaN included:
+        // the quiet bit is set and the sign and top payload bits are kept).
+        for (d, s) in dst.iter_mut().zip(src) {
+            let x = s.to_bits();
+            let rounded = x.wrapping_add(0x7FFF + ((x >> 16) & 1)) >> 16;
+            let nan = (x >> 16) | 0x0040;
+            let is_nan = x & 0x7FFF_FFFF > 0x7F80_0000;
+            *d = bf16::from_bits((if is_nan { nan } else { rounded }) as u16);
+        }
+    }
 }
 
 impl Element for f16 {
@@ -183,6 +216,16 @@ impl Element for f16 {
     #[inline(always)]
     fn from_f64(v: f64) -> Self {
         f16::from_f64(v)
+    }
+    #[inline]
+    fn widen_slice(src: &[Self], dst: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        src.convert_to_f32_slice(dst);
+    }
+    #[inline]
+    fn narrow_slice(src: &[f32], dst: &mut [Self]) {
+        use half::slice::HalfFloatSliceExt;
+        dst.convert_from_f32_slice(src);
     }
 }
 
@@ -204,6 +247,55 @@ mod tests {
             assert_eq!(DType::from_safetensors(d.to_safetensors()), Some(d));
         }
         assert!("f64".parse::<DType>().is_err());
+    }
+
+    #[test]
+    fn bulk_conversions_equal_scalar_ones() {
+        let bits: Vec<u16> = (0..=u16::MAX).collect();
+        let b: Vec<bf16> = bits.iter().map(|&x| bf16::from_bits(x)).collect();
+        let h: Vec<f16> = bits.iter().map(|&x| f16::from_bits(x)).collect();
+        let mut w = vec![0f32; bits.len()];
+        bf16::widen_slice(&b, &mut w);
+        for (x, y) in b.iter().zip(&w) {
+            assert!(x.to_f32().to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()));
+        }
+        f16::widen_slice(&h, &mut w);
+        for (x, y) in h.iter().zip(&w) {
+            assert!(x.to_f32().to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()));
+        }
+        let f: Vec<f32> = (0..100_000u32)
+            .map(|i| f32::from_bits(i.wrapping_mul(2_654_435_761)))
+            .collect();
+        let mut nb = vec![bf16::ZERO; f.len()];
+        bf16::narrow_slice(&f, &mut nb);
+        for (x, y) in f.iter().zip(&nb) {
+            assert_eq!(bf16::from_f32(*x).to_bits(), y.to_bits(), "{x:e}");
+        }
+        // Every rounding boundary region: all f32 whose low 16 bits are near 0x8000.
+        let edge: Vec<f32> = (0..=u16::MAX)
+            .flat_map(|hi| {
+                [0x7FFFu32, 0x8000, 0x8001]
+                    .map(move |lo| f32::from_bits((u32::from(hi) << 16) | lo))
+            })
+            .collect();
+        let mut ne = vec![bf16::ZERO; edge.len()];
+        bf16::narrow_slice(&edge, &mut ne);
+        for (x, y) in edge.iter().zip(&ne) {
+            assert_eq!(
+                bf16::from_f32(*x).to_bits(),
+                y.to_bits(),
+                "{:#010x}",
+                x.to_bits()
+            );
+        }
+        let mut nh = vec![f16::ZERO; f.len()];
+        f16::narrow_slice(&f, &mut nh);
+        for (x, y) in f.iter().zip(&nh) {
+            assert!(
+                f16::from_f32(*x).to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                "{x:e}"
+            );
+        }
     }
 
     #[test]

@@ -103,6 +103,13 @@ pub trait Format:
         ))
     }
 
+    /// How many times quantizing reads the input: 1 for block formats whose scales come
+    /// from the block itself, 2 where a tensor-wide amax must be known before the first
+    /// byte is written (per-tensor scaling). Benchmarks use it for the memory roofline.
+    fn input_passes(&self) -> usize {
+        1
+    }
+
     /// Row granularity of this quantizer: row ranges given to [`Format::gather_rows`] must
     /// start and end on multiples of it (the height of the tallest scale block, e.g. 128
     /// for 1x128 columnwise or 128x128 tiles, 32 for MXFP8, 16 for NVFP4, 1 for per-row or

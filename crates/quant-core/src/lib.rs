@@ -29,6 +29,7 @@
 
 pub mod buffer;
 pub mod codec;
+pub mod cpu;
 pub mod dtype;
 pub mod error;
 pub mod format;

@@ -41,6 +41,8 @@ pub trait Quantizer: Send + Sync + fmt::Debug + Any {
     fn shape_rule(&self) -> &'static str;
     /// Directions produced.
     fn usage(&self) -> Usage;
+    /// Passes over the input a quantization makes (see [`Format::input_passes`]).
+    fn input_passes(&self) -> usize;
     /// The same options with another usage.
     fn with_usage(&self, usage: Usage) -> Box<dyn Quantizer>;
     /// Whether a tensor of `shape` can be quantized, with an error naming the rule.
@@ -118,6 +120,9 @@ impl<F: Format> Quantizer for F {
     }
     fn usage(&self) -> Usage {
         Format::usage(self)
+    }
+    fn input_passes(&self) -> usize {
+        Format::input_passes(self)
     }
     fn with_usage(&self, usage: Usage) -> Box<dyn Quantizer> {
         Box::new(Format::with_usage(self, usage))

@@ -3,6 +3,7 @@
 //! Every error ends the program with a one-line reason and a non-zero exit code.
 #![deny(unsafe_code)]
 
+mod bench;
 mod compare;
 mod dequantize;
 mod glu;
@@ -105,6 +106,31 @@ enum Command {
         #[arg(long, default_values_t = ["*gate_up*".to_string(), "*fc1*".to_string()])]
         pattern: Vec<String>,
     },
+    /// Measure quantize/dequantize throughput against a memory-copy roofline measured in
+    /// the same run (GB/s and ratio; median of several runs).
+    Bench {
+        /// Formats (default: every format of this build with its common variants).
+        #[arg(long, short)]
+        format: Vec<String>,
+        /// Shape `MxK`.
+        #[arg(long, default_value = "8192x8192")]
+        shape: String,
+        /// Input dtype (RHT always runs on bf16).
+        #[arg(long, default_value = "bf16")]
+        dtype: DType,
+        /// Which operands to quantize.
+        #[arg(long, default_value = "rowwise")]
+        usage: Usage,
+        /// Worker threads (0: all cores).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        /// Timed runs per measurement (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
     /// List the formats this build knows, their options and shape rules.
     Formats,
     /// Write the embedded synthetic model to a safetensors file (to try the other commands).
@@ -151,6 +177,42 @@ fn run(cli: Cli) -> Result<()> {
                 }
             };
             glu::run(&input, &output, dir, &pattern)
+        }
+        Command::Bench {
+            format,
+            shape,
+            dtype,
+            usage,
+            threads,
+            runs,
+            json,
+        } => {
+            let dims: Vec<usize> = shape
+                .split(['x', 'X'])
+                .map(|d| d.trim().parse::<usize>())
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|_| {
+                    quant_core::Error::invalid("--shape", &shape, "must be MxK, e.g. 8192x8192")
+                })?;
+            let [m, k] = dims[..] else {
+                return Err(quant_core::Error::invalid(
+                    "--shape",
+                    &shape,
+                    "must be MxK, e.g. 8192x8192",
+                ));
+            };
+            if runs == 0 {
+                return Err(quant_core::Error::invalid("--runs", 0, "must be >= 1"));
+            }
+            bench::run(&bench::Options {
+                formats: format,
+                shape: [m, k],
+                dtype,
+                usage,
+                threads,
+                runs,
+                json,
+            })
         }
         Command::Formats => {
             list_formats();

@@ -163,6 +163,9 @@ impl Quantizer for AnyQuantizer {
     fn usage(&self) -> Usage {
         self.as_quantizer().usage()
     }
+    fn input_passes(&self) -> usize {
+        self.as_quantizer().input_passes()
+    }
     fn with_usage(&self, usage: Usage) -> Box<dyn Quantizer> {
         self.as_quantizer().with_usage(usage)
     }

@@ -29,8 +29,27 @@ pub const DECODE: [f32; 16] = [
 ];
 
 /// f32 -> 4-bit code, round to nearest even on the grid, saturating; NaN -> 7.
+///
+/// Branchless: the code is the number of rounding thresholds `|x|` has passed (`>` where
+/// the tie goes down to an even code, `>=` where it goes up), so loops vectorize.
 #[inline(always)]
 pub fn encode(x: f32) -> u8 {
+    let bits = x.to_bits();
+    let a = f32::from_bits(bits & 0x7FFF_FFFF);
+    let sign = ((bits >> 28) & 0x8) as u8;
+    let code = u8::from(a > 0.25)
+        + u8::from(a >= 0.75)
+        + u8::from(a > 1.25)
+        + u8::from(a >= 1.75)
+        + u8::from(a > 2.5)
+        + u8::from(a >= 3.5)
+        + u8::from(a > 5.0);
+    if a.is_nan() { 0x7 } else { sign | code }
+}
+
+/// The plain scalar specification of [`encode`] (a threshold ladder).
+#[inline]
+pub fn encode_reference(x: f32) -> u8 {
     let bits = x.to_bits();
     let a = f32::from_bits(bits & 0x7FFF_FFFF);
     if a.is_nan() {
@@ -79,6 +98,26 @@ pub fn unpack(byte: u8) -> (u8, u8) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fast_equals_reference_on_a_sweep() {
+        let mut i = 0u64;
+        while i < (1u64 << 32) {
+            let x = f32::from_bits(i as u32);
+            assert_eq!(encode(x), encode_reference(x), "{i:#010x}");
+            i += 4099;
+        }
+    }
+
+    /// All 2^32 inputs; run with `cargo test --release -- --ignored`.
+    #[test]
+    #[ignore]
+    fn fast_equals_reference_exhaustively() {
+        for i in 0..=u32::MAX {
+            let x = f32::from_bits(i);
+            assert_eq!(encode(x), encode_reference(x), "{i:#010x}");
+        }
+    }
 
     #[test]
     fn grid_round_trips_and_ties() {

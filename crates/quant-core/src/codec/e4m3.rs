@@ -22,6 +22,13 @@ pub const MAX_RCP: f32 = f32::from_bits(0x3B12_4925);
 /// f32 -> E4M3 with round-to-nearest-even and saturation to ±448; NaN -> `0x7F`.
 #[inline(always)]
 pub fn encode(x: f32) -> u8 {
+    super::fp8::encode_fast::<3, 7>(x, MAX, MAX_CODE)
+}
+
+/// The plain scalar specification of [`encode`] (branches, one case at a time); the
+/// branchless [`encode`] is tested against it.
+#[inline]
+pub fn encode_reference(x: f32) -> u8 {
     super::fp8::encode::<3, 7>(x, MAX, MAX_CODE)
 }
 
@@ -48,6 +55,31 @@ const fn build() -> [f32; 256] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fast_equals_reference_on_a_sweep() {
+        // Every 4099th f32 pattern plus every bf16 pattern; the golden tests add 10^8 more.
+        let mut i = 0u64;
+        while i < (1u64 << 32) {
+            let x = f32::from_bits(i as u32);
+            assert_eq!(encode(x), encode_reference(x), "{:#010x}", i);
+            i += 4099;
+        }
+        for b in 0..=u16::MAX {
+            let x = f32::from_bits(u32::from(b) << 16);
+            assert_eq!(encode(x), encode_reference(x), "{x:e}");
+        }
+    }
+
+    /// All 2^32 inputs; run with `cargo test --release -- --ignored`.
+    #[test]
+    #[ignore]
+    fn fast_equals_reference_exhaustively() {
+        for i in 0..=u32::MAX {
+            let x = f32::from_bits(i);
+            assert_eq!(encode(x), encode_reference(x), "{i:#010x}");
+        }
+    }
 
     #[test]
     fn decode_encode_round_trip_every_code() {

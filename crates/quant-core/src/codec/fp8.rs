@@ -6,6 +6,36 @@
 //! seamlessly into the normal codes (code `1 << mbits` is the smallest normal), so a
 //! subnormal that rounds up to the smallest normal needs no special case.
 
+/// Branchless form of [`encode`], written so loops over it vectorize (integer adds,
+/// selects and one float multiply-add; no data-dependent branches). Identical results on
+/// every input (tested over all bf16/f16 patterns, every rounding boundary and a strided
+/// sweep of all f32 patterns).
+///
+/// * normal targets: rebase the exponent, then round to nearest even with the integer
+///   trick `(n + half - 1 + lsb) >> shift` (a carry rolls into the exponent as it must);
+/// * subnormal targets: `|x| * 2^(bias-1+mbits)` is exact and below `2^mbits`, so adding
+///   `2^23` rounds it to an integer (RNE) in the float unit; the low bits are the code.
+#[inline(always)]
+pub(crate) fn encode_fast<const MBITS: u32, const BIAS: i32>(x: f32, max: f32, max_code: u8) -> u8 {
+    let bits = x.to_bits();
+    let sign = (bits >> 24) & 0x80;
+    let abits = bits & 0x7FFF_FFFF;
+    let a = f32::from_bits(abits);
+    let shift = 23 - MBITS;
+    let n = abits.wrapping_sub(((127 - BIAS) as u32) << 23);
+    let lsb = (n >> shift) & 1;
+    let norm = n.wrapping_add((1 << (shift - 1)) - 1 + lsb) >> shift;
+    let scale = f32::from_bits(((127 + BIAS - 1 + MBITS as i32) as u32) << 23);
+    let sub = (a * scale + 8_388_608.0)
+        .to_bits()
+        .wrapping_sub(0x4B00_0000);
+    let min_normal = ((128 - BIAS) as u32) << 23;
+    let code = if abits < min_normal { sub } else { norm };
+    let code = if a >= max { u32::from(max_code) } else { code };
+    let out = sign | (code & 0x7F);
+    (if abits > 0x7F80_0000 { 0x7F } else { out }) as u8
+}
+
 /// Encodes `x` to an FP8 code with `MBITS` mantissa bits and exponent bias `BIAS`.
 ///
 /// * NaN -> `0x7F` (the canonical NaN CUDA's host conversion produces).

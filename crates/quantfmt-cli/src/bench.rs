@@ -1,0 +1,265 @@
+//! `quantfmt bench`: quantize/dequantize throughput against a same-run memory roofline.
+//!
+//! Machines are noisy, so every number is a ratio to a copy measured in the same run,
+//! moving the same bytes the operation must move: for quantize, read the input once
+//! (twice for per-tensor scaling, whose amax pass is inherent) and write the quantized
+//! buffers; for dequantize, read the buffers and write the output. Medians of several
+//! runs.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use quant_core::{DType, Direction, HostTensor, Result, Storage, Usage};
+use quantfmt::{FormatSpec, Quantizer};
+use serde::Serialize;
+
+use crate::table::Table;
+
+/// Formats benchmarked when none is given.
+const DEFAULT: &[&str] = &[
+    "fp8",
+    "fp8-block:1x128",
+    "fp8-block:128x128",
+    "mxfp8",
+    "nvfp4",
+    "nvfp4:2d",
+    "nvfp4:rht",
+    "nvfp4:sr",
+    "int4tiled",
+];
+
+/// One measured operation (also the `--json` line).
+#[derive(Serialize)]
+pub struct Record {
+    /// Format spec.
+    pub format: String,
+    /// `quantize` or `dequantize`.
+    pub op: &'static str,
+    /// Input dtype (quantize) or output dtype (dequantize).
+    pub dtype: String,
+    /// `[M, K]`.
+    pub shape: [usize; 2],
+    /// Usage quantized.
+    pub usage: String,
+    /// Worker threads.
+    pub threads: usize,
+    /// Input bytes per second (quantize) or output bytes per second (dequantize), 1e9.
+    pub gbps: f64,
+    /// The same bytes per second for the roofline copy, 1e9.
+    pub roofline_gbps: f64,
+    /// `gbps / roofline_gbps`.
+    pub ratio: f64,
+    /// Median seconds per operation.
+    pub seconds: f64,
+}
+
+/// Options of a bench run.
+pub struct Options {
+    /// Specs to run (empty: the defaults that this build has).
+    pub formats: Vec<String>,
+    /// `[M, K]`.
+    pub shape: [usize; 2],
+    /// Input dtype.
+    pub dtype: DType,
+    /// Usage.
+    pub usage: Usage,
+    /// Threads (0: all).
+    pub threads: usize,
+    /// Timed repetitions.
+    pub runs: usize,
+    /// Print JSON lines instead of a table.
+    pub json: bool,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn time_runs(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?; // warm-up: page faults, caches, thread pool
+    let mut t = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let t0 = Instant::now();
+        f()?;
+        t.push(t0.elapsed().as_secs_f64());
+    }
+    Ok(median(t))
+}
+
+/// A streaming pass that reads `src` `reads` times and writes `dst` once, in parallel
+/// chunks: the memory traffic of a one-pass (or two-pass) quantizer without its math.
+fn roofline(src: &[u8], dst: &mut [u8], reads: usize) {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 16;
+    let n_chunks = src.len().div_ceil(CHUNK).max(1);
+    let dst_chunk = dst.len().div_ceil(n_chunks).max(1);
+    for r in 0..reads {
+        let last = r + 1 == reads;
+        let sum: u64 = src
+            .par_chunks(CHUNK)
+            .zip(dst.par_chunks_mut(dst_chunk))
+            .map(|(s, d)| {
+                let mut acc = 0u64;
+                for w in s.chunks_exact(8) {
+                    acc = acc.wrapping_add(u64::from_le_bytes([
+                        w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7],
+                    ]));
+                }
+                if last {
+                    d.fill(acc as u8);
+                }
+                acc
+            })
+            .sum();
+        black_box(sum);
+    }
+}
+
+/// Deterministic weight-like data.
+fn data(m: usize, k: usize) -> Vec<f32> {
+    let mut s = 0x2545_F491_4F6C_DD1Du64;
+    (0..m * k)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+        })
+        .collect()
+}
+
+/// Runs the benchmark.
+pub fn run(opts: &Options) -> Result<()> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(opts.threads)
+        .build()
+        .map_err(|e| quant_core::Error::invalid("--threads", opts.threads, e.to_string()))?;
+    pool.install(|| run_in_pool(opts, pool.current_num_threads()))
+}
+
+fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
+    let names = quantfmt::registry().names();
+    let specs: Vec<FormatSpec> = if opts.formats.is_empty() {
+        DEFAULT
+            .iter()
+            .filter(|s| names.contains(&s.split(':').next().unwrap_or("")))
+            .filter_map(|s| s.parse().ok())
+            .collect()
+    } else {
+        crate::compare::parse_format_list(&opts.formats)?
+    };
+    let [m, k] = opts.shape;
+    let base = data(m, k);
+    let x = HostTensor::f32(&base, &[m, k])?.to_dtype(opts.dtype)?;
+    let in_bytes = x.as_bytes().len();
+    let mut records = Vec::new();
+    if !opts.json {
+        println!(
+            "shape [{m}, {k}] {} usage={} threads={threads}, median of {} runs",
+            opts.dtype, opts.usage, opts.runs
+        );
+    }
+    for spec in &specs {
+        let q = spec
+            .quantizer(opts.usage)
+            .or_else(|_| spec.quantizer(Usage::ROWWISE))?;
+        if let Err(e) = q.check_shape(x.shape()) {
+            eprintln!("skipping {}: {e}", q.spec());
+            continue;
+        }
+        // RHT takes bf16 input only; bench it on bf16 whatever --dtype says.
+        let xin = match q.quantize(&x) {
+            Ok(_) => x.clone(),
+            Err(_) => x.to_dtype(DType::BF16)?,
+        };
+        let stored = q.quantize(&xin)?;
+        let out_bytes = stored.nbytes();
+        let usage = stored.usage();
+        // Per-tensor scales need the tensor's amax before the first byte is written.
+        let reads = q.input_passes();
+        let mut dst = vec![0u8; out_bytes];
+        let t_roof = time_runs(opts.runs, || {
+            roofline(xin.as_bytes(), &mut dst, reads);
+            Ok(())
+        })?;
+        let mut reuse = q.quantize(&xin)?;
+        let t_q = time_runs(opts.runs, || q.quantize_into(&xin, &mut reuse))?;
+        let in_b = xin.as_bytes().len() as f64;
+        records.push(Record {
+            format: q.spec(),
+            op: "quantize",
+            dtype: xin.dtype().to_string(),
+            shape: [m, k],
+            usage: usage.to_string(),
+            threads,
+            gbps: in_b / t_q / 1e9,
+            roofline_gbps: in_b / t_roof / 1e9,
+            ratio: t_roof / t_q,
+            seconds: t_q,
+        });
+        let dir = usage.preferred().unwrap_or(Direction::Rowwise);
+        let dq_out = in_bytes / opts.dtype.size() * opts.dtype.size();
+        let buf_bytes: Vec<u8> = stored
+            .buffers()
+            .iter()
+            .flat_map(|b| b.bytes().to_vec())
+            .collect();
+        let mut out = vec![0u8; dq_out];
+        let t_roof_d = time_runs(opts.runs, || {
+            roofline(&buf_bytes, &mut out, 1);
+            Ok(())
+        })?;
+        let t_d = time_runs(opts.runs, || {
+            stored.dequantize(dir, opts.dtype).map(|t| {
+                black_box(t);
+            })
+        })?;
+        records.push(Record {
+            format: q.spec(),
+            op: "dequantize",
+            dtype: opts.dtype.to_string(),
+            shape: [m, k],
+            usage: dir.to_string(),
+            threads,
+            gbps: dq_out as f64 / t_d / 1e9,
+            roofline_gbps: dq_out as f64 / t_roof_d / 1e9,
+            ratio: t_roof_d / t_d,
+            seconds: t_d,
+        });
+    }
+    if opts.json {
+        for r in &records {
+            println!(
+                "{}",
+                serde_json::to_string(r).map_err(quant_core::Error::from)?
+            );
+        }
+    } else {
+        let mut t = Table::new(&[
+            "format",
+            "op",
+            "dtype",
+            "GB/s",
+            "roofline GB/s",
+            "ratio",
+            "ms",
+        ]);
+        for r in &records {
+            t.row(vec![
+                r.format.clone(),
+                r.op.to_string(),
+                r.dtype.clone(),
+                format!("{:.2}", r.gbps),
+                format!("{:.2}", r.roofline_gbps),
+                format!("{:.2}", r.ratio),
+                format!("{:.2}", r.seconds * 1e3),
+            ]);
+        }
+        print!("{}", t.render());
+        println!(
+            "GB/s: input bytes for quantize, output bytes for dequantize; roofline: a parallel pass moving the same bytes (two input reads for per-tensor scaling)."
+        );
+    }
+    Ok(())
+}
