@@ -28,18 +28,24 @@ fi
 status=0
 for t in "${targets[@]}"; do
     mkdir -p "corpus/$t"
-    dict=()
-    if [ "$t" = load_bytes ]; then
-        dict=(-dict=dict/native.dict)
-    fi
-    echo "== $t: ${secs}s"
+    extra=()
+    case "$t" in
+        # Files: the layout's tokens, inputs up to 64 KiB.
+        load_bytes) extra=(-dict=dict/native.dict -max_len=65536) ;;
+        # Structured inputs: the trailing value bytes matter from the start, so no slow
+        # growth of the length limit.
+        quantize | unflatten) extra=(-len_control=0 -max_len=8192) ;;
+        *) extra=(-max_len=4096) ;;
+    esac
+    log="logs/$t-$(date +%Y%m%d-%H%M%S).log"
+    echo "== $t: ${secs}s (log: fuzz/$log)"
     if ! cargo +nightly fuzz run --debug-assertions "$t" "corpus/$t" -- \
         -max_total_time="$secs" -rss_limit_mb=512 -malloc_limit_mb=100 \
-        -max_len=65536 -print_final_stats=1 "${dict[@]}" >"logs/$t.log" 2>&1; then
-        echo "   FAILED (see fuzz/logs/$t.log and fuzz/artifacts/$t/)"
+        -print_final_stats=1 "${extra[@]}" >"$log" 2>&1; then
+        echo "   FAILED (see fuzz/$log and fuzz/artifacts/$t/)"
         status=1
     fi
-    grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb|stat::new_units_added)|Done [0-9]+ runs" "logs/$t.log" || true
-    grep -E "^#[0-9]+.*(DONE|cov:)" "logs/$t.log" | tail -1 || true
+    grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb|stat::new_units_added)|Done [0-9]+ runs" "$log" || true
+    grep -E "^#[0-9]+.*(DONE|cov:)" "$log" | tail -1 || true
 done
 exit $status

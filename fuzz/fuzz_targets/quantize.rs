@@ -1,5 +1,6 @@
 //! Quantize arbitrary shapes and values with every registered format: no panic; where
-//! the input is finite, every stored direction dequantizes to finite f32 values; what
+//! the input is finite (and at most f32::MAX / 4), every stored direction dequantizes to
+//! finite f32 values; what
 //! quantize writes is accepted back by unflatten; quantizing twice gives the same bytes.
 #![no_main]
 
@@ -48,7 +49,12 @@ fuzz_target!(|input: Input| {
         return;
     };
     assert_eq!(s.shape(), x.shape());
-    let finite = x.to_f32_vec().iter().all(|v| v.is_finite());
+    // Finite in, finite out, for tensors whose amax is at most f32::MAX / 4. Within a
+    // factor of 4 of f32::MAX the largest code times its scale may round past f32::MAX:
+    // an E4M3 step rounds 0.99 * 2^128 up to 2^128 (TE's dequantize overflows the same
+    // way, and the stored bytes are TE's); see docs/SECURITY.md.
+    let xf = x.to_f32_vec();
+    let finite = xf.iter().all(|v| v.is_finite() && v.abs() <= f32::MAX / 4.0);
     for dir in [Direction::Rowwise, Direction::Columnwise] {
         if s.usage().has(dir) {
             let y = s.dequantize(dir, DType::F32).unwrap().to_f32_vec();
@@ -58,7 +64,7 @@ fuzz_target!(|input: Input| {
                         "{} {dir}: finite input, dequantized element {i} is {} (input {})",
                         q.spec(),
                         y[i],
-                        x.to_f32_vec()[i]
+                        xf[i]
                     );
                 }
             }
