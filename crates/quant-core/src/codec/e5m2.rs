@@ -94,14 +94,14 @@ mod tests {
                 assert_eq!(encode(v), c, "code {c:#04x} value {v}");
             }
         }
-        assert_eq!(decode(0x01), 2f32.powi(-16));
-        assert_eq!(decode(0x04), 2f32.powi(-14));
+        assert_eq!(decode(0x01), crate::codec::pow2(-16));
+        assert_eq!(decode(0x04), crate::codec::pow2(-14));
         assert_eq!(MAX_RCP, (1.0f64 / 57344.0) as f32);
     }
 
     #[test]
     fn ties() {
-        assert_eq!(encode(2f32.powi(-17)), 0x00);
+        assert_eq!(encode(crate::codec::pow2(-17)), 0x00);
         assert_eq!(encode(61440.0), 0x7B); // would round to inf; saturates
         assert_eq!(encode(-1.125), 0xBC); // tie between 1.0 and 1.25 -> even 1.0
     }
