@@ -32,7 +32,11 @@ fuzz_target!(|input: Input| {
     let pow = 2f32.powi(i32::from(input.scale) / 4);
     let xs: Vec<f32> = (0..n)
         .map(|i| {
-            let v = input.values.get(i % input.values.len().max(1)).copied().unwrap_or(0);
+            let v = input
+                .values
+                .get(i % input.values.len().max(1))
+                .copied()
+                .unwrap_or(0);
             if input.mode % 4 == 0 {
                 f32::from_bits(v)
             } else {
@@ -54,7 +58,9 @@ fuzz_target!(|input: Input| {
     // an E4M3 step rounds 0.99 * 2^128 up to 2^128 (TE's dequantize overflows the same
     // way, and the stored bytes are TE's); see docs/SECURITY.md.
     let xf = x.to_f32_vec();
-    let finite = xf.iter().all(|v| v.is_finite() && v.abs() <= f32::MAX / 4.0);
+    let finite = xf
+        .iter()
+        .all(|v| v.is_finite() && v.abs() <= f32::MAX / 4.0);
     for dir in [Direction::Rowwise, Direction::Columnwise] {
         if s.usage().has(dir) {
             let y = s.dequantize(dir, DType::F32).unwrap().to_f32_vec();

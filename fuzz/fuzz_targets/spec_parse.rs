@@ -15,7 +15,11 @@ fn round_trips(q: &dyn Quantizer) {
     let back = registry()
         .quantizer(q.format_name(), &opts)
         .unwrap_or_else(|e| panic!("options of `{}` refused: {e}", q.spec()));
-    assert!(back.dyn_eq(q), "options of `{}` do not round-trip", q.spec());
+    assert!(
+        back.dyn_eq(q),
+        "options of `{}` do not round-trip",
+        q.spec()
+    );
 }
 
 fuzz_target!(|data: &[u8]| {

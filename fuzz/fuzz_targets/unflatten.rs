@@ -20,7 +20,9 @@ fn filled(q: &dyn quantfmt::Quantizer, shapes: &[Shape], fill: &[u8]) -> Option<
     let descs = if shapes.len() == 1 {
         q.buffers(&shapes[0]).ok()?
     } else {
-        quant_core::GroupLayout::new(q, shapes).ok()?.grouped_descs()
+        quant_core::GroupLayout::new(q, shapes)
+            .ok()?
+            .grouped_descs()
     };
     let mut at = 0usize;
     descs

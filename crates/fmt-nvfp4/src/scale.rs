@@ -85,7 +85,8 @@ pub fn dequant_rcp(e4m3_max: u16) -> f32 {
 ///
 /// TE's f32 product `float(sdb) * amax` overflows when the amax is within a factor of 448
 /// of `f32::MAX` (a finite input near the top of the f32 range), and the infinite factor
-/// then turns every zero code into NaN (`0 * inf`): found by the `quantize` fuzz target.
+/// then turns every zero code into NaN (`0 * inf`): found by the regression test of a
+/// fuzz finding (`crates/quantfmt/tests/fuzz_regressions.rs`).
 /// quantfmt keeps TE's f32 arithmetic wherever it gives a finite factor (so results stay
 /// bit-exact) and only then recomputes the same expression in f64, which is finite for
 /// every finite amax (the factor is at most `amax / 6`). An infinite amax keeps TE's
@@ -96,8 +97,7 @@ pub fn dequant_factor(sdb: u8, amax: f32, e4m3_max: u16) -> f32 {
     if f.is_finite() || !amax.is_finite() {
         f
     } else {
-        ((f64::from(e4m3::decode(sdb)) * f64::from(amax)) * f64::from(dequant_rcp(e4m3_max)))
-            as f32
+        ((f64::from(e4m3::decode(sdb)) * f64::from(amax)) * f64::from(dequant_rcp(e4m3_max))) as f32
     }
 }
 

@@ -37,7 +37,9 @@ fn dequantized(q: &dyn Quantizer, x: &HostTensor<'_>) -> Vec<Vec<f32>> {
 fn quantize_top_of_the_f32_range() {
     let (m, k) = (128usize, 256usize);
     for q in quantizers() {
-        let mut v: Vec<f32> = (0..m * k).map(|i| ((i % 97) as f32 - 48.0) * 1e30).collect();
+        let mut v: Vec<f32> = (0..m * k)
+            .map(|i| ((i % 97) as f32 - 48.0) * 1e30)
+            .collect();
         v[0] = -3.402_820_2e38;
         v[1] = f32::MAX;
         v[2] = -f32::MAX;
@@ -45,10 +47,18 @@ fn quantize_top_of_the_f32_range() {
         for y in dequantized(&*q, &x) {
             for (i, (&xi, &yi)) in v.iter().zip(&y).enumerate() {
                 if xi.abs() <= f32::MAX / 4.0 {
-                    assert!(yi.is_finite(), "{}: element {i}: {xi:e} -> {yi:e}", q.spec());
+                    assert!(
+                        yi.is_finite(),
+                        "{}: element {i}: {xi:e} -> {yi:e}",
+                        q.spec()
+                    );
                 }
                 // Whatever happens at the very top keeps the sign.
-                assert!(yi == 0.0 || yi.signum() == xi.signum(), "{}: {xi:e} -> {yi:e}", q.spec());
+                assert!(
+                    yi == 0.0 || yi.signum() == xi.signum(),
+                    "{}: {xi:e} -> {yi:e}",
+                    q.spec()
+                );
             }
         }
         // Amax at f32::MAX / 4: every value reads back finite.

@@ -101,7 +101,10 @@ mod tests {
     fn ties_and_subnormals() {
         // 2^-10 is half of the smallest subnormal: tie -> even (0).
         assert_eq!(encode(crate::codec::pow2(-10)), 0x00);
-        assert_eq!(encode(f32::from_bits(crate::codec::pow2(-10).to_bits() + 1)), 0x01);
+        assert_eq!(
+            encode(f32::from_bits(crate::codec::pow2(-10).to_bits() + 1)),
+            0x01
+        );
         // 3 * 2^-10 is halfway between codes 1 and 2: tie -> 2.
         assert_eq!(encode(3.0 * crate::codec::pow2(-10)), 0x02);
         // halfway between the largest subnormal (7*2^-9) and the smallest normal (8*2^-9)
