@@ -874,44 +874,79 @@ fn grouped_offsets_that_do_not_add_up() {
 #[test]
 fn a_member_count_bomb_stays_bounded() {
     let _g = SERIAL.lock().unwrap();
-    // The most members the format allows, each claiming a real shape: the metadata
-    // alone is under 1 MiB and the data section is tiny. The claim is refused by the
-    // offset checks before the per-member layout is built.
+    let n = quantfmt::io::MAX_GROUP_MEMBERS;
+    // Every format and usage: the most members a file may declare, each claiming a real
+    // shape, with offsets for only two. Refused by the offset counts before the
+    // per-member layout is built.
+    for e in registry().entries() {
+        for usage in [Usage::ROWWISE, Usage::BOTH] {
+            let Ok(q) = e.from_spec(&[], usage) else {
+                continue;
+            };
+            let file = valid_grouped_file(&*q, &[[128, 256], [128, 256]]);
+            let spec = format!("{} ({usage})", q.spec());
+            let bad = with_meta(&file, |m| {
+                grouped_meta(m)["member_shapes"] = json!(vec![[128, 256]; n]);
+                grouped_meta(m)["kind"] = json!("uniform");
+                m["tensors"]["experts"]["shape"] = json!([128 * n, 256]);
+            });
+            refused(
+                &format!("{spec}: {n} members, offsets for 2"),
+                &bad,
+                &["element_offsets"],
+            );
+            // Consistent counts everywhere (offsets for every member, all zero): the
+            // layout is built, then the offsets or the buffers are refused.
+            let bad = with_meta(&file, |m| {
+                grouped_meta(m)["member_shapes"] = json!(vec![[0, 256]; n]);
+                grouped_meta(m)["kind"] = json!("uniform");
+                grouped_meta(m)["element_offsets"] = json!(vec![0; n + 1]);
+                let keys: Vec<String> = grouped_meta(m)["byte_offsets"]
+                    .as_object()
+                    .unwrap()
+                    .keys()
+                    .cloned()
+                    .collect();
+                for k in keys {
+                    grouped_meta(m)["byte_offsets"][&k] = json!(vec![0; n + 1]);
+                }
+                m["tensors"]["experts"]["shape"] = json!([0, 256]);
+            });
+            refused(&format!("{spec}: {n} empty members"), &bad, &["`experts`"]);
+            // One more member than the limit is refused before anything else.
+            let bad = with_meta(&file, |m| {
+                grouped_meta(m)["member_shapes"] = json!(vec![[0, 256]; n + 1]);
+            });
+            refused(
+                &format!("{spec}: {} members", n + 1),
+                &bad,
+                &[&format!("between 1 and {n}")],
+            );
+        }
+    }
+}
+
+#[test]
+fn saving_more_members_than_a_file_may_hold_is_refused() {
+    let _g = SERIAL.lock().unwrap();
     let q = registry().entries()[0]
         .from_spec(&[], Usage::ROWWISE)
         .unwrap();
-    let file = valid_grouped_file(&*q, &[[128, 256], [128, 256]]);
-    let n = quantfmt::io::MAX_GROUP_MEMBERS;
-    let bad = with_meta(&file, |m| {
-        grouped_meta(m)["member_shapes"] = json!(vec![[128, 256]; n]);
-        grouped_meta(m)["kind"] = json!("uniform");
-        m["tensors"]["experts"]["shape"] = json!([128 * n, 256]);
-    });
-    refused("65536 members, offsets for 2", &bad, &["element_offsets"]);
-    // Consistent counts everywhere (offsets for every member): the layout is built and
-    // the buffers are refused because the data is not there.
-    let bad = with_meta(&file, |m| {
-        grouped_meta(m)["member_shapes"] = json!(vec![[0, 16]; n]);
-        grouped_meta(m)["kind"] = json!("uniform");
-        grouped_meta(m)["element_offsets"] = json!(vec![0; n + 1]);
-        let keys: Vec<String> = grouped_meta(m)["byte_offsets"]
-            .as_object()
-            .unwrap()
-            .keys()
-            .cloned()
-            .collect();
-        for k in keys {
-            grouped_meta(m)["byte_offsets"][&k] = json!(vec![0; n + 1]);
-        }
-        m["tensors"]["experts"]["shape"] = json!([0, 16]);
-    });
-    let peak = refused("65536 empty members", &bad, &["`experts`"]);
-    eprintln!("member-count bomb: peak {} KiB", peak >> 10);
-    // One more member than the limit is refused before anything else.
-    let bad = with_meta(&file, |m| {
-        grouped_meta(m)["member_shapes"] = json!(vec![[0, 16]; n + 1]);
-    });
-    refused("65537 members", &bad, &["between 1 and 65536"]);
+    let n = quantfmt::io::MAX_GROUP_MEMBERS + 1;
+    let shapes = vec![Shape::new(&[0, 16]).unwrap(); n];
+    let Ok(g) = q.quantize_grouped(&HostTensor::f32(&[], &[0]).unwrap(), &shapes) else {
+        // A format that refuses empty members cannot build such a group at all.
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let e = save_items(
+        dir.path().join("g.safetensors"),
+        &[("g".to_string(), SaveItem::Grouped(&*g))],
+        &Default::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("at most"), "{e}");
 }
 
 #[test]

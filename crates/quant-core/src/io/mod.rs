@@ -51,8 +51,13 @@ pub const METADATA_KEY: &str = "quantfmt";
 pub const FORMAT_VERSION: u32 = 1;
 /// Largest metadata JSON accepted (hostile files cannot make us parse more).
 pub const MAX_METADATA_BYTES: usize = 16 << 20;
-/// Most members a grouped tensor in a file may declare.
-pub const MAX_GROUP_MEMBERS: usize = 1 << 16;
+/// Most members a grouped tensor in a file may declare (saving refuses more too).
+///
+/// TransformerEngine's grouped GEMMs take tens to hundreds of members (one per expert);
+/// 16 384 leaves ample room while bounding what a small hostile file can make the loader
+/// build: the per-member layout (shapes, buffer descriptions, offsets) of a 16 384-member
+/// group is a few MiB.
+pub const MAX_GROUP_MEMBERS: usize = 1 << 14;
 
 /// The `quantfmt` metadata of a file.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -203,6 +208,13 @@ pub fn tensor_meta(s: &dyn Storage) -> Result<TensorMeta> {
 
 /// The metadata entry describing grouped tensor `g`.
 pub fn grouped_meta(g: &dyn GroupedStorage) -> Result<TensorMeta> {
+    if g.num_members() > MAX_GROUP_MEMBERS {
+        return Err(Error::invalid(
+            "grouped members",
+            g.num_members(),
+            format!("a file holds at most {MAX_GROUP_MEMBERS} (loading refuses more)"),
+        ));
+    }
     let mut byte_offsets = BTreeMap::new();
     for b in g.buffers() {
         byte_offsets.insert(b.name().to_string(), g.byte_offsets(b.name())?.to_vec());
