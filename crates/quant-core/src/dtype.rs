@@ -179,7 +179,9 @@ impl Element for bf16 {
     }
     #[inline(always)]
     fn from_f64(v: f64) -> Self {
-        bf16::from_f64(v)
+        // Not `bf16::from_f64`: half 2.7 drops the low mantissa bits first and can round
+        // twice (1 + 2^-8 + 2^-40 -> 1.0 instead of 1.0078125).
+        bf16::from_f32(f64_to_f32_round_odd(v))
     }
     #[inline]
     fn widen_slice(src: &[Self], dst: &mut [f32]) {
@@ -215,7 +217,8 @@ impl Element for f16 {
     }
     #[inline(always)]
     fn from_f64(v: f64) -> Self {
-        f16::from_f64(v)
+        // Not `f16::from_f64`, which converts through an RNE f32 (a double rounding).
+        f16::from_f32(f64_to_f32_round_odd(v))
     }
     #[inline]
     fn widen_slice(src: &[Self], dst: &mut [f32]) {
@@ -227,6 +230,24 @@ impl Element for f16 {
         use half::slice::HalfFloatSliceExt;
         dst.convert_from_f32_slice(src);
     }
+}
+
+/// f64 -> f32 *rounded to odd*: exact when representable, otherwise the value truncated
+/// toward zero with its last bit set. Rounding that result to nearest-even in any format
+/// with at least two fewer significand bits (bf16, f16) is then one correct rounding of
+/// the f64 (the odd bit stands in for everything below f32 precision).
+#[inline]
+pub fn f64_to_f32_round_odd(v: f64) -> f32 {
+    let f = v as f32;
+    if f.is_nan() || f64::from(f) == v {
+        return f;
+    }
+    let mut bits = f.to_bits();
+    if f64::from(f).abs() > v.abs() {
+        // Rounded away from zero (infinity included): step the magnitude back by one.
+        bits -= 1;
+    }
+    f32::from_bits(bits | 1)
 }
 
 mod private {
@@ -300,6 +321,52 @@ mod tests {
                 "{x:e}"
             );
         }
+    }
+
+    /// Exact round-to-nearest-even of a normal-range f64 to bf16, from the f64 bits.
+    fn bf16_rne_reference(v: f64) -> u16 {
+        let b = v.to_bits();
+        let sign = ((b >> 63) as u16) << 15;
+        let exp = ((b >> 52) & 0x7FF) as i64 - 1023 + 127;
+        let mant = b & ((1u64 << 52) - 1);
+        let (keep, rest) = (mant >> 45, mant & ((1u64 << 45) - 1));
+        let half = 1u64 << 44;
+        let up = rest > half || (rest == half && keep & 1 == 1);
+        sign | (((exp as u64) << 7 | keep) + u64::from(up)) as u16
+    }
+
+    #[test]
+    fn from_f64_rounds_once() {
+        let v = 1.0 + 2f64.powi(-8) + 2f64.powi(-40);
+        assert_eq!(<bf16 as Element>::from_f64(v).to_f32(), 1.007_812_5);
+        let w = 1.0 + 2f64.powi(-11) + 2f64.powi(-40);
+        assert_eq!(<f16 as Element>::from_f64(w).to_f32(), 1.0 + 2f32.powi(-10));
+        let mut s = 0x1234_5678_9ABC_DEF1u64;
+        for i in 0..200_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            // Values near bf16 ties: a bf16 midpoint nudged by a tiny f64-only amount.
+            let base = f64::from(bf16::from_bits((s >> 48) as u16 & 0x7E7F | 0x0080).to_f32());
+            let ulp = base.abs() * 2f64.powi(-8);
+            let nudge = ((s & 0xFFFF) as f64 - 32768.0) * ulp * 2f64.powi(-40);
+            let v = match i % 3 {
+                0 => base + ulp / 2.0 + nudge,
+                1 => base - ulp / 2.0 + nudge,
+                _ => f64::from_bits(s & 0x47EF_FFFF_FFFF_FFFF | 0x3800_0000_0000_0000),
+            };
+            if v.abs() < 2f64.powi(-126) || v.abs() >= 2f64.powi(127) {
+                continue;
+            }
+            assert_eq!(
+                <bf16 as Element>::from_f64(v).to_bits(),
+                bf16_rne_reference(v),
+                "{v:e}"
+            );
+        }
+        assert!(<bf16 as Element>::from_f64(f64::NAN).is_nan());
+        assert_eq!(<bf16 as Element>::from_f64(1e300).to_f32(), f32::INFINITY);
+        assert_eq!(<f16 as Element>::from_f64(-1e-300).to_bits(), 0x8000);
     }
 
     #[test]

@@ -138,6 +138,7 @@ formats! {
     Fp8Block(fmt_fp8::Fp8BlockQuantizer),
     Mxfp8(fmt_mxfp8::Mxfp8Quantizer),
     Nvfp4(fmt_nvfp4::Nvfp4Quantizer),
+    Int4Tiled(fmt_int4tiled::Int4TiledQuantizer),
 }
 
 impl AnyQuantizer {

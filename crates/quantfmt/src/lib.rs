@@ -47,6 +47,9 @@ pub use quant_core::{
 pub use fmt_fp8;
 pub use fmt_fp8::{BlockScaling, Fp8BlockQuantizer, Fp8Dtype, Fp8Quantizer};
 
+/// The int4 tensor-core tiled (tinygemm) format.
+pub use fmt_int4tiled;
+pub use fmt_int4tiled::Int4TiledQuantizer;
 /// MXFP8.
 pub use fmt_mxfp8;
 pub use fmt_mxfp8::{

@@ -1,0 +1,188 @@
+//! torchao's tinygemm qparams and quantization, emulated operation by operation.
+//!
+//! torchao (`quant_primitives.py`: `_choose_qparams_affine_tinygemm`,
+//! `_quantize_affine_tinygemm`) computes, per group of `g` consecutive k:
+//!
+//! ```text
+//! mn = amin(group); mx = amax(group)          # no forced 0 (preserve_zero = False)
+//! scale = clamp((mx - mn) / 15, min = eps)
+//! zero  = mn + scale * 8                      # float zero point, mid_point = 8
+//! min_val = zero - scale * 8
+//! u = clamp(round_half_even((x - min_val) / scale), 0, 15)
+//! ```
+//!
+//! The bits depend on the dtype each eager PyTorch op runs in, so both entry points are
+//! reproduced exactly:
+//!
+//! * [`QParamsPath::Bf16`] (bf16 input; `Int4TilePackedTo4dTensor.from_hp`, torchao v2):
+//!   every elementwise op computes in f32 and rounds its result to bf16.
+//! * [`QParamsPath::F32`] (f32 input; `get_groupwise_affine_qparams(w, dtype=bf16)` +
+//!   `groupwise_affine_quantize_tensor_from_qparams`, the v1 / gpt-fast path): scale and
+//!   zero are computed in f32 (the zero from the *unrounded* scale) and only then rounded to
+//!   bf16; quantization runs in f32 with the bf16 scale, except `min_val = zero − scale·8`,
+//!   which PyTorch evaluates on two bf16 tensors and so rounds to bf16.
+//!
+//! `x / 15.0` divides by a CPU scalar, which PyTorch's CUDA kernel (`BinaryDivTrueKernel.cu`)
+//! evaluates as `x * (1.0f / 15.0f)`. The whole tinygemm pipeline runs on CUDA (there is no
+//! CPU `_convert_weight_to_int4pack`), so that is what is emulated. On bf16 data it equals
+//! a true division (checked over every bf16 value); on f32 data it can differ from a CPU
+//! run by one f32 ulp of the scale.
+//!
+//! NaN: `amin`/`amax` propagate it, so a group holding a NaN gets a NaN scale and zero, and
+//! `clamp(NaN)` stays NaN; the cast of NaN to int32 on CUDA (`cvt.rzi.s32.f32`) gives 0,
+//! so its nibbles are 0. Infinities follow IEEE arithmetic (a group holding ±∞ gets an
+//! infinite scale and its nibbles become 0 through `∞ − ∞ = NaN`).
+//!
+//! ```
+//! use fmt_int4tiled::qparams::{quantize_group, QParamsPath, EPS_V2};
+//! let xs: Vec<f32> = (0..32).map(|i| i as f32 / 2.0).collect(); // bf16-exact values
+//! let mut u = [0u8; 32];
+//! let (scale, zero) = quantize_group(QParamsPath::Bf16, &xs, EPS_V2, &mut u);
+//! assert_eq!(scale.to_f32(), 1.03125); // bf16(15.5 / 15)
+//! assert_eq!(zero.to_f32(), 8.25);    // bf16(0 + 8 * scale)
+//! assert_eq!((u[0], u[31]), (0, 15));
+//! ```
+
+use half::bf16;
+
+/// `1.0f / 15.0f`, the reciprocal PyTorch's CUDA division by the scalar 15 multiplies by.
+pub const RCP_15: f32 = 1.0 / 15.0;
+
+/// The default eps of torchao v2 (`Int4TilePackedTo4dTensor`): it passes none, so
+/// `torch.finfo(torch.bfloat16).smallest_normal` = 2⁻¹²⁶.
+pub const EPS_V2: f32 = f32::MIN_POSITIVE;
+
+/// The eps of torchao v1 (`get_groupwise_affine_qparams`, `Int4CPULayout`): `1e-6`.
+pub const EPS_V1: f32 = 1e-6;
+
+/// Which PyTorch dtype semantics the qparam arithmetic follows (chosen by the input dtype:
+/// bf16 → [`QParamsPath::Bf16`], f32 and f16 → [`QParamsPath::F32`]).
+///
+/// f16 input is widened exactly to f32 and takes the f32 path. torchao v2 refuses f16,
+/// and v1 would run every op in f16; that path is not emulated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QParamsPath {
+    /// Eager bf16 ops: each op in f32, its result rounded to bf16.
+    Bf16,
+    /// f32 ops, scale and zero rounded to bf16 at the end.
+    F32,
+}
+
+#[inline(always)]
+fn rb(x: f32) -> f32 {
+    bf16::from_f32(x).to_f32()
+}
+
+/// `amin` / `amax` with NaN propagation, as `torch.amin` / `torch.amax` do.
+#[inline]
+pub fn min_max(xs: &[f32]) -> (f32, f32) {
+    let mut mn = f32::INFINITY;
+    let mut mx = f32::NEG_INFINITY;
+    let mut nan = false;
+    for &x in xs {
+        nan |= x.is_nan();
+        mn = mn.min(x);
+        mx = mx.max(x);
+    }
+    if nan { (f32::NAN, f32::NAN) } else { (mn, mx) }
+}
+
+/// `torch.clamp(x, min=eps)`: NaN stays NaN.
+#[inline(always)]
+fn clamp_min(x: f32, eps: f32) -> f32 {
+    if x.is_nan() || x >= eps { x } else { eps }
+}
+
+/// `clamp(round_half_even(q), 0, 15)` then the CUDA cast to int (NaN → 0).
+///
+/// Rounding is monotonic, so clamping first gives the same result; on `[0, 15]` adding
+/// and subtracting 2²³ rounds half to even in hardware (no libm `rintf` call).
+#[inline(always)]
+pub fn to_nibble(q: f32) -> u8 {
+    const TWO23: f32 = 8_388_608.0;
+    if q.is_nan() {
+        0
+    } else {
+        ((q.clamp(0.0, 15.0) + TWO23) - TWO23) as u8
+    }
+}
+
+/// Chooses the group's `(scale, zero)` and quantizes it into `u` (same length as `xs`).
+///
+/// `xs` holds the group's values widened to f32 (for [`QParamsPath::Bf16`] they must be
+/// bf16 values). `eps` is the clamp floor of the scale ([`EPS_V2`] or [`EPS_V1`]).
+pub fn quantize_group(path: QParamsPath, xs: &[f32], eps: f32, u: &mut [u8]) -> (bf16, bf16) {
+    let (mn, mx) = min_max(xs);
+    match path {
+        QParamsPath::Bf16 => {
+            let range = rb(mx - mn);
+            let scale = rb(clamp_min(rb(range * RCP_15), eps));
+            let scale8 = rb(scale * 8.0);
+            let zero = rb(mn + scale8);
+            let min_val = rb(zero - scale8);
+            for (o, &x) in u.iter_mut().zip(xs) {
+                let t = rb(x - min_val);
+                *o = to_nibble(rb(t / scale));
+            }
+            (bf16::from_f32(scale), bf16::from_f32(zero))
+        }
+        QParamsPath::F32 => {
+            let scale_f = clamp_min((mx - mn) * RCP_15, eps);
+            let zero = rb(mn + scale_f * 8.0);
+            let scale = rb(scale_f);
+            let min_val = rb(zero - rb(scale * 8.0));
+            for (o, &x) in u.iter_mut().zip(xs) {
+                *o = to_nibble((x - min_val) / scale);
+            }
+            (bf16::from_f32(scale), bf16::from_f32(zero))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_equal_and_zero_groups() {
+        let mut u = [9u8; 32];
+        let (s, z) = quantize_group(QParamsPath::Bf16, &[0.0; 32], EPS_V2, &mut u);
+        assert_eq!(s.to_f32(), EPS_V2);
+        assert_eq!(z.to_f32(), EPS_V2 * 8.0);
+        assert!(u.iter().all(|&v| v == 0));
+        let (s, z) = quantize_group(QParamsPath::F32, &[0.75; 32], EPS_V1, &mut u);
+        assert_eq!(s, bf16::from_f32(EPS_V1));
+        assert_eq!(z.to_f32(), 0.75);
+        assert!(u.iter().all(|&v| v == 0));
+    }
+
+    #[test]
+    fn nan_and_inf_groups() {
+        let mut xs = [1.0f32; 32];
+        xs[3] = f32::NAN;
+        let mut u = [7u8; 32];
+        let (s, z) = quantize_group(QParamsPath::Bf16, &xs, EPS_V2, &mut u);
+        assert!(s.is_nan() && z.is_nan());
+        assert!(u.iter().all(|&v| v == 0));
+        xs[3] = f32::INFINITY;
+        let (s, z) = quantize_group(QParamsPath::F32, &xs, EPS_V2, &mut u);
+        assert!(s.is_infinite() && z.is_infinite());
+        assert!(u.iter().all(|&v| v == 0));
+    }
+
+    #[test]
+    fn rounding_is_half_even() {
+        assert_eq!(to_nibble(2.5), 2);
+        assert_eq!(to_nibble(3.5), 4);
+        assert_eq!(to_nibble(-0.5), 0);
+        assert_eq!(to_nibble(15.5), 15);
+        assert_eq!(to_nibble(f32::NEG_INFINITY), 0);
+        assert_eq!(to_nibble(f32::INFINITY), 15);
+        // agrees with round_ties_even + clamp on a dense grid
+        for i in -4000..4000 {
+            let q = i as f32 / 128.0;
+            let want = q.round_ties_even().clamp(0.0, 15.0) as u8;
+            assert_eq!(to_nibble(q), want, "{q}");
+        }
+    }
+}
