@@ -4,7 +4,7 @@
 # of the 8-byte-aligned buffers) and data race. Nightly only and far too slow for CI;
 # run it after touching buffers, layouts, codecs or any unsafe code.
 #
-#   scripts/miri.sh            # quant-core, fmt-fp8, fmt-mxfp8, fmt-nvfp4 (lib tests)
+#   scripts/miri.sh            # quant-core and every fmt-* crate (lib tests)
 #   scripts/miri.sh quant-core # one crate
 #
 # Miri runs each test about 1000x slower than native code; the few unit tests that sweep
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 
 crates=("$@")
 if [ ${#crates[@]} -eq 0 ]; then
-    crates=(quant-core fmt-fp8 fmt-mxfp8 fmt-nvfp4)
+    crates=(quant-core fmt-fp8 fmt-mxfp8 fmt-nvfp4 fmt-int4tiled)
 fi
 # rayon's crossbeam-epoch casts integers to pointers (so: permissive provenance) and
 # trips Stacked Borrows' experimental aliasing rules in its epoch list (in the

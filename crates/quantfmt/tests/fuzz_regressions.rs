@@ -32,7 +32,8 @@ fn dequantized(q: &dyn Quantizer, x: &HostTensor<'_>) -> Vec<Vec<f32>> {
 /// the value read back is 256 * 2^120 = 2^128: past f32::MAX. TransformerEngine writes the
 /// same bytes and its dequantize overflows the same way, so the bytes stay TE's; the
 /// documented contract is "finite in, finite out" for tensors with amax <= f32::MAX / 4,
-/// which holds for every format (the second half of this test).
+/// which holds for every format (the second half of this test); above it, no panic and
+/// no sign flip.
 #[test]
 fn quantize_top_of_the_f32_range() {
     let (m, k) = (128usize, 256usize);
@@ -45,17 +46,13 @@ fn quantize_top_of_the_f32_range() {
         v[2] = -f32::MAX;
         let x = HostTensor::f32(&v, &[m, k]).unwrap();
         for y in dequantized(&*q, &x) {
-            for (i, (&xi, &yi)) in v.iter().zip(&y).enumerate() {
-                if xi.abs() <= f32::MAX / 4.0 {
-                    assert!(
-                        yi.is_finite(),
-                        "{}: element {i}: {xi:e} -> {yi:e}",
-                        q.spec()
-                    );
-                }
-                // Whatever happens at the very top keeps the sign.
+            for (&xi, &yi) in v.iter().zip(&y) {
+                // Above the contract formats differ: FP8 blockwise overflows the top
+                // code to inf; int4tiled's group range `max - min` overflows to a NaN
+                // scale for the whole group (torchao's arithmetic). A finite or
+                // infinite result keeps the sign.
                 assert!(
-                    yi == 0.0 || yi.signum() == xi.signum(),
+                    yi.is_nan() || yi == 0.0 || yi.signum() == xi.signum(),
                     "{}: {xi:e} -> {yi:e}",
                     q.spec()
                 );
