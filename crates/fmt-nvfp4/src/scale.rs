@@ -82,9 +82,23 @@ pub fn dequant_rcp(e4m3_max: u16) -> f32 {
 
 /// The dequantize factor of one block: `(float(sdb) * amax) * f32(1/(6*E4M3_MAX))`.
 /// TE uses the stored amax here, not `S_dec`.
+///
+/// TE's f32 product `float(sdb) * amax` overflows when the amax is within a factor of 448
+/// of `f32::MAX` (a finite input near the top of the f32 range), and the infinite factor
+/// then turns every zero code into NaN (`0 * inf`): found by the regression test of a
+/// fuzz finding (`crates/quantfmt/tests/fuzz_regressions.rs`).
+/// quantfmt keeps TE's f32 arithmetic wherever it gives a finite factor (so results stay
+/// bit-exact) and only then recomputes the same expression in f64, which is finite for
+/// every finite amax (the factor is at most `amax / 6`). An infinite amax keeps TE's
+/// result.
 #[inline(always)]
 pub fn dequant_factor(sdb: u8, amax: f32, e4m3_max: u16) -> f32 {
-    (e4m3::decode(sdb) * amax) * dequant_rcp(e4m3_max)
+    let f = (e4m3::decode(sdb) * amax) * dequant_rcp(e4m3_max);
+    if f.is_finite() || !amax.is_finite() {
+        f
+    } else {
+        ((f64::from(e4m3::decode(sdb)) * f64::from(amax)) * f64::from(dequant_rcp(e4m3_max))) as f32
+    }
 }
 
 /// `fmaxf(m, a)` for an accumulator `m >= 0`: a NaN `a` loses, as with CUDA's `fmaxf`,
@@ -124,8 +138,20 @@ mod tests {
         assert_eq!(block_scale_code(0.0, 1.0), 0);
         assert_eq!(block_encode_scale(0, 1.0), f32::MAX);
         // 2^-11 * 1 * (1/6) underflows E4M3 (smallest subnormal 2^-9, half of it 2^-10).
-        assert_eq!(block_scale_code(2f32.powi(-11) * 6.0, 1.0), 0);
+        assert_eq!(block_scale_code(f32::from_bits(116 << 23) * 6.0, 1.0), 0);
         assert_eq!(block_scale_code(f32::INFINITY, 1.0), 0x7E);
+    }
+
+    #[test]
+    fn dequant_factor_stays_finite_for_a_finite_amax() {
+        assert_eq!(
+            dequant_factor(0x7E, 3.0, 448).to_bits(),
+            ((448.0f32 * 3.0) * dequant_rcp(448)).to_bits()
+        );
+        let f = dequant_factor(0x7E, f32::MAX, 448);
+        assert!(f.is_finite() && f > 0.0, "{f}");
+        assert!((f64::from(f) - f64::from(f32::MAX) / 6.0).abs() < 1e-6 * f64::from(f));
+        assert!(dequant_factor(0x7E, f32::INFINITY, 448).is_infinite());
     }
 
     #[test]

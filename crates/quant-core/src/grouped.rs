@@ -343,19 +343,24 @@ impl<F: Format> GroupedTensor<F> {
         buffers: Vec<Buffer>,
     ) -> Result<Self> {
         format.validate_options()?;
-        let mut g = GroupedTensor::allocate(format, shapes, dtype)?;
-        let want = g.layout.grouped_descs();
+        if !dtype.is_float() {
+            return Err(Error::invalid("dtype", dtype, "must be f32, bf16 or f16"));
+        }
+        format.usage().require_some()?;
+        // No zero-filled allocation first: the buffers given are checked and kept, so
+        // rebuilding from a file costs the file's bytes once, not twice.
+        let layout = GroupLayout::new(&format, shapes)?;
+        let want = layout.grouped_descs();
         let mut given: Vec<Option<Buffer>> = buffers.into_iter().map(Some).collect();
-        for (b, desc) in want.iter().enumerate() {
-            let pos = given
-                .iter()
-                .position(|x| x.as_ref().is_some_and(|x| x.name() == desc.name))
+        let mut ordered = Vec::with_capacity(want.len());
+        for desc in &want {
+            let buf = given
+                .iter_mut()
+                .find(|x| x.as_ref().is_some_and(|x| x.name() == desc.name))
+                .and_then(Option::take)
                 .ok_or_else(|| Error::buffer(&desc.name, "is missing from the grouped tensor"))?;
-            let buf = given[pos]
-                .take()
-                .ok_or_else(|| Error::buffer(&desc.name, "given twice"))?;
             buf.check_against(desc)?;
-            g.buffers[b] = buf;
+            ordered.push(buf);
         }
         if let Some(extra) = given.into_iter().flatten().next() {
             return Err(Error::buffer(
@@ -363,6 +368,12 @@ impl<F: Format> GroupedTensor<F> {
                 "is not a buffer of this grouped tensor",
             ));
         }
+        let g = GroupedTensor {
+            format,
+            dtype,
+            layout,
+            buffers: ordered,
+        };
         for i in 0..g.layout.len() {
             if !g.layout.shapes[i].is_empty() {
                 let m = g.member_view(i)?;

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-/// A tensor shape of any rank >= 1, whose element count fits in `usize`.
+/// A tensor shape of rank 1 to [`MAX_RANK`] with at most [`MAX_NUMEL`] elements.
 ///
 /// ```
 /// use quant_core::Shape;
@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 /// assert_eq!(s.as_2d(), (6, 128));
 /// assert_eq!(s.numel(), 768);
 /// assert!(Shape::new(&[usize::MAX, 2]).is_err()); // product overflows
+/// assert!(Shape::new(&[0, usize::MAX]).is_err()); // no elements, but K alone is too large
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "Vec<usize>", into = "Vec<usize>")]
@@ -29,10 +30,26 @@ pub struct Shape {
 /// The largest rank accepted (hostile metadata cannot ask for more).
 pub const MAX_RANK: usize = 8;
 
+/// The largest element count accepted: 2^48 on 64-bit targets (256 Ti elements, far
+/// beyond any real tensor), `usize::MAX / 16` on narrower ones.
+///
+/// The bound is what makes buffer-size arithmetic safe without checking every step:
+/// formats round dimensions up to their block and tile sizes (at most a few hundred)
+/// and multiply two or three such padded factors, and with every dimension and the
+/// product of the non-zero dimensions at most 2^48 none of those products can come near
+/// `usize::MAX`. Shapes read from untrusted files (a header claiming a 10^12 x 10^12
+/// tensor) are refused here, before any format sees them.
+pub const MAX_NUMEL: usize = if (usize::MAX as u64) > (1u64 << 48) {
+    (1u64 << 48) as usize
+} else {
+    usize::MAX >> 4
+};
+
 impl Shape {
-    /// A shape from its dimensions. Fails on rank 0, rank > [`MAX_RANK`] or an element
-    /// count that overflows `usize` (zero-sized dimensions are allowed here; quantizers
-    /// refuse empty tensors themselves).
+    /// A shape from its dimensions. Fails on rank 0, rank > [`MAX_RANK`], or when the
+    /// product of the non-zero dimensions exceeds [`MAX_NUMEL`] (zero-sized dimensions
+    /// are allowed here; quantizers refuse empty tensors themselves, and a zero cannot
+    /// hide an absurd dimension next to it).
     pub fn new(dims: &[usize]) -> Result<Shape> {
         if dims.is_empty() {
             return Err(Error::invalid("shape", "[]", "rank must be at least 1"));
@@ -44,13 +61,18 @@ impl Shape {
                 format!("rank must be at most {MAX_RANK}"),
             ));
         }
-        let numel = checked_numel(dims).ok_or_else(|| {
-            Error::invalid(
+        let span = dims
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d.max(1)))
+            .filter(|&n| n <= MAX_NUMEL);
+        if span.is_none() {
+            return Err(Error::invalid(
                 "shape",
                 format!("{dims:?}"),
-                "element count overflows usize",
-            )
-        })?;
+                format!("must have at most {MAX_NUMEL} elements (product of the non-zero dims)"),
+            ));
+        }
+        let numel = checked_numel(dims).unwrap_or(0);
         Ok(Shape {
             dims: dims.to_vec(),
             numel,
@@ -194,6 +216,12 @@ mod tests {
         assert!(Shape::new(&[]).is_err());
         assert!(Shape::new(&[1; 9]).is_err());
         assert!(Shape::new(&[1 << 40, 1 << 40]).is_err());
+        assert!(Shape::new(&[1 << 30, 0, 1 << 30]).is_err());
+        assert!(Shape::new(&[1 << 30, 1 << 30, 0]).is_err());
+        let s = Shape::new(&[1 << 24, 0, 1 << 24]).unwrap();
+        assert_eq!((s.numel(), s.rows(), s.cols()), (0, 0, 1 << 24));
+        assert!(Shape::new(&[MAX_NUMEL]).is_ok());
+        assert!(Shape::new(&[MAX_NUMEL + 1]).is_err());
         let e = Shape::new(&[0, 3])
             .unwrap()
             .require_nonempty("fp8")

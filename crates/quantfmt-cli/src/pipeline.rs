@@ -212,9 +212,20 @@ fn native_slots(name: &str, q: &dyn Quantizer, shape: &[usize]) -> Result<Vec<Te
         .collect())
 }
 
+/// Member shapes of a rank-3 `[E, n, k]` tensor stored as a grouped tensor of E members.
 fn expert_shapes(dims: &[usize]) -> Result<Vec<Shape>> {
-    let member = Shape::new(&dims[1..])?;
-    Ok(vec![member; dims[0]])
+    let (&experts, member) = dims
+        .split_first()
+        .ok_or_else(|| Error::invalid("shape", "[]", "a grouped tensor needs dims [E, ...]"))?;
+    let max = quant_core::io::MAX_GROUP_MEMBERS;
+    if experts == 0 || experts > max {
+        return Err(Error::invalid(
+            "experts (dim 0)",
+            experts,
+            format!("must be between 1 and {max} (what a file can hold)"),
+        ));
+    }
+    Ok(vec![Shape::new(member)?; experts])
 }
 
 fn grouped_plan(

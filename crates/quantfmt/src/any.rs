@@ -117,6 +117,19 @@ macro_rules! formats {
         pub(crate) fn register_all(r: &mut quant_core::Registry) {
             $( r.register::<$q>(); )+
         }
+
+        // Every shipped quantizer, its storages and its grouped storages can be shared
+        // across threads: checked at compile time for each concrete type.
+        const _: () = {
+            const fn send_sync<T: Send + Sync>() {}
+            $(
+                send_sync::<$q>();
+                send_sync::<QuantizedTensor<$q>>();
+                send_sync::<quant_core::GroupedTensor<$q>>();
+            )+
+            send_sync::<AnyQuantizer>();
+            send_sync::<AnyStorage>();
+        };
     };
 }
 

@@ -6,7 +6,8 @@ use std::path::Path;
 
 use quant_core::Result;
 pub use quant_core::io::{
-    AsDynStorage, FileMeta, Loaded, LoadedFile, RawTensor, SaveItem, TensorMeta, save, save_items,
+    AsDynStorage, FileMeta, Loaded, LoadedFile, MAX_GROUP_MEMBERS, MAX_METADATA_BYTES, RawTensor,
+    SaveItem, TensorMeta, save, save_items,
 };
 
 /// Loads a native file; quantized tensors are rebuilt (and checked) through

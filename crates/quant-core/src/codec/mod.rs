@@ -26,3 +26,15 @@ mod fp8;
 pub fn rcp(x: f32) -> f32 {
     1.0 / x
 }
+
+/// `2^n` for `n` in `-149..=127`, built from its bits. Tests use this rather than
+/// `powi`, whose precision Rust does not guarantee (Miri models that freedom with random
+/// ULP errors, so exact comparisons against `powi` fail under `scripts/miri.sh`).
+#[cfg(test)]
+pub(crate) fn pow2(n: i32) -> f32 {
+    if n >= -126 {
+        f32::from_bits(((n + 127) as u32) << 23)
+    } else {
+        f32::from_bits(1u32 << (n + 149))
+    }
+}

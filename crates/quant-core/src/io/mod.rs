@@ -13,6 +13,19 @@
 //! Tensors without an entry pass through untouched. Loading rebuilds each quantized
 //! tensor through a [`Registry`] and checks every buffer against the format's
 //! description before accepting it.
+//!
+//! # What a hostile file cannot do
+//!
+//! Every length, shape, offset and count read from a file is checked before anything is
+//! allocated for it: the header against the file size ([`reader`]), the metadata against
+//! [`MAX_METADATA_BYTES`] and serde_json's nesting limit, shapes against
+//! [`crate::shape::MAX_NUMEL`], each buffer's dtype and shape against what the format
+//! describes for the stated shape and options (before its bytes are read), grouped
+//! offsets against the member shapes (before the member layout is built), and buffer
+//! contents by the format's `validate_buffers`. Memory stays proportional to the file's
+//! size. See `docs/SECURITY.md`.
+// Indexing here would run on untrusted sizes: every access is checked instead.
+#![deny(clippy::indexing_slicing)]
 
 pub mod reader;
 pub mod writer;
@@ -39,8 +52,13 @@ pub const METADATA_KEY: &str = "quantfmt";
 pub const FORMAT_VERSION: u32 = 1;
 /// Largest metadata JSON accepted (hostile files cannot make us parse more).
 pub const MAX_METADATA_BYTES: usize = 16 << 20;
-/// Most members a grouped tensor in a file may declare.
-pub const MAX_GROUP_MEMBERS: usize = 1 << 16;
+/// Most members a grouped tensor in a file may declare (saving refuses more too).
+///
+/// TransformerEngine's grouped GEMMs take tens to hundreds of members (one per expert);
+/// 16 384 leaves ample room while bounding what a small hostile file can make the loader
+/// build: the per-member layout (shapes, buffer descriptions, offsets) of a 16 384-member
+/// group is a few MiB.
+pub const MAX_GROUP_MEMBERS: usize = 1 << 14;
 
 /// The `quantfmt` metadata of a file.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -191,6 +209,13 @@ pub fn tensor_meta(s: &dyn Storage) -> Result<TensorMeta> {
 
 /// The metadata entry describing grouped tensor `g`.
 pub fn grouped_meta(g: &dyn GroupedStorage) -> Result<TensorMeta> {
+    if g.num_members() > MAX_GROUP_MEMBERS {
+        return Err(Error::invalid(
+            "grouped members",
+            g.num_members(),
+            format!("a file holds at most {MAX_GROUP_MEMBERS} (loading refuses more)"),
+        ));
+    }
     let mut byte_offsets = BTreeMap::new();
     for b in g.buffers() {
         byte_offsets.insert(b.name().to_string(), g.byte_offsets(b.name())?.to_vec());
@@ -401,6 +426,12 @@ pub fn load_from<S: Source + ?Sized>(src: &mut S, registry: &Registry) -> Result
             Error::File { .. } => e,
             other => Error::file(&name, format!("tensor `{tname}`: {other}")),
         };
+        if header.get(tname).is_some() {
+            return Err(Error::file(
+                &name,
+                format!("tensor `{tname}` is both quantized (in the metadata) and stored as-is"),
+            ));
+        }
         let item = if tm.grouped.is_some() {
             Loaded::Grouped(load_grouped(src, &header, tname, tm, registry).map_err(wrap)?)
         } else {
@@ -408,8 +439,13 @@ pub fn load_from<S: Source + ?Sized>(src: &mut S, registry: &Registry) -> Result
         };
         for b in &tm.buffers {
             let full = format!("{tname}.{b}");
-            if let Some(info) = header.get(&full) {
-                claimed.insert(info.name.as_str());
+            if let Some(info) = header.get(&full)
+                && !claimed.insert(info.name.as_str())
+            {
+                return Err(Error::file(
+                    &name,
+                    format!("tensor `{full}` is claimed by two quantized tensors"),
+                ));
             }
         }
         out.tensors.push((tname.clone(), item));
@@ -529,11 +565,40 @@ pub fn load_grouped<S: Source + ?Sized>(
         .grouped
         .as_ref()
         .ok_or_else(|| Error::invalid("tensor", name, "is not grouped"))?;
-    if gm.member_shapes.is_empty() || gm.member_shapes.len() > MAX_GROUP_MEMBERS {
+    let n = gm.member_shapes.len();
+    if n == 0 || n > MAX_GROUP_MEMBERS {
         return Err(Error::invalid(
             "grouped members",
-            gm.member_shapes.len(),
+            n,
             format!("must be between 1 and {MAX_GROUP_MEMBERS}"),
+        ));
+    }
+    // Cheap consistency checks before the per-member layout is built.
+    if gm.element_offsets.len() != n + 1 {
+        return Err(Error::invalid(
+            "element_offsets",
+            format!("{} entries", gm.element_offsets.len()),
+            format!("must have one entry per member plus one ({})", n + 1),
+        ));
+    }
+    if let Some((b, offs)) = gm.byte_offsets.iter().find(|(_, o)| o.len() != n + 1) {
+        return Err(Error::buffer(
+            b,
+            format!(
+                "has {} stored byte offsets; a group of {n} members needs {}",
+                offs.len(),
+                n + 1
+            ),
+        ));
+    }
+    if gm.byte_offsets.len() != tm.buffers.len() {
+        return Err(Error::invalid(
+            "byte_offsets",
+            gm.byte_offsets.len(),
+            format!(
+                "must list exactly the {} buffers of the tensor",
+                tm.buffers.len()
+            ),
         ));
     }
     let shapes = gm
@@ -543,7 +608,7 @@ pub fn load_grouped<S: Source + ?Sized>(
         .collect::<Result<Vec<_>>>()?;
     let q = registry.quantizer(&tm.format, &tm.options)?;
     let layout = GroupLayout::new(&*q, &shapes)?;
-    if layout.kind() != gm.kind || layout.logical_shape()[..] != tm.shape[..] {
+    if layout.kind() != gm.kind || layout.logical_shape().as_slice() != tm.shape.as_slice() {
         return Err(Error::invalid(
             "grouped shape",
             format!("{:?} {:?}", gm.kind, tm.shape),
@@ -577,6 +642,8 @@ pub fn load_grouped<S: Source + ?Sized>(
             format!("must list exactly the {} grouped buffers", want.len()),
         ));
     }
+    // The rebuild computes its own layout: drop this one first so only one is alive.
+    drop(layout);
     let buffers = read_buffers(src, header, name, tm, &*q, want)?;
     q.unflatten_grouped(&shapes, tm.dtype, buffers)
 }

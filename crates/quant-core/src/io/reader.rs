@@ -19,6 +19,9 @@ use crate::shape::checked_numel;
 /// The safetensors limit on header size (100 MB).
 pub const MAX_HEADER_BYTES: u64 = 100_000_000;
 
+/// The largest rank a tensor in a file may declare (PyTorch's own limit is 64 dims).
+pub const MAX_FILE_RANK: usize = 64;
+
 /// One tensor entry of a safetensors header.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorInfo {
@@ -83,6 +86,12 @@ impl Header {
             let info: RawInfo = serde_json::from_value(v)
                 .map_err(|e| bad(format!("tensor `{name}`: malformed entry: {e}")))?;
             let (begin, end) = info.data_offsets;
+            if info.shape.len() > MAX_FILE_RANK {
+                return Err(bad(format!(
+                    "tensor `{name}`: rank {} is above the limit of {MAX_FILE_RANK}",
+                    info.shape.len()
+                )));
+            }
             let numel = checked_numel(&info.shape)
                 .ok_or_else(|| bad(format!("tensor `{name}`: shape {:?} overflows", info.shape)))?;
             let bits = numel

@@ -271,8 +271,9 @@ impl StreamWriter {
             let mut left = data_len;
             while left > 0 {
                 let n = left.min(buf.len() as u64) as usize;
-                st.file.read_exact(&mut buf[..n])?;
-                out.write_all(&buf[..n])?;
+                let chunk = buf.get_mut(..n).ok_or_else(internal)?;
+                st.file.read_exact(chunk)?;
+                out.write_all(chunk)?;
                 left -= n as u64;
             }
             out.sync_all()?;
@@ -311,7 +312,7 @@ impl StreamWriter {
     pub fn write(&self, name: &str, bytes: &[u8]) -> Result<()> {
         let want = self.planned_len(name)?;
         if bytes.len() as u64 != want {
-            let p = &self.placed[self.slot_index(name)?];
+            let (_, p) = self.slot(name)?;
             return Err(Error::invalid(
                 "tensor",
                 name,
@@ -331,8 +332,7 @@ impl StreamWriter {
     /// non-overlapping parts; the writer counts bytes, so an overlap shows up as a
     /// tensor written past its size.
     pub fn write_at(&self, name: &str, offset: u64, bytes: &[u8]) -> Result<()> {
-        let i = self.slot_index(name)?;
-        let p = &self.placed[i];
+        let (i, p) = self.slot(name)?;
         let size = p.end - p.begin;
         let end = offset
             .checked_add(bytes.len() as u64)
@@ -348,26 +348,29 @@ impl StreamWriter {
             ));
         }
         let mut st = self.state.lock().map_err(|_| poisoned())?;
-        if st.written[i] + bytes.len() as u64 > size {
+        let st = &mut *st;
+        let written = st.written.get_mut(i).ok_or_else(internal)?;
+        if *written + bytes.len() as u64 > size {
             return Err(Error::invalid("tensor", name, "was written twice"));
         }
         st.file
             .seek(SeekFrom::Start(8 + self.header_len + p.begin + offset))?;
         st.file.write_all(bytes)?;
-        st.written[i] += bytes.len() as u64;
+        *written += bytes.len() as u64;
         Ok(())
     }
 
-    fn slot_index(&self, name: &str) -> Result<usize> {
+    /// The index and placement of tensor `name`.
+    fn slot(&self, name: &str) -> Result<(usize, &Placed)> {
         self.index
             .get(name)
-            .copied()
+            .and_then(|&i| Some((i, self.placed.get(i)?)))
             .ok_or_else(|| Error::invalid("tensor", name, "was not planned in this file's header"))
     }
 
     /// The planned byte size of tensor `name`.
     pub fn planned_len(&self, name: &str) -> Result<u64> {
-        let p = &self.placed[self.slot_index(name)?];
+        let (_, p) = self.slot(name)?;
         Ok(p.end - p.begin)
     }
 
@@ -382,10 +385,10 @@ impl StreamWriter {
                 .iter()
                 .zip(&self.placed)
                 .position(|(w, p)| *w != p.end - p.begin);
-            if let Some(i) = short {
+            if let Some(p) = short.and_then(|i| self.placed.get(i)) {
                 return Err(Error::invalid(
                     "tensor",
-                    &self.placed[i].slot.name,
+                    &p.slot.name,
                     "was never written; the file is incomplete",
                 ));
             }
@@ -415,6 +418,12 @@ impl Drop for StreamWriter {
             let _ = std::fs::remove_file(&self.tmp);
         }
     }
+}
+
+/// An index the writer built itself was out of range (a bug in this module, reported
+/// rather than panicking).
+fn internal() -> Error {
+    Error::invalid("writer", "internal index", "out of range (a bug in quantfmt's writer)")
 }
 
 fn poisoned() -> Error {
