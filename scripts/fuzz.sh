@@ -15,12 +15,12 @@ secs="${1:-600}"
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(load_bytes unflatten spec_parse quantize)
+    targets=(load_bytes interop_load unflatten spec_parse quantize)
 fi
 
 mkdir -p logs corpus
 cargo +nightly fuzz build --debug-assertions
-if [ ! -d corpus/load_bytes ] || [ -z "$(ls -A corpus/load_bytes 2>/dev/null)" ]; then
+if [ ! -d corpus/interop_load ] || [ -z "$(ls -A corpus/interop_load 2>/dev/null)" ]; then
     # Built by `cargo fuzz build` with the targets (same flags, so no second build).
     triple="$(rustc +nightly -vV | sed -n 's/^host: //p')"
     "target/$triple/release/seed_corpus"
@@ -37,6 +37,8 @@ for t in "${targets[@]}"; do
     case "$t" in
         # Files: the layout's tokens, inputs up to 64 KiB.
         load_bytes) extra=(-dict=dict/native.dict -max_len=65536) ;;
+        # Checkpoints in the interop layouts (seeds up to ~75 KB).
+        interop_load) extra=(-dict=dict/interop.dict -max_len=131072) ;;
         # Structured inputs: the trailing value bytes matter from the start, so no slow
         # growth of the length limit.
         quantize | unflatten) extra=(-len_control=0 -max_len=8192) ;;

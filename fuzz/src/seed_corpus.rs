@@ -1,6 +1,6 @@
 //! Writes seed inputs: valid native files of every registered format (plain and grouped,
 //! several shapes and usages) for `load_bytes`, and every spec and option for
-//! `spec_parse`. Run `cargo +nightly run --release --bin seed_corpus` from `fuzz/`.
+//! `spec_parse`, and checkpoints in every interop layout for `interop_load`. Run `cargo +nightly run --release --bin seed_corpus` from `fuzz/`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
@@ -53,5 +53,47 @@ fn main() {
             }
         }
     }
+    n += seed_interop(&root.join("interop_load"));
     println!("wrote {n} files under {}", root.display());
+}
+
+/// Seeds for `interop_load`: the interop golden checkpoints (built by
+/// `tests/golden/interop.py` with the upstream conventions) and, for every registered
+/// format and every layout that holds it, a small weight exported to that layout.
+fn seed_interop(dir: &Path) -> usize {
+    use quantfmt::interop::{Extras, Layout, export};
+    std::fs::create_dir_all(dir).unwrap();
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/data/interop");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&golden).unwrap() {
+        let p = entry.unwrap().path();
+        // `expected.safetensors` holds reference values, not a checkpoint, and is large.
+        if p.file_name().is_some_and(|f| f != "expected.safetensors") {
+            std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+            n += 1;
+        }
+    }
+    let x: Vec<f32> = (0..64 * 128).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+    let t = HostTensor::f32(&x, &[64, 128]).unwrap();
+    for e in registry().entries() {
+        let Ok(q) = registry().parse_spec(e.name, Usage::ROWWISE) else {
+            continue;
+        };
+        let Ok(s) = q.quantize(&t) else { continue };
+        for layout in Layout::ALL {
+            let Ok(out) = export(layout, "model.layers.0.mlp.down_proj", &*s, &Extras::default())
+            else {
+                continue;
+            };
+            let items: Vec<_> = out
+                .tensors
+                .iter()
+                .map(|(name, raw)| (name.clone(), SaveItem::Plain(raw)))
+                .collect();
+            let path = dir.join(format!("{}-{layout:?}.safetensors", e.name));
+            save_items(&path, &items, &Default::default()).unwrap();
+            n += 1;
+        }
+    }
+    n
 }

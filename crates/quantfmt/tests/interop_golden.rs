@@ -248,3 +248,28 @@ fn detection_notes_and_skips() {
         Some(LoadedItem::Plain(_))
     ));
 }
+
+#[test]
+fn reading_from_memory_equals_reading_the_file_and_truncation_is_refused() {
+    for file in ["modelopt_nvfp4", "ct_fp8_block", "deepseek", "ct_nvfp4_f4"] {
+        let path = format!("{DIR}{file}.safetensors");
+        let bytes = std::fs::read(&path).unwrap();
+        let a = interop::load_file(&path).unwrap();
+        let b = interop::load_bytes(&bytes, file).unwrap();
+        assert_eq!(a.layout, b.layout, "{file}");
+        assert_eq!(a.tensors.len(), b.tensors.len(), "{file}");
+        for ((na, ia), (nb, ib)) in a.tensors.iter().zip(&b.tensors) {
+            assert_eq!(na, nb);
+            if let (LoadedItem::Quantized(x), LoadedItem::Quantized(y)) = (ia, ib) {
+                for (bx, by) in x.storage.buffers().iter().zip(y.storage.buffers()) {
+                    assert_eq!(bx.bytes(), by.bytes(), "{file}: {na}");
+                }
+            }
+        }
+        // Every truncation of the file is refused with an error naming the input.
+        for cut in [0, 7, 8, 100, bytes.len() / 2, bytes.len() - 1] {
+            let e = interop::load_bytes(&bytes[..cut], file).unwrap_err();
+            assert!(e.to_string().contains(file), "{file} cut at {cut}: {e}");
+        }
+    }
+}

@@ -423,7 +423,11 @@ impl Drop for StreamWriter {
 /// An index the writer built itself was out of range (a bug in this module, reported
 /// rather than panicking).
 fn internal() -> Error {
-    Error::invalid("writer", "internal index", "out of range (a bug in quantfmt's writer)")
+    Error::invalid(
+        "writer",
+        "internal index",
+        "out of range (a bug in quantfmt's writer)",
+    )
 }
 
 fn poisoned() -> Error {

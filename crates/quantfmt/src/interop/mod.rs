@@ -408,11 +408,29 @@ impl LoadedFile {
 /// # Ok::<(), quantfmt::Error>(())
 /// ```
 pub fn load_file(path: impl AsRef<std::path::Path>) -> Result<LoadedFile> {
-    use quant_core::io::reader::{FileSource, read_header, read_tensor};
     let path = path.as_ref();
-    let mut src = FileSource::open(path)?;
-    let header = read_header(&mut src)?;
-    let name = path.display().to_string();
+    let mut src = quant_core::io::reader::FileSource::open(path)?;
+    load_source(&mut src, &path.display().to_string())
+}
+
+/// [`load_file`] on the bytes of a whole safetensors file already in memory (`name`
+/// labels errors). Every length and offset is checked against `bytes.len()` before
+/// anything is read or allocated.
+///
+/// ```
+/// // Not a safetensors file: refused with an error that names it.
+/// let e = quantfmt::interop::load_bytes(b"not a file", "download").unwrap_err();
+/// assert!(e.to_string().contains("download"));
+/// ```
+pub fn load_bytes(bytes: &[u8], name: &str) -> Result<LoadedFile> {
+    let mut src = quant_core::io::reader::SliceSource::new(name, bytes);
+    load_source(&mut src, name)
+}
+
+fn load_source<S: quant_core::io::reader::Source>(src: &mut S, name: &str) -> Result<LoadedFile> {
+    use quant_core::io::reader::{read_header, read_tensor};
+    let header = read_header(src)?;
+    let name = name.to_string();
     let native = quant_core::io::parse_meta(&name, &header)?.unwrap_or_default();
     let mut notes = Vec::new();
     let side = match Sidecar::from_metadata(&header.metadata) {
@@ -445,7 +463,7 @@ pub fn load_file(path: impl AsRef<std::path::Path>) -> Result<LoadedFile> {
         Ok(RawTensor {
             dtype: info.dtype,
             shape: info.shape.clone(),
-            data: read_tensor(&mut src, &header, info)?,
+            data: read_tensor(src, &header, info)?,
         })
     };
     let mut tensors = Vec::with_capacity(plan.items.len());
