@@ -75,8 +75,13 @@ fn seed_interop(dir: &Path) -> usize {
     }
     let x: Vec<f32> = (0..64 * 128).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
     let t = HostTensor::f32(&x, &[64, 128]).unwrap();
-    for e in registry().entries() {
-        let Ok(q) = registry().parse_spec(e.name, Usage::ROWWISE) else {
+    // `pad=torchao` is what the torchao layout stores; other formats refuse the option.
+    let specs = registry()
+        .entries()
+        .iter()
+        .flat_map(|e| [e.name.to_string(), format!("{}:pad=torchao", e.name)]);
+    for spec in specs {
+        let Ok(q) = registry().parse_spec(&spec, Usage::ROWWISE) else {
             continue;
         };
         let Ok(s) = q.quantize(&t) else { continue };
@@ -90,7 +95,7 @@ fn seed_interop(dir: &Path) -> usize {
                 .iter()
                 .map(|(name, raw)| (name.clone(), SaveItem::Plain(raw)))
                 .collect();
-            let path = dir.join(format!("{}-{layout:?}.safetensors", e.name));
+            let path = dir.join(format!("{}-{layout:?}.safetensors", spec.replace(':', "_")));
             save_items(&path, &items, &Default::default()).unwrap();
             n += 1;
         }

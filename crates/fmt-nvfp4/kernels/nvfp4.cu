@@ -31,10 +31,19 @@ __device__ __forceinline__ float nv_block_encode_scale(qf_u32 sdb, float s_dec) 
     return qf_fmin(qf_rcp(qf_e4m3_decode(sdb) * s_dec), qf_f32_max());
 }
 
-// dequant_factor: (float(sdb) * amax) * f32(1 / (6 * e4m3_max)).
+// dequant_factor: (float(sdb) * amax) * f32(1 / (6 * e4m3_max)), TE's f32 arithmetic; where
+// that overflows for a finite amax (above f32::MAX / 448), the same expression in double,
+// rounded once to f32 (scale.rs `dequant_factor`: zero codes must not become 0 * inf = NaN).
 __device__ __forceinline__ float nv_dequant_factor(qf_u32 sdb, float amax, int e4m3_max) {
     const float rcp = qf_rcp(6.0f * (float)e4m3_max);
-    return (qf_e4m3_decode(sdb) * amax) * rcp;
+    const float sf = qf_e4m3_decode(sdb);
+    const float f = (sf * amax) * rcp;
+    const bool f_finite = fabsf(f) <= qf_f32_max();
+    const bool amax_finite = fabsf(amax) <= qf_f32_max();
+    if (f_finite || !amax_finite) {
+        return f;
+    }
+    return __double2float_rn(((double)sf * (double)amax) * (double)rcp);
 }
 
 // ---- sr.rs -------------------------------------------------------------------------------------

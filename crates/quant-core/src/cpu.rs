@@ -76,6 +76,42 @@ pub fn par_amax<T: Element>(xs: &[T]) -> f32 {
         .reduce(|| 0.0, fmax_nan_loses)
 }
 
+/// The memory traffic of a quantizer without its math: reads `src` `reads` times (2 for
+/// per-tensor scaling, whose amax pass is inherent; see `Format::input_passes`) and
+/// writes `dst` once, in parallel chunks on the current rayon pool. Benchmarks divide
+/// by its time measured in the same run, so ratios survive noisy machines (the CLI's
+/// `quantfmt bench` and every format crate's criterion bench use it).
+///
+/// ```
+/// let src = vec![1u8; 1 << 20];
+/// let mut dst = vec![0u8; 1 << 18];
+/// quant_core::cpu::roofline(&src, &mut dst, 2);
+/// ```
+pub fn roofline(src: &[u8], dst: &mut [u8], reads: usize) {
+    let n_chunks = src.len().div_ceil(PAR_CHUNK).max(1);
+    let dst_chunk = dst.len().div_ceil(n_chunks).max(1);
+    for r in 0..reads {
+        let last = r + 1 == reads;
+        let sum: u64 = src
+            .par_chunks(PAR_CHUNK)
+            .zip(dst.par_chunks_mut(dst_chunk))
+            .map(|(s, d)| {
+                let mut acc = 0u64;
+                for w in s.chunks_exact(8) {
+                    acc = acc.wrapping_add(u64::from_le_bytes([
+                        w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7],
+                    ]));
+                }
+                if last {
+                    d.fill(acc as u8);
+                }
+                acc
+            })
+            .sum();
+        std::hint::black_box(sum);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

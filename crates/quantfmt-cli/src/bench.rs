@@ -87,35 +87,6 @@ fn time_runs(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     Ok(median(t))
 }
 
-/// A streaming pass that reads `src` `reads` times and writes `dst` once, in parallel
-/// chunks: the memory traffic of a one-pass (or two-pass) quantizer without its math.
-fn roofline(src: &[u8], dst: &mut [u8], reads: usize) {
-    use rayon::prelude::*;
-    const CHUNK: usize = 1 << 16;
-    let n_chunks = src.len().div_ceil(CHUNK).max(1);
-    let dst_chunk = dst.len().div_ceil(n_chunks).max(1);
-    for r in 0..reads {
-        let last = r + 1 == reads;
-        let sum: u64 = src
-            .par_chunks(CHUNK)
-            .zip(dst.par_chunks_mut(dst_chunk))
-            .map(|(s, d)| {
-                let mut acc = 0u64;
-                for w in s.chunks_exact(8) {
-                    acc = acc.wrapping_add(u64::from_le_bytes([
-                        w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7],
-                    ]));
-                }
-                if last {
-                    d.fill(acc as u8);
-                }
-                acc
-            })
-            .sum();
-        black_box(sum);
-    }
-}
-
 /// Deterministic weight-like data.
 fn data(m: usize, k: usize) -> Vec<f32> {
     let mut s = 0x2545_F491_4F6C_DD1Du64;
@@ -180,7 +151,7 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
         let reads = q.input_passes();
         let mut dst = vec![0u8; out_bytes];
         let t_roof = time_runs(opts.runs, || {
-            roofline(xin.as_bytes(), &mut dst, reads);
+            quant_core::cpu::roofline(xin.as_bytes(), &mut dst, reads);
             Ok(())
         })?;
         let mut reuse = q.quantize(&xin)?;
@@ -207,7 +178,7 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
             .collect();
         let mut out = vec![0u8; dq_out];
         let t_roof_d = time_runs(opts.runs, || {
-            roofline(&buf_bytes, &mut out, 1);
+            quant_core::cpu::roofline(&buf_bytes, &mut out, 1);
             Ok(())
         })?;
         // Into caller memory, reused across runs, as a framework would (no page faults).
