@@ -161,8 +161,15 @@ impl ScaleRule {
     pub fn key(self, x: f32) -> u32 {
         let a = x.to_bits() & 0x7FFF_FFFF;
         match self {
-            ScaleRule::Te if a > F32_INF_BITS => 0,
-            _ => a,
+            // A select, not a branch, so that block loops vectorize.
+            ScaleRule::Te => {
+                if a > F32_INF_BITS {
+                    0
+                } else {
+                    a
+                }
+            }
+            ScaleRule::Ocp => a,
         }
     }
 
