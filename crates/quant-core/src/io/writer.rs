@@ -466,6 +466,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(miri, ignore = "file system: Miri isolates the process")]
     fn reads_back_with_the_safetensors_crate_and_our_reader() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.safetensors");
@@ -503,6 +504,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "file system: Miri isolates the process")]
     fn metadata_grows_into_the_reserve_or_moves_the_data() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.safetensors");
@@ -530,6 +532,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "file system: Miri isolates the process")]
     fn unfinished_writers_leave_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.safetensors");
@@ -556,6 +559,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "file system: Miri isolates the process")]
     fn headers_match_the_safetensors_crate_byte_for_byte() {
         use std::borrow::Cow;
         struct V(safetensors::Dtype, Vec<usize>, Vec<u8>);
@@ -605,6 +609,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "file system: Miri isolates the process")]
     fn atomic_json() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("index.json");
