@@ -84,7 +84,8 @@ pub fn bench_format<F: Format>(c: &mut Criterion, label: &str, q: &F) {
             .iter()
             .flat_map(|b| b.bytes().to_vec())
             .collect();
-        g.throughput(Throughput::Bytes(in_bytes as u64));
+        // Dequantize writes the input's dtype and shape, so its output bytes are `in_bytes`
+        // and the group's throughput setting holds for it too.
         let mut out = vec![0u8; in_bytes];
         g.bench_function("roofline dequantize", |b| {
             b.iter(|| quant_core::cpu::roofline(&bufs, &mut out, 1))

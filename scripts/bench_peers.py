@@ -107,9 +107,13 @@ def numpy_peers(x32, xbf16):
     if ml_dtypes is None:
         return out
     for dt, x in (("f32", x32), ("bf16", xbf16)):
-        # numpy has no bf16 arithmetic: the peer widens first, as its users must.
-        xin = x if dt == "f32" else None
-        f = (lambda fn, xin=xin, x=x: (lambda: fn(xin if xin is not None else x.astype(np.float32))))
+
+        def f(fn, x=x):
+            # numpy has no bf16 arithmetic: the peer widens first (timed), as its users must.
+            if x.dtype == np.float32:
+                return lambda: fn(x)
+            return lambda: fn(x.astype(np.float32))
+
         nbytes = x.nbytes
         out += [
             ("fp8", "quantize", dt, "ml_dtypes", f(peer_fp8_per_tensor), nbytes),

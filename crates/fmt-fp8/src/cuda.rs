@@ -54,12 +54,9 @@ fn tiles(m: usize, k: usize, edge: usize) -> u64 {
     (m.div_ceil(edge) as u64) * (k.div_ceil(edge) as u64)
 }
 
+/// A launch of this crate's kernels (`THREADS` = their `__launch_bounds__`).
 fn cfg(blocks: u64, sm: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (quant_core::cuda::grid_1d(blocks, u64::from(sm) * 32), 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    }
+    quant_core::cuda::launch_1d(blocks, THREADS, sm)
 }
 
 fn missing(name: &str) -> Error {

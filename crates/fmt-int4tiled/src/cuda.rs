@@ -19,10 +19,11 @@ use quant_core::cuda::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use quant_core::cuda::{
     CudaDevice, CudaFormat, DeviceBuffer, DeviceQuantized, DeviceTensor, KernelSource,
     LaunchArgsExt, check_dense, check_device_buffers, device_buffer_by_name,
-    device_buffers_by_name_mut, dtype_suffix, grid_1d,
+    device_buffers_by_name_mut, dtype_suffix,
 };
-use quant_core::{DType, Direction, Error, Format, Result, Shape};
+use quant_core::{Direction, Error, Format, Result, Shape};
 
+use crate::qparams::QParamsPath;
 use crate::{Geometry, Int4TiledQuantizer};
 
 /// The int4tiled kernels.
@@ -50,12 +51,9 @@ const THREADS: u32 = 256;
 /// Activation rows per matmul launch.
 const M_MAX: usize = 16;
 
+/// A launch of this crate's kernels (`THREADS` = their `__launch_bounds__`).
 fn cfg(blocks: u64, sm: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (grid_1d(blocks, u64::from(sm) * 32), 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    }
+    quant_core::cuda::launch_1d(blocks, THREADS, sm)
 }
 
 fn threads_for(n: u64) -> u64 {
@@ -130,7 +128,7 @@ impl CudaFormat for Int4TiledQuantizer {
             &KERNELS,
             &format!("int4_quant_{}", dtype_suffix(x.dtype())?),
         )?;
-        let bf16_path = i32::from(x.dtype() == DType::BF16);
+        let bf16_path = i32::from(QParamsPath::for_input(x.dtype()) == QParamsPath::Bf16);
         let eps = self.eps();
         let work = d.e * d.np * (d.kp / d.g as u64);
         let mut b = dev.stream().launch_builder(&f);

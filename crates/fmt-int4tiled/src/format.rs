@@ -232,6 +232,19 @@ pub struct Int4TiledQuantizer {
     usage: Usage,
 }
 
+/// The two output buffers both quantize paths write: `packed_weight` words and
+/// `scale_and_zero` pairs.
+fn output_slices<'a>(out: &'a mut [BufferMut<'_>]) -> Result<(&'a mut [i32], &'a mut [bf16])> {
+    let [packed, sz] = buffers_by_name_mut(out, ["packed_weight", "scale_and_zero"]);
+    let packed = packed
+        .ok_or_else(|| Error::buffer("packed_weight", "is missing"))?
+        .as_mut_slice::<i32>()?;
+    let sz = sz
+        .ok_or_else(|| Error::buffer("scale_and_zero", "is missing"))?
+        .as_mut_slice::<bf16>()?;
+    Ok((packed, sz))
+}
+
 impl Default for Int4TiledQuantizer {
     fn default() -> Self {
         Int4TiledQuantizer::new()
@@ -331,18 +344,8 @@ impl Int4TiledQuantizer {
         out: &mut [BufferMut<'_>],
     ) -> Result<()> {
         let geo = self.geometry(shape)?;
-        let path = if T::DTYPE == DType::BF16 {
-            QParamsPath::Bf16
-        } else {
-            QParamsPath::F32
-        };
-        let [packed, sz] = buffers_by_name_mut(out, ["packed_weight", "scale_and_zero"]);
-        let packed = packed
-            .ok_or_else(|| Error::buffer("packed_weight", "is missing"))?
-            .as_mut_slice::<i32>()?;
-        let sz = sz
-            .ok_or_else(|| Error::buffer("scale_and_zero", "is missing"))?
-            .as_mut_slice::<bf16>()?;
+        let path = QParamsPath::for_input(T::DTYPE);
+        let (packed, sz) = output_slices(out)?;
         let eps = self.eps.get();
         let g = geo.group_size;
         let pad = quantize_group(path, &vec![0.0; g], eps, &mut vec![0u8; g]);
@@ -385,18 +388,8 @@ impl Int4TiledQuantizer {
         out: &mut [BufferMut<'_>],
     ) -> Result<()> {
         let geo = self.geometry(shape)?;
-        let path = if T::DTYPE == DType::BF16 {
-            QParamsPath::Bf16
-        } else {
-            QParamsPath::F32
-        };
-        let [packed, sz] = buffers_by_name_mut(out, ["packed_weight", "scale_and_zero"]);
-        let packed = packed
-            .ok_or_else(|| Error::buffer("packed_weight", "is missing"))?
-            .as_mut_slice::<i32>()?;
-        let sz = sz
-            .ok_or_else(|| Error::buffer("scale_and_zero", "is missing"))?
-            .as_mut_slice::<bf16>()?;
+        let path = QParamsPath::for_input(T::DTYPE);
+        let (packed, sz) = output_slices(out)?;
         let eps = self.eps.get();
         let (n_tiles, kp, g) = (geo.n_tiles(), geo.k_padded, geo.group_size);
         let groups = geo.groups();

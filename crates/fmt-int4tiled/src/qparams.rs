@@ -68,6 +68,24 @@ pub enum QParamsPath {
     F32,
 }
 
+impl QParamsPath {
+    /// The path for an input of `dtype` (bf16 -> `Bf16`, anything else -> `F32`).
+    ///
+    /// ```
+    /// use fmt_int4tiled::qparams::QParamsPath;
+    /// use quant_core::DType;
+    /// assert_eq!(QParamsPath::for_input(DType::BF16), QParamsPath::Bf16);
+    /// assert_eq!(QParamsPath::for_input(DType::F16), QParamsPath::F32);
+    /// ```
+    pub fn for_input(dtype: quant_core::DType) -> QParamsPath {
+        if dtype == quant_core::DType::BF16 {
+            QParamsPath::Bf16
+        } else {
+            QParamsPath::F32
+        }
+    }
+}
+
 /// Rounds to bf16 and back (what every eager bf16 op does to its result).
 #[inline(always)]
 pub fn rb(x: f32) -> f32 {

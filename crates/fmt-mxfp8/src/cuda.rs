@@ -12,7 +12,7 @@
 use quant_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use quant_core::cuda::{
     CudaFormat, DeviceBuffer, DeviceTensor, KernelSource, LaunchArgsExt, check_dense,
-    check_device_buffers, device_buffer_by_name, device_buffers_by_name_mut, dtype_suffix, grid_1d,
+    check_device_buffers, device_buffer_by_name, device_buffers_by_name_mut, dtype_suffix,
 };
 use quant_core::{Direction, Error, Format, Result, Shape};
 
@@ -38,12 +38,9 @@ static SOURCES: [KernelSource; 1] = [KERNELS];
 
 const THREADS: u32 = 256;
 
+/// A launch of this crate's kernels (`THREADS` = their `__launch_bounds__`).
 fn cfg(blocks: u64, sm: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (grid_1d(blocks, u64::from(sm) * 32), 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    }
+    quant_core::cuda::launch_1d(blocks, THREADS, sm)
 }
 
 impl CudaFormat for Mxfp8Quantizer {

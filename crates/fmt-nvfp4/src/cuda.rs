@@ -16,8 +16,7 @@
 use quant_core::cuda::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use quant_core::cuda::{
     CudaFormat, DeviceBuffer, DeviceQuantized, DeviceTensor, KernelSource, check_dense,
-    check_device_buffers, device_buffer_by_name, device_buffers_by_name_mut, dtype_suffix, grid_1d,
-    kernels,
+    check_device_buffers, device_buffer_by_name, device_buffers_by_name_mut, dtype_suffix, kernels,
 };
 use quant_core::parallel::AmaxReducer;
 use quant_core::{DType, Direction, Error, Format, Result, Shape};
@@ -48,12 +47,9 @@ static SOURCES: [KernelSource; 2] = [quant_core::cuda::CORE_KERNELS, KERNELS];
 
 const THREADS: u32 = 256;
 
+/// A launch of this crate's kernels (`THREADS` = their `__launch_bounds__`).
 fn cfg(blocks: u64, sm: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (grid_1d(blocks, u64::from(sm) * 32), 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    }
+    quant_core::cuda::launch_1d(blocks, THREADS, sm)
 }
 
 fn missing(n: &str) -> Error {

@@ -1,6 +1,6 @@
 //! The per-format device extension trait and the generic device entry points.
 
-use cudarc::driver::{CudaSlice, LaunchArgs, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::source::KernelSource;
 use super::tensor::{DeviceBuffer, DeviceQuantized, DeviceTensor};
@@ -197,6 +197,17 @@ impl<'a> LaunchArgsExt<'a> for LaunchArgs<'a> {
 /// least 1.
 pub fn grid_1d(blocks: u64, cap: u64) -> u32 {
     u32::try_from(blocks.clamp(1, cap.max(1))).unwrap_or(u32::MAX >> 1)
+}
+
+/// A 1-D launch of `blocks` blocks of `threads` threads (the kernel's
+/// `__launch_bounds__`), the grid capped at 32 blocks per SM of a device with `sm_count`
+/// SMs: the format kernels are grid-stride loops over the rest.
+pub fn launch_1d(blocks: u64, threads: u32, sm_count: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid_1d(blocks, u64::from(sm_count) * 32), 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// `usize` -> `u64` for kernel arguments.

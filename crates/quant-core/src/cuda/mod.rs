@@ -48,7 +48,7 @@ pub mod testing;
 pub use cudarc;
 pub use device::{CudaDevice, device_count, driver_available};
 pub use format::{
-    CudaFormat, LaunchArgsExt, check_dense, check_device_buffers, dtype_suffix, grid_1d,
+    CudaFormat, LaunchArgsExt, check_dense, check_device_buffers, dtype_suffix, grid_1d, launch_1d,
     quantize_device, quantize_device_reduced, u64_of,
 };
 #[cfg(feature = "nccl")]
