@@ -217,14 +217,7 @@ fn expert_shapes(dims: &[usize]) -> Result<Vec<Shape>> {
     let (&experts, member) = dims
         .split_first()
         .ok_or_else(|| Error::invalid("shape", "[]", "a grouped tensor needs dims [E, ...]"))?;
-    let max = quant_core::io::MAX_GROUP_MEMBERS;
-    if experts == 0 || experts > max {
-        return Err(Error::invalid(
-            "experts (dim 0)",
-            experts,
-            format!("must be between 1 and {max} (what a file can hold)"),
-        ));
-    }
+    quant_core::io::check_member_count("experts (dim 0)", experts)?;
     Ok(vec![Shape::new(member)?; experts])
 }
 

@@ -207,6 +207,26 @@ pub fn tensor_meta(s: &dyn Storage) -> Result<TensorMeta> {
     })
 }
 
+/// Checks that a grouped tensor of `n` members fits a file (`1..=MAX_GROUP_MEMBERS`);
+/// `arg` names the value in the error.
+///
+/// ```
+/// use quant_core::io::{MAX_GROUP_MEMBERS, check_member_count};
+/// assert!(check_member_count("experts", 8).is_ok());
+/// assert!(check_member_count("experts", 0).is_err());
+/// assert!(check_member_count("experts", MAX_GROUP_MEMBERS + 1).is_err());
+/// ```
+pub fn check_member_count(arg: &str, n: usize) -> Result<()> {
+    if n == 0 || n > MAX_GROUP_MEMBERS {
+        return Err(Error::invalid(
+            arg,
+            n,
+            format!("must be between 1 and {MAX_GROUP_MEMBERS}"),
+        ));
+    }
+    Ok(())
+}
+
 /// The metadata entry describing grouped tensor `g`.
 pub fn grouped_meta(g: &dyn GroupedStorage) -> Result<TensorMeta> {
     if g.num_members() > MAX_GROUP_MEMBERS {
@@ -566,13 +586,7 @@ pub fn load_grouped<S: Source + ?Sized>(
         .as_ref()
         .ok_or_else(|| Error::invalid("tensor", name, "is not grouped"))?;
     let n = gm.member_shapes.len();
-    if n == 0 || n > MAX_GROUP_MEMBERS {
-        return Err(Error::invalid(
-            "grouped members",
-            n,
-            format!("must be between 1 and {MAX_GROUP_MEMBERS}"),
-        ));
-    }
+    check_member_count("grouped members", n)?;
     // Cheap consistency checks before the per-member layout is built.
     if gm.element_offsets.len() != n + 1 {
         return Err(Error::invalid(

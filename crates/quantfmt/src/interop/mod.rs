@@ -409,8 +409,7 @@ impl LoadedFile {
 /// ```
 pub fn load_file(path: impl AsRef<std::path::Path>) -> Result<LoadedFile> {
     let path = path.as_ref();
-    let mut src = quant_core::io::reader::FileSource::open(path)?;
-    load_source(&mut src, &path.display().to_string())
+    load_source(&mut quant_core::io::reader::FileSource::open(path)?)
 }
 
 /// [`load_file`] on the bytes of a whole safetensors file already in memory (`name`
@@ -423,14 +422,14 @@ pub fn load_file(path: impl AsRef<std::path::Path>) -> Result<LoadedFile> {
 /// assert!(e.to_string().contains("download"));
 /// ```
 pub fn load_bytes(bytes: &[u8], name: &str) -> Result<LoadedFile> {
-    let mut src = quant_core::io::reader::SliceSource::new(name, bytes);
-    load_source(&mut src, name)
+    load_source(&mut quant_core::io::reader::SliceSource::new(name, bytes))
 }
 
-fn load_source<S: quant_core::io::reader::Source>(src: &mut S, name: &str) -> Result<LoadedFile> {
+/// Errors name the source as it describes itself (the path, or the caller's label).
+fn load_source<S: quant_core::io::reader::Source>(src: &mut S) -> Result<LoadedFile> {
     use quant_core::io::reader::{read_header, read_tensor};
+    let name = src.describe().to_string();
     let header = read_header(src)?;
-    let name = name.to_string();
     let native = quant_core::io::parse_meta(&name, &header)?.unwrap_or_default();
     let mut notes = Vec::new();
     let side = match Sidecar::from_metadata(&header.metadata) {
