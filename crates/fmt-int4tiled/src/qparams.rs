@@ -125,7 +125,7 @@ pub fn min_max(xs: &[f32]) -> (f32, f32) {
     let mut chunks = xs.chunks_exact(L);
     for c in &mut chunks {
         for (l, &x) in c.iter().enumerate() {
-            nan[l] |= x != x;
+            nan[l] |= x.is_nan();
             mn[l] = if x < mn[l] { x } else { mn[l] };
             mx[l] = if x > mx[l] { x } else { mx[l] };
         }
