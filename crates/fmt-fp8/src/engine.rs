@@ -30,6 +30,8 @@ pub(crate) const SLAB: usize = 128;
 const BLOCK: usize = 128;
 /// Columns per chunk (a multiple of [`BLOCK`]).
 pub(crate) const CHUNK: usize = 512;
+/// Rows ahead whose run of the chunk is prefetched.
+const AHEAD: usize = 2;
 
 /// How a slab is scaled.
 #[derive(Clone, Copy, Debug)]
@@ -100,12 +102,20 @@ pub(crate) fn run_slab<T: Element>(
     for c0 in (0..k).step_by(CHUNK) {
         let cw = CHUNK.min(k - c0);
         let seg = |r: usize| &x[r * k + c0..r * k + c0 + cw];
+        // Each row's run of the chunk is short (a few KiB) and starts a new stream, which
+        // the hardware prefetchers pick up late: fetch the run two rows ahead ourselves.
+        let prefetch = |r: usize| {
+            if r + AHEAD < rows {
+                quant_core::simd::prefetch(seg(r + AHEAD));
+            }
+        };
         let nb = cw.div_ceil(BLOCK);
         // Pass 1: the amaxes a block needs before its first element is encoded.
         match mode {
             Mode::TwoD => {
                 let mut amax = [0f32; CHUNK / BLOCK];
                 for r in 0..rows {
+                    prefetch(r);
                     for (a, b) in amax.iter_mut().zip(seg(r).chunks(BLOCK)) {
                         *a = fmax_ignore_nan(*a, amax_run(b));
                     }
@@ -118,6 +128,7 @@ pub(crate) fn run_slab<T: Element>(
                 let amax = &mut col_scale[..cw];
                 amax.fill(0.0);
                 for r in 0..rows {
+                    prefetch(r);
                     amax_cols(seg(r), amax);
                 }
                 for a in amax.iter_mut() {
@@ -128,7 +139,12 @@ pub(crate) fn run_slab<T: Element>(
         }
         // Pass 2: encode (the chunk is now in L2).
         let codes = &mut scratch.codes[..rows * cw];
+        let first_touch =
+            matches!(mode, Mode::Tensor(_)) || (matches!(mode, Mode::OneD) && job.col.is_none());
         for r in 0..rows {
+            if first_touch {
+                prefetch(r);
+            }
             let xr = seg(r);
             if let Some(rd) = job.row.as_deref_mut() {
                 let out = &mut rd[r * k + c0..r * k + c0 + cw];

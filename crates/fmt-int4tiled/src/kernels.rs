@@ -25,7 +25,7 @@
 
 use half::bf16;
 use quant_core::strips::Strip;
-use quant_core::{DType, Element};
+use quant_core::{DType, Element, widened};
 
 use crate::format::Geometry;
 use crate::layout::{K_TILE, LANES, N_TILE};
@@ -161,18 +161,6 @@ impl Scratch {
     }
 }
 
-/// `src` as f32: itself when it is f32 (no copy), else widened into `wide`.
-#[inline(always)]
-fn as_f32<'a, T: Element>(src: &'a [T], wide: &'a mut [f32]) -> &'a [f32] {
-    match bytemuck::try_cast_slice::<T, f32>(src) {
-        Ok(f) if T::DTYPE == DType::F32 => f,
-        _ => {
-            T::widen_slice(src, wide);
-            wide
-        }
-    }
-}
-
 /// Quantizes the n-tile `nt` of one expert (`x` is the expert's `[n, k]`) into its
 /// `k_padded` words and its scale/zero strip (`[groups][16]` bf16: 8 rows x (scale,
 /// zero)). `pad` is what an all-zero group gets.
@@ -197,7 +185,7 @@ pub(crate) fn quantize_tile<T: Element>(
             let u = &mut s.u[gi * g..(gi + 1) * g];
             let (scale, zero) = if n < geo.n && gi < logical {
                 let src = &x[n * geo.k + gi * g..n * geo.k + (gi + 1) * g];
-                let w = as_f32(src, &mut s.wide[..g]);
+                let w = widened(src, &mut s.wide[..g]);
                 let (mn, mx) = min_max(w);
                 let p = group_params(path, mn, mx, eps);
                 group_nibbles(path, w, &p, u);

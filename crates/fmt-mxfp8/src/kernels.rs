@@ -6,7 +6,7 @@
 use quant_core::codec::{e4m3, e5m2};
 use quant_core::layout::swizzled_index;
 use quant_core::strips::{Strip, column_strips};
-use quant_core::{Element, simd};
+use quant_core::{Element, simd, widened};
 use rayon::prelude::*;
 
 use crate::layout::{
@@ -220,6 +220,66 @@ pub(crate) fn quantize<T: Element>(
     Ok(())
 }
 
+/// Blocks per step of the rowwise-only path.
+const STEP: usize = 16;
+/// How far ahead (elements) the rowwise-only path prefetches its input.
+const PREFETCH: usize = 4 * STEP * BLOCK;
+
+/// Rowwise 1x32 only (the common case): row by row, [`STEP`] blocks at a time, in three
+/// passes over an L1-resident span: every block's key max, then every block's code and
+/// multiplier, then the encode. Separating the passes keeps the per-block scalar work
+/// (the E8M0 code) out of the vector loops, and f32 input is read in place (bf16 is
+/// widened once per span instead of once per block into a stack array the encoder then
+/// re-reads with wider loads).
+#[inline(always)]
+fn rowwise_only<T: Element>(
+    cfg: Cfg,
+    layout: ScaleLayout,
+    k: usize,
+    rstride: usize,
+    x: &[T],
+    rd: &mut [u8],
+    rs: &mut [u8],
+) {
+    let mut span = [0f32; STEP * BLOCK];
+    for (i, (xr, out)) in x.chunks_exact(k).zip(rd.chunks_exact_mut(k)).enumerate() {
+        for (si, (xs, os)) in xr
+            .chunks(STEP * BLOCK)
+            .zip(out.chunks_mut(STEP * BLOCK))
+            .enumerate()
+        {
+            let ahead = i * k + si * STEP * BLOCK + PREFETCH;
+            simd::prefetch(x.get(ahead..ahead + STEP * BLOCK).unwrap_or(&[]));
+            let w = widened(xs, &mut span[..xs.len()]);
+            let mut keys = [0u32; STEP];
+            for (key, b) in keys.iter_mut().zip(w.chunks_exact(BLOCK)) {
+                *key = key_max(cfg.rule, b);
+            }
+            let mut codes = [0u8; STEP];
+            let mut mults = [0f32; STEP];
+            for ((c, m), &key) in codes.iter_mut().zip(mults.iter_mut()).zip(&keys) {
+                *c = cfg.code(key);
+                *m = multiplier(*c);
+            }
+            for ((o, v), &m) in os
+                .chunks_exact_mut(BLOCK)
+                .zip(w.chunks_exact(BLOCK))
+                .zip(&mults)
+            {
+                encode_run(cfg, v, m, o);
+            }
+            let kb0 = si * STEP;
+            for (b, &code) in codes.iter().take(xs.len() / BLOCK).enumerate() {
+                let at = match layout {
+                    ScaleLayout::Compact => i * rstride + kb0 + b,
+                    ScaleLayout::Swizzled => swizzled_index(i, kb0 + b, rstride),
+                };
+                rs[at] = code;
+            }
+        }
+    }
+}
+
 /// Bytes of one 128x4 swizzle tile.
 const TILE_BYTES: usize = 512;
 
@@ -238,24 +298,7 @@ fn slab<T: Element>(
     let x = job.x;
     let groups = x.len() / (BLOCK * k);
     if let (None, false, Some((rd, rs))) = (job.col.as_ref(), two_d, job.row.as_mut()) {
-        // Rowwise 1x32 only: row by row, each block widened once on the stack.
-        let mut w = [0f32; BLOCK];
-        for (i, (xr, out)) in x.chunks_exact(k).zip(rd.chunks_exact_mut(k)).enumerate() {
-            for (kb, (xb, o)) in xr
-                .chunks_exact(BLOCK)
-                .zip(out.chunks_exact_mut(BLOCK))
-                .enumerate()
-            {
-                T::widen_slice(xb, &mut w);
-                let code = cfg.code(key_max(cfg.rule, &w));
-                encode_run(cfg, &w, multiplier(code), o);
-                let at = match layout {
-                    ScaleLayout::Compact => i * rstride + kb,
-                    ScaleLayout::Swizzled => swizzled_index(i, kb, rstride),
-                };
-                rs[at] = code;
-            }
-        }
+        rowwise_only(cfg, layout, k, rstride, x, rd, rs);
         return;
     }
     let mut col_key = [0u32; CHUNK];

@@ -42,6 +42,8 @@ const SLAB: usize = 128;
 const CHUNK: usize = 256;
 /// Blocks per chunk row.
 const NB: usize = CHUNK / BLOCK;
+/// Rows ahead whose run of the chunk is prefetched while widening.
+const AHEAD: usize = 4;
 /// Bytes of one 128x4 swizzle tile.
 const TILE_BYTES: usize = 512;
 
@@ -306,6 +308,12 @@ fn slab<T: Element>(
         let cw = CHUNK.min(k - c0);
         let nb = cw / BLOCK;
         for r in 0..rows {
+            // Each row's run of the chunk is short and starts a new stream, which the
+            // hardware prefetchers pick up late: fetch the run a few rows ahead.
+            if r + AHEAD < rows {
+                let ra = r + AHEAD;
+                simd::prefetch(&x[ra * k + c0..ra * k + c0 + cw]);
+            }
             T::widen_slice(
                 &x[r * k + c0..r * k + c0 + cw],
                 &mut s.wide[r * CHUNK..r * CHUNK + cw],

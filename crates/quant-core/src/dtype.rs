@@ -232,6 +232,30 @@ impl Element for f16 {
     }
 }
 
+/// `src` as f32 values: `src` itself when it is f32 (no copy), otherwise widened into
+/// `scratch` (same length). Kernels call this once per L1-sized span so that the f32
+/// path reads its input in place and the 16-bit paths widen in one vector loop.
+///
+/// ```
+/// use half::bf16;
+/// use quant_core::widened;
+/// let mut scratch = [0f32; 3];
+/// let xs = [1.5f32, -2.0, 0.25];
+/// assert_eq!(widened(&xs, &mut scratch), &xs);
+/// let bs = xs.map(bf16::from_f32);
+/// assert_eq!(widened(&bs, &mut scratch), &xs);
+/// ```
+#[inline(always)]
+pub fn widened<'a, T: Element>(src: &'a [T], scratch: &'a mut [f32]) -> &'a [f32] {
+    match bytemuck::try_cast_slice::<T, f32>(src) {
+        Ok(f) if T::DTYPE == DType::F32 => f,
+        _ => {
+            T::widen_slice(src, scratch);
+            scratch
+        }
+    }
+}
+
 /// f64 -> f32 *rounded to odd*: exact when representable, otherwise the value truncated
 /// toward zero with its last bit set. Rounding that result to nearest-even in any format
 /// with at least two fewer significand bits (bf16, f16) is then one correct rounding of
