@@ -650,7 +650,7 @@ impl Format for Int4TiledQuantizer {
                     simd::dispatch(
                         level,
                         #[inline(always)]
-                        || kernels::dequantize_rows(&geo, words, sz, n0, o, u),
+                        || kernels::dequantize_rows(level, &geo, words, sz, n0, o, u),
                     )
                 },
             );

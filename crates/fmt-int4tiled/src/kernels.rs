@@ -24,6 +24,7 @@
 //! [`crate::dequant`] for the f64 specification it equals).
 
 use half::bf16;
+use quant_core::simd::{self, Level};
 use quant_core::strips::Strip;
 use quant_core::{DType, Element, widened};
 
@@ -204,8 +205,13 @@ pub(crate) fn quantize_tile<T: Element>(
 
 /// Dequantizes rows `n0..n0+out.len()/k` of one expert (`words`, `sz` are the expert's)
 /// into `out` (`[rows, k]`). `u` is scratch of `k_padded` bytes.
+///
+/// A group's outputs take at most 16 values (one per nibble), so each group computes
+/// its table with the exact arithmetic of [`group_table`] and looks its nibbles up
+/// ([`simd::lut16`]: one register permute per 16 or 32 outputs at AVX-512).
 #[inline(always)]
 pub(crate) fn dequantize_rows<T: Element>(
+    level: Level,
     geo: &Geometry,
     words: &[i32],
     sz: &[bf16],
@@ -215,7 +221,6 @@ pub(crate) fn dequantize_rows<T: Element>(
 ) {
     let (k, g) = (geo.k, geo.group_size);
     let tile_words = geo.k_padded;
-    let mut w = [0f32; 256];
     for (r, row) in out.chunks_exact_mut(k).enumerate() {
         let n = n0 + r;
         let (nt, nr) = (n / N_TILE, n % N_TILE);
@@ -227,23 +232,32 @@ pub(crate) fn dequantize_rows<T: Element>(
         );
         for (gi, (o, ug)) in row.chunks_exact_mut(g).zip(u.chunks_exact(g)).enumerate() {
             let at = (gi * geo.n_padded + n) * 2;
-            let (s, z) = (sz[at].to_f32(), sz[at + 1].to_f32());
-            let w = &mut w[..g];
-            match T::DTYPE {
-                DType::F32 => {
-                    for (w, &u) in w.iter_mut().zip(ug) {
-                        *w = f32::from(i16::from(u) - 8) * s + z;
-                    }
-                }
-                _ => {
-                    for (w, &u) in w.iter_mut().zip(ug) {
-                        *w = round_odd_sum(f32::from(i16::from(u) - 8) * s, z);
-                    }
-                }
-            }
-            T::narrow_slice(w, o);
+            let table = group_table::<T>(sz[at].to_f32(), sz[at + 1].to_f32());
+            simd::lut16(level, &table, ug, o);
         }
     }
+}
+
+/// The 16 outputs of a group with scale `s` and zero `z`: `T((u - 8) * s + z)` rounded
+/// once (see the module docs).
+#[inline(always)]
+fn group_table<T: Element>(s: f32, z: f32) -> [T; 16] {
+    let mut w = [0f32; 16];
+    match T::DTYPE {
+        DType::F32 => {
+            for (u, w) in w.iter_mut().enumerate() {
+                *w = (u as f32 - 8.0) * s + z;
+            }
+        }
+        _ => {
+            for (u, w) in w.iter_mut().enumerate() {
+                *w = round_odd_sum((u as f32 - 8.0) * s, z);
+            }
+        }
+    }
+    let mut t = [T::from_f32(0.0); 16];
+    T::narrow_slice(&w, &mut t);
+    t
 }
 
 /// The exact `p + z` rounded to f32 with round-to-odd (non-finite sums as IEEE gives
