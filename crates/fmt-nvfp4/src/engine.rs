@@ -197,9 +197,22 @@ fn block_scales_each(amax: &[f32], s_enc: &[f32], s_dec: &[f32], sdb: &mut [u8],
     }
 }
 
-/// Branchless [`sr::stochastic_round_e2m1`] (same operations, selects for branches).
+/// The E2M1 code of [`sr::stochastic_round_e2m1`]`(v, r)`, computed directly.
+///
+/// Stochastic rounding lands exactly on the grid, so running the generic threshold
+/// encoder on its result repeats work: the code is already `floor(t / step_t)` offset by
+/// the region of `t` (`[0, 2)`: codes 0..3, `[2, 4)`: 4..5, `[4, inf)`: 6.., saturated
+/// at 7). `t` is the same fp32 value as in the rule; `t / step_t` is exact (power of two)
+/// and is clamped to 3 before the floor, which leaves `[0, 2)` and `[2, 4)` untouched
+/// and saturates `[8, inf]` to 7 like `fminf(q, 6)`. The small integer is read from the
+/// f32 bits after adding `2^23` (no float to int conversion). The sign is that of `v`,
+/// also on zero (`copysignf`); a NaN `v` (the only source of a NaN `t`) gives `+6`,
+/// code 7, as `fminf(NaN, 6)` with the `+` sign does. Every operation is a lane-wise select or arithmetic,
+/// so loops over it vectorize.
 #[inline(always)]
-fn sr_round(v: f32, r: u32) -> f32 {
+fn sr_code(v: f32, r: u32) -> u8 {
+    /// `2^23`: adding it to an integer in `[0, 2^23)` puts the integer in the low bits.
+    const MAGIC: f32 = 8_388_608.0;
     let u = (r & 0xFF) as f32 * (1.0 / 256.0);
     let a = v.abs();
     let step = if a >= 4.0 {
@@ -210,22 +223,16 @@ fn sr_round(v: f32, r: u32) -> f32 {
         0.5
     };
     let t = a + u * step;
-    let step_t = if t >= 4.0 {
-        2.0
+    let (inv, base) = if t >= 4.0 {
+        (0.5, MAGIC + 4.0)
     } else if t >= 2.0 {
-        1.0
+        (1.0, MAGIC + 2.0)
     } else {
-        0.5
+        (2.0, MAGIC)
     };
-    let inv = if t >= 4.0 {
-        0.5
-    } else if t >= 2.0 {
-        1.0
-    } else {
-        2.0
-    };
-    let q = ((t * inv).floor() * step_t).min(6.0f32);
-    q.copysign(if v.is_nan() { 1.0 } else { v })
+    let code = ((t * inv).min(3.0).floor() + base).to_bits() & 0x7;
+    let sign = (v.to_bits() >> 28) & 0x8;
+    if v.is_nan() { 0x7 } else { (code | sign) as u8 }
 }
 
 /// Philox4x32-10 of `N` counters at once (structure of arrays), the stream of
@@ -269,13 +276,18 @@ fn encode_pack_rn(v: &[f32], enc: f32, out: &mut [u8]) {
     }
 }
 
-/// Stochastic-rounding [`encode_pack_rn`]; `r` holds the 16 random bytes of the block.
+/// Stochastic-rounding [`encode_pack_rn`] of one block; `bits` are its four Philox
+/// words (element `e` takes byte `e % 4` of word `e / 4`, see [`sr::element_bits`]).
+/// The codes are computed for the whole block first, then packed, so both loops are
+/// straight-line lane-wise code.
 #[inline(always)]
-fn encode_pack_sr(v: &[f32], enc: f32, r: &[u8], out: &mut [u8]) {
-    for ((o, p), rb) in out.iter_mut().zip(v.chunks_exact(2)).zip(r.chunks_exact(2)) {
-        let lo = e2m1::encode(sr_round(p[0] * enc, u32::from(rb[0])));
-        let hi = e2m1::encode(sr_round(p[1] * enc, u32::from(rb[1])));
-        *o = e2m1::pack(lo, hi);
+fn encode_pack_sr(v: &[f32], enc: f32, bits: &[u32; 4], out: &mut [u8]) {
+    let mut codes = [0u8; BLOCK];
+    for (e, (c, &x)) in codes.iter_mut().zip(v).enumerate() {
+        *c = sr_code(x * enc, sr::element_bits(bits, e));
+    }
+    for (o, pair) in out.iter_mut().zip(codes.chunks_exact(2)) {
+        *o = e2m1::pack(pair[0], pair[1]);
     }
 }
 
@@ -399,20 +411,15 @@ fn rowwise_chunk(
                     sr::DIR_ROWWISE,
                     seed,
                 );
-                let mut rb = [0u8; CHUNK];
-                for b in 0..NB {
-                    for wi in 0..4 {
-                        rb[b * 16 + wi * 4..b * 16 + wi * 4 + 4]
-                            .copy_from_slice(&bits[wi][b].to_le_bytes());
-                    }
-                }
-                for (((o, v), &e), r) in out
+                let words: [[u32; 4]; NB] =
+                    std::array::from_fn(|b| [bits[0][b], bits[1][b], bits[2][b], bits[3][b]]);
+                for (((o, v), &e), wb) in out
                     .chunks_exact_mut(BLOCK / 2)
                     .zip(w.chunks_exact(BLOCK))
                     .zip(&enc)
-                    .zip(rb.chunks_exact(BLOCK))
+                    .zip(&words)
                 {
-                    encode_pack_sr(v, e, r, o);
+                    encode_pack_sr(v, e, wb, o);
                 }
             }
         }
@@ -601,7 +608,7 @@ fn columnwise_chunk(
                             .zip(&enc[..cw])
                             .zip(&bits[word][..cw])
                         {
-                            *c = e2m1::encode(sr_round(x * en, (bw >> shift) & 0xFF));
+                            *c = sr_code(x * en, (bw >> shift) & 0xFF);
                         }
                     }
                 }
@@ -812,4 +819,66 @@ pub(crate) fn amaxes<T: Element>(
     out.y = ay;
     out.cols = cols;
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Values around everything that matters to the rule: a dense grid over `[-8, 8]`,
+    /// both neighbours of every multiple of 1/64 there (grid points, region boundaries,
+    /// midpoints), specials, and a stride through all bit patterns.
+    fn probe_values() -> Vec<f32> {
+        let mut v: Vec<f32> = (-16384..=16384).map(|k| k as f32 / 2048.0).collect();
+        for k in -512..=512 {
+            let x = k as f32 / 64.0;
+            v.extend([x.next_up(), x.next_down()]);
+        }
+        v.extend([
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7FC0_1234),
+            f32::from_bits(0xFF80_0001),
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            f32::MIN_POSITIVE,
+            -f32::MIN_POSITIVE,
+            f32::from_bits(1),
+            f32::from_bits(0x8000_0001),
+            f32::MAX,
+            f32::MIN,
+            3.0e38,
+            -3.0e38,
+        ]);
+        v.extend((0..=u32::MAX / 4099).map(|i| f32::from_bits(i * 4099)));
+        v
+    }
+
+    #[test]
+    fn sr_code_equals_rule_then_encode() {
+        let values = probe_values();
+        for r in 0..256u32 {
+            for &v in &values {
+                let want = e2m1::encode(sr::stochastic_round_e2m1(v, r));
+                assert_eq!(
+                    sr_code(v, r),
+                    want,
+                    "v = {v:e} ({:#010x}), r = {r}",
+                    v.to_bits()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn sr_code_keeps_signed_zero_and_nan_rule() {
+        assert_eq!(sr_code(-0.0, 255), 0x8);
+        assert_eq!(sr_code(-0.1, 0), 0x8);
+        assert_eq!(sr_code(f32::NAN, 0), 0x7);
+        assert_eq!(sr_code(-f32::NAN, 255), 0x7);
+        assert_eq!(sr_code(f32::NEG_INFINITY, 0), 0xF);
+        assert_eq!(sr_code(-100.0, 3), 0xF);
+    }
 }
