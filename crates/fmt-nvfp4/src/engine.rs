@@ -276,19 +276,34 @@ fn encode_pack_rn(v: &[f32], enc: f32, out: &mut [u8]) {
     }
 }
 
-/// Stochastic-rounding [`encode_pack_rn`] of one block; `bits` are its four Philox
-/// words (element `e` takes byte `e % 4` of word `e / 4`, see [`sr::element_bits`]).
-/// The codes are computed for the whole block first, then packed, so both loops are
-/// straight-line lane-wise code.
+/// Stochastic-rounding [`encode_pack_rn`] of one block; `r` holds its 16 random bytes
+/// (element `e` takes byte `e`). The codes are computed for the whole block first, then
+/// packed, so both loops are straight-line lane-wise code.
 #[inline(always)]
-fn encode_pack_sr(v: &[f32], enc: f32, bits: &[u32; 4], out: &mut [u8]) {
+fn encode_pack_sr(v: &[f32], enc: f32, r: &[u8; BLOCK], out: &mut [u8]) {
     let mut codes = [0u8; BLOCK];
-    for (e, (c, &x)) in codes.iter_mut().zip(v).enumerate() {
-        *c = sr_code(x * enc, sr::element_bits(bits, e));
+    for ((c, &x), &rb) in codes.iter_mut().zip(v).zip(r) {
+        *c = sr_code(x * enc, u32::from(rb));
     }
     for (o, pair) in out.iter_mut().zip(codes.chunks_exact(2)) {
         *o = e2m1::pack(pair[0], pair[1]);
     }
+}
+
+/// The random bytes of each block from [`philox_lanes`]'s words (`bits[w][b]`: word `w`
+/// of block `b`): element `e` of a block takes byte `e % 4` of word `e / 4`, the layout
+/// of [`sr::element_bits`], which is the little-endian bytes of the block's four words
+/// in order. Materializing them lets the encoder load 16 bytes per block instead of
+/// gathering a word per element.
+#[inline(always)]
+fn block_bytes<const N: usize>(bits: &[[u32; N]; 4]) -> [[u8; BLOCK]; N] {
+    std::array::from_fn(|b| {
+        let mut out = [0u8; BLOCK];
+        for (o, w) in out.chunks_exact_mut(4).zip(bits) {
+            o.copy_from_slice(&w[b].to_le_bytes());
+        }
+        out
+    })
 }
 
 /// Position of rowwise scale `(i, b)` (local row `i` of a 128-row slab) in the slab's
@@ -411,15 +426,14 @@ fn rowwise_chunk(
                     sr::DIR_ROWWISE,
                     seed,
                 );
-                let words: [[u32; 4]; NB] =
-                    std::array::from_fn(|b| [bits[0][b], bits[1][b], bits[2][b], bits[3][b]]);
-                for (((o, v), &e), wb) in out
+                let bytes = block_bytes(&bits);
+                for (((o, v), &e), rb) in out
                     .chunks_exact_mut(BLOCK / 2)
                     .zip(w.chunks_exact(BLOCK))
                     .zip(&enc)
-                    .zip(&words)
+                    .zip(&bytes)
                 {
-                    encode_pack_sr(v, e, wb, o);
+                    encode_pack_sr(v, e, rb, o);
                 }
             }
         }
