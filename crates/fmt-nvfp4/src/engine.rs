@@ -200,72 +200,105 @@ fn block_scales_each(amax: &[f32], s_enc: &[f32], s_dec: &[f32], sdb: &mut [u8],
 /// The E2M1 code of [`sr::stochastic_round_e2m1`]`(v, r)`, computed directly.
 ///
 /// Stochastic rounding lands exactly on the grid, so running the generic threshold
-/// encoder on its result repeats work: the code is already `floor(t / step_t)` offset by
-/// the region of `t` (`[0, 2)`: codes 0..3, `[2, 4)`: 4..5, `[4, inf)`: 6.., saturated
-/// at 7). `t` is the same fp32 value as in the rule; `t / step_t` is exact (power of two)
-/// and is clamped to 3 before the floor, which leaves `[0, 2)` and `[2, 4)` untouched
-/// and saturates `[8, inf]` to 7 like `fminf(q, 6)`. The small integer is read from the
-/// f32 bits after adding `2^23` (no float to int conversion). The sign is that of `v`,
-/// also on zero (`copysignf`); a NaN `v` (the only source of a NaN `t`) gives `+6`,
-/// code 7, as `fminf(NaN, 6)` with the `+` sign does. Every operation is a lane-wise select or arithmetic,
-/// so loops over it vectorize.
+/// encoder on its result repeats work, and the rule's `floorf` is a library call where
+/// SSE4.1 is missing. `t = a + u * step` is the same fp32 value as in the rule (`u *
+/// step = r * (step / 256)`, exact either way); the rule then truncates `t` to the grid
+/// below it (spacing 0.5 under 2, 1 under 4, 2 above), and on that grid the code of
+/// `t >= 1` is its binary exponent and first mantissa bit, `(bits(t) >> 22) - 252`
+/// (`[1, 2)`: 2..3, `[2, 4)`: 4..5, `[4, 8)`: 6..7), saturated at 7 (`fminf(q, 6)`,
+/// also for `t = inf`). Below 1 the grid is `{0, 0.5}`: code `t >= 0.5`, which the `max`
+/// supplies (the exponent formula is `<= 1` there). The sign is that of `v`, also on
+/// zero (`copysignf`); a NaN `v` (the only source of a NaN `t`) gives `+6`, code 7, as
+/// `fminf(NaN, 6)` with the `+` sign does. Every operation is lane-wise arithmetic or a
+/// select, so loops over it vectorize.
 #[inline(always)]
 fn sr_code(v: f32, r: u32) -> u8 {
-    /// `2^23`: adding it to an integer in `[0, 2^23)` puts the integer in the low bits.
-    const MAGIC: f32 = 8_388_608.0;
-    let u = (r & 0xFF) as f32 * (1.0 / 256.0);
     let a = v.abs();
-    let step = if a >= 4.0 {
-        2.0
+    let jitter = if a >= 4.0 {
+        2.0 / 256.0
     } else if a >= 2.0 {
-        1.0
+        1.0 / 256.0
     } else {
-        0.5
+        0.5 / 256.0
     };
-    let t = a + u * step;
-    let (inv, base) = if t >= 4.0 {
-        (0.5, MAGIC + 4.0)
-    } else if t >= 2.0 {
-        (1.0, MAGIC + 2.0)
-    } else {
-        (2.0, MAGIC)
-    };
-    let code = ((t * inv).min(3.0).floor() + base).to_bits() & 0x7;
-    let sign = (v.to_bits() >> 28) & 0x8;
-    if v.is_nan() { 0x7 } else { (code | sign) as u8 }
+    let t = a + (r & 0xFF) as f32 * jitter;
+    let code = ((t.to_bits() >> 22) as i32 - 252)
+        .max(i32::from(t >= 0.5))
+        .min(7) as u8;
+    let sign = ((v.to_bits() >> 28) & 0x8) as u8;
+    if v.is_nan() { 0x7 } else { code | sign }
 }
 
-/// Philox4x32-10 of `N` counters at once (structure of arrays), the stream of
+/// Counters per [`philox_lanes`] call: the blocks of a chunk row (rowwise) or 16
+/// columns (columnwise).
+const LANES: usize = 16;
+
+/// [`LANES`] u32 words held two per u64 (lane `2j` low, `2j + 1` high), the layout a
+/// 32x32->64 vector multiply (`vpmuludq`, `pmuludq`) works on.
+type Pairs = [u64; LANES / 2];
+
+/// Packs lanes into [`Pairs`].
+#[inline(always)]
+fn to_pairs(x: &[u32; LANES]) -> Pairs {
+    std::array::from_fn(|j| u64::from(x[2 * j]) | (u64::from(x[2 * j + 1]) << 32))
+}
+
+/// Unpacks [`Pairs`] into lanes.
+#[inline(always)]
+fn from_pairs(p: &Pairs) -> [u32; LANES] {
+    std::array::from_fn(|l| (p[l / 2] >> (32 * (l % 2))) as u32)
+}
+
+/// `(hi, lo)` halves of `x * m` in every lane (`m < 2^32`). Multiplying the even and the
+/// odd lanes of each pair separately lets the compiler use one widening multiply per
+/// half vector, where a lane-wise `u64::from(x) * m` is widened and narrowed around it.
+#[inline(always)]
+fn mul_hi_lo(x: &Pairs, m: u64) -> (Pairs, Pairs) {
+    const LO: u64 = 0xFFFF_FFFF;
+    let mut hi = [0u64; LANES / 2];
+    let mut lo = [0u64; LANES / 2];
+    for ((h, l), &x) in hi.iter_mut().zip(lo.iter_mut()).zip(x) {
+        let even = (x & LO) * m;
+        let odd = (x >> 32) * m;
+        *h = (even >> 32) | (odd & !LO);
+        *l = (even & LO) | (odd << 32);
+    }
+    (hi, lo)
+}
+
+/// Philox4x32-10 of [`LANES`] counters at once (structure of arrays), the stream of
 /// [`sr::block_bits`]: `ctr = [block[l], row_lo[l], row_hi[l], dir]`.
 #[inline(always)]
-fn philox_lanes<const N: usize>(
-    block: &[u32; N],
-    row_lo: &[u32; N],
-    row_hi: &[u32; N],
+fn philox_lanes(
+    block: &[u32; LANES],
+    row_lo: &[u32; LANES],
+    row_hi: &[u32; LANES],
     dir: u32,
     seed: u64,
-) -> [[u32; N]; 4] {
+) -> [[u32; LANES]; 4] {
     const M0: u64 = 0xD251_1F53;
     const M1: u64 = 0xCD9E_8D57;
+    let splat = |w: u32| u64::from(w) | (u64::from(w) << 32);
     let (mut k0, mut k1) = (seed as u32, (seed >> 32) as u32);
-    let mut c = [*block, *row_lo, *row_hi, [dir; N]];
+    let mut c = [
+        to_pairs(block),
+        to_pairs(row_lo),
+        to_pairs(row_hi),
+        [splat(dir); LANES / 2],
+    ];
     for round in 0..10 {
         if round > 0 {
             k0 = k0.wrapping_add(0x9E37_79B9);
             k1 = k1.wrapping_add(0xBB67_AE85);
         }
-        let mut n = [[0u32; N]; 4];
-        for l in 0..N {
-            let p0 = M0 * u64::from(c[0][l]);
-            let p1 = M1 * u64::from(c[2][l]);
-            n[0][l] = (p1 >> 32) as u32 ^ c[1][l] ^ k0;
-            n[1][l] = p1 as u32;
-            n[2][l] = (p0 >> 32) as u32 ^ c[3][l] ^ k1;
-            n[3][l] = p0 as u32;
-        }
-        c = n;
+        let (hi0, lo0) = mul_hi_lo(&c[0], M0);
+        let (hi1, lo1) = mul_hi_lo(&c[2], M1);
+        let (kk0, kk1) = (splat(k0), splat(k1));
+        let n0: Pairs = std::array::from_fn(|j| hi1[j] ^ c[1][j] ^ kk0);
+        let n2: Pairs = std::array::from_fn(|j| hi0[j] ^ c[3][j] ^ kk1);
+        c = [n0, lo1, n2, lo0];
     }
-    c
+    c.map(|p| from_pairs(&p))
 }
 
 /// `out[j] = code(2j) | code(2j+1) << 4` for the codes of `v * enc`.
@@ -296,7 +329,7 @@ fn encode_pack_sr(v: &[f32], enc: f32, r: &[u8; BLOCK], out: &mut [u8]) {
 /// in order. Materializing them lets the encoder load 16 bytes per block instead of
 /// gathering a word per element.
 #[inline(always)]
-fn block_bytes<const N: usize>(bits: &[[u32; N]; 4]) -> [[u8; BLOCK]; N] {
+fn block_bytes(bits: &[[u32; LANES]; 4]) -> [[u8; BLOCK]; LANES] {
     std::array::from_fn(|b| {
         let mut out = [0u8; BLOCK];
         for (o, w) in out.chunks_exact_mut(4).zip(bits) {
@@ -882,6 +915,27 @@ mod tests {
                     "v = {v:e} ({:#010x}), r = {r}",
                     v.to_bits()
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn philox_lanes_equal_block_bits() {
+        for (seed, dir, row) in [
+            (0u64, sr::DIR_ROWWISE, 0u64),
+            (7, sr::DIR_COLUMNWISE, 12_345),
+            (u64::MAX, sr::DIR_ROWWISE, u64::MAX - 3),
+            (0x0123_4567_89AB_CDEF, sr::DIR_COLUMNWISE, 1 << 40),
+        ] {
+            let block: [u32; LANES] = std::array::from_fn(|l| (l as u32) * 0x9E37_79B9);
+            let lo: [u32; LANES] = std::array::from_fn(|l| row as u32 ^ l as u32);
+            let hi: [u32; LANES] = std::array::from_fn(|l| (row >> 32) as u32 + l as u32);
+            let got = philox_lanes(&block, &lo, &hi, dir, seed);
+            for l in 0..LANES {
+                let r = u64::from(lo[l]) | (u64::from(hi[l]) << 32);
+                let want = sr::block_bits(seed, dir, r, block[l]);
+                let lane = [got[0][l], got[1][l], got[2][l], got[3][l]];
+                assert_eq!(lane, want, "seed {seed} dir {dir} row {r} lane {l}");
             }
         }
     }
