@@ -233,41 +233,13 @@ fn sr_code(v: f32, r: u32) -> u8 {
 /// columns (columnwise).
 const LANES: usize = 16;
 
-/// [`LANES`] u32 words held two per u64 (lane `2j` low, `2j + 1` high), the layout a
-/// 32x32->64 vector multiply (`vpmuludq`, `pmuludq`) works on.
-type Pairs = [u64; LANES / 2];
-
-/// Packs lanes into [`Pairs`].
-#[inline(always)]
-fn to_pairs(x: &[u32; LANES]) -> Pairs {
-    std::array::from_fn(|j| u64::from(x[2 * j]) | (u64::from(x[2 * j + 1]) << 32))
-}
-
-/// Unpacks [`Pairs`] into lanes.
-#[inline(always)]
-fn from_pairs(p: &Pairs) -> [u32; LANES] {
-    std::array::from_fn(|l| (p[l / 2] >> (32 * (l % 2))) as u32)
-}
-
-/// `(hi, lo)` halves of `x * m` in every lane (`m < 2^32`). Multiplying the even and the
-/// odd lanes of each pair separately lets the compiler use one widening multiply per
-/// half vector, where a lane-wise `u64::from(x) * m` is widened and narrowed around it.
-#[inline(always)]
-fn mul_hi_lo(x: &Pairs, m: u64) -> (Pairs, Pairs) {
-    const LO: u64 = 0xFFFF_FFFF;
-    let mut hi = [0u64; LANES / 2];
-    let mut lo = [0u64; LANES / 2];
-    for ((h, l), &x) in hi.iter_mut().zip(lo.iter_mut()).zip(x) {
-        let even = (x & LO) * m;
-        let odd = (x >> 32) * m;
-        *h = (even >> 32) | (odd & !LO);
-        *l = (even & LO) | (odd << 32);
-    }
-    (hi, lo)
-}
-
 /// Philox4x32-10 of [`LANES`] counters at once (structure of arrays), the stream of
 /// [`sr::block_bits`]: `ctr = [block[l], row_lo[l], row_hi[l], dir]`.
+///
+/// The state words live in u64 lanes whose low 32 bits are the word; the high bits are
+/// left as whatever the last product or XOR put there, since nothing reads them: every
+/// multiply masks its operand to 32 bits (so it is one widening `vpmuludq`, with no
+/// narrowing and re-widening between rounds) and the result is truncated at the end.
 #[inline(always)]
 fn philox_lanes(
     block: &[u32; LANES],
@@ -278,27 +250,32 @@ fn philox_lanes(
 ) -> [[u32; LANES]; 4] {
     const M0: u64 = 0xD251_1F53;
     const M1: u64 = 0xCD9E_8D57;
-    let splat = |w: u32| u64::from(w) | (u64::from(w) << 32);
+    const LO: u64 = 0xFFFF_FFFF;
     let (mut k0, mut k1) = (seed as u32, (seed >> 32) as u32);
     let mut c = [
-        to_pairs(block),
-        to_pairs(row_lo),
-        to_pairs(row_hi),
-        [splat(dir); LANES / 2],
+        block.map(u64::from),
+        row_lo.map(u64::from),
+        row_hi.map(u64::from),
+        [u64::from(dir); LANES],
     ];
     for round in 0..10 {
         if round > 0 {
             k0 = k0.wrapping_add(0x9E37_79B9);
             k1 = k1.wrapping_add(0xBB67_AE85);
         }
-        let (hi0, lo0) = mul_hi_lo(&c[0], M0);
-        let (hi1, lo1) = mul_hi_lo(&c[2], M1);
-        let (kk0, kk1) = (splat(k0), splat(k1));
-        let n0: Pairs = std::array::from_fn(|j| hi1[j] ^ c[1][j] ^ kk0);
-        let n2: Pairs = std::array::from_fn(|j| hi0[j] ^ c[3][j] ^ kk1);
-        c = [n0, lo1, n2, lo0];
+        let (kk0, kk1) = (u64::from(k0), u64::from(k1));
+        let mut n = [[0u64; LANES]; 4];
+        for l in 0..LANES {
+            let p0 = (c[0][l] & LO) * M0;
+            let p1 = (c[2][l] & LO) * M1;
+            n[0][l] = (p1 >> 32) ^ c[1][l] ^ kk0;
+            n[1][l] = p1;
+            n[2][l] = (p0 >> 32) ^ c[3][l] ^ kk1;
+            n[3][l] = p0;
+        }
+        c = n;
     }
-    c.map(|p| from_pairs(&p))
+    c.map(|w| w.map(|x| x as u32))
 }
 
 /// `out[j] = code(2j) | code(2j+1) << 4` for the codes of `v * enc`.
