@@ -199,68 +199,85 @@ fn block_scales_each(amax: &[f32], s_enc: &[f32], s_dec: &[f32], sdb: &mut [u8],
     }
 }
 
-/// Branchless [`sr::stochastic_round_e2m1`] (same operations, selects for branches).
+/// The E2M1 code of [`sr::stochastic_round_e2m1`]`(v, r)`, computed directly.
+///
+/// Stochastic rounding lands exactly on the grid, so running the generic threshold
+/// encoder on its result repeats work, and the rule's `floorf` is a library call where
+/// SSE4.1 is missing. `t = a + u * step` is the same fp32 value as in the rule (`u *
+/// step = r * (step / 256)`, exact either way); the rule then truncates `t` to the grid
+/// below it (spacing 0.5 under 2, 1 under 4, 2 above), and on that grid the code of
+/// `t >= 1` is its binary exponent and first mantissa bit, `(bits(t) >> 22) - 252`
+/// (`[1, 2)`: 2..3, `[2, 4)`: 4..5, `[4, 8)`: 6..7), saturated at 7 (`fminf(q, 6)`,
+/// also for `t = inf`). Below 1 the grid is `{0, 0.5}`: code `t >= 0.5`, which the `max`
+/// supplies (the exponent formula is `<= 1` there). The sign is that of `v`, also on
+/// zero (`copysignf`); a NaN `v` (the only source of a NaN `t`) gives `+6`, code 7, as
+/// `fminf(NaN, 6)` with the `+` sign does. Every operation is lane-wise arithmetic or a
+/// select, so loops over it vectorize.
 #[inline(always)]
-fn sr_round(v: f32, r: u32) -> f32 {
-    let u = (r & 0xFF) as f32 * (1.0 / 256.0);
+fn sr_code(v: f32, r: u32) -> u8 {
     let a = v.abs();
-    let step = if a >= 4.0 {
-        2.0
+    let jitter = if a >= 4.0 {
+        2.0 / 256.0
     } else if a >= 2.0 {
-        1.0
+        1.0 / 256.0
     } else {
-        0.5
+        0.5 / 256.0
     };
-    let t = a + u * step;
-    let step_t = if t >= 4.0 {
-        2.0
-    } else if t >= 2.0 {
-        1.0
-    } else {
-        0.5
-    };
-    let inv = if t >= 4.0 {
-        0.5
-    } else if t >= 2.0 {
-        1.0
-    } else {
-        2.0
-    };
-    let q = ((t * inv).floor() * step_t).min(6.0f32);
-    q.copysign(if v.is_nan() { 1.0 } else { v })
+    let t = a + (r & 0xFF) as f32 * jitter;
+    let code = ((t.to_bits() >> 22) as i32 - 252)
+        .max(i32::from(t >= 0.5))
+        .min(7) as u8;
+    let sign = ((v.to_bits() >> 28) & 0x8) as u8;
+    if v.is_nan() { 0x7 } else { code | sign }
 }
 
-/// Philox4x32-10 of `N` counters at once (structure of arrays), the stream of
+/// Counters per [`philox_lanes`] call: the blocks of a chunk row (rowwise) or 16
+/// columns (columnwise).
+const LANES: usize = 16;
+
+/// Philox4x32-10 of [`LANES`] counters at once (structure of arrays), the stream of
 /// [`sr::block_bits`]: `ctr = [block[l], row_lo[l], row_hi[l], dir]`.
+///
+/// The state words live in u64 lanes whose low 32 bits are the word; the high bits are
+/// left as whatever the last product or XOR put there, since nothing reads them: every
+/// multiply masks its operand to 32 bits (so it is one widening `vpmuludq`, with no
+/// narrowing and re-widening between rounds) and the result is truncated at the end.
 #[inline(always)]
-fn philox_lanes<const N: usize>(
-    block: &[u32; N],
-    row_lo: &[u32; N],
-    row_hi: &[u32; N],
+fn philox_lanes(
+    block: &[u32; LANES],
+    row_lo: &[u32; LANES],
+    row_hi: &[u32; LANES],
     dir: u32,
     seed: u64,
-) -> [[u32; N]; 4] {
+) -> [[u32; LANES]; 4] {
     const M0: u64 = 0xD251_1F53;
     const M1: u64 = 0xCD9E_8D57;
+    const LO: u64 = 0xFFFF_FFFF;
     let (mut k0, mut k1) = (seed as u32, (seed >> 32) as u32);
-    let mut c = [*block, *row_lo, *row_hi, [dir; N]];
+    let mut c = [
+        block.map(u64::from),
+        row_lo.map(u64::from),
+        row_hi.map(u64::from),
+        [u64::from(dir); LANES],
+    ];
     for round in 0..10 {
         if round > 0 {
             k0 = k0.wrapping_add(0x9E37_79B9);
             k1 = k1.wrapping_add(0xBB67_AE85);
         }
-        let mut n = [[0u32; N]; 4];
-        for l in 0..N {
-            let p0 = M0 * u64::from(c[0][l]);
-            let p1 = M1 * u64::from(c[2][l]);
-            n[0][l] = (p1 >> 32) as u32 ^ c[1][l] ^ k0;
-            n[1][l] = p1 as u32;
-            n[2][l] = (p0 >> 32) as u32 ^ c[3][l] ^ k1;
-            n[3][l] = p0 as u32;
+        let (kk0, kk1) = (u64::from(k0), u64::from(k1));
+        let mut n = [[0u64; LANES]; 4];
+        for l in 0..LANES {
+            let p0 = (c[0][l] & LO) * M0;
+            let p1 = (c[2][l] & LO) * M1;
+            n[0][l] = (p1 >> 32) ^ c[1][l] ^ kk0;
+            n[1][l] = p1;
+            n[2][l] = (p0 >> 32) ^ c[3][l] ^ kk1;
+            n[3][l] = p0;
         }
         c = n;
     }
-    c
+    c.map(|w| w.map(|x| x as u32))
 }
 
 /// `out[j] = code(2j) | code(2j+1) << 4` for the codes of `v * enc`.
@@ -271,14 +288,34 @@ fn encode_pack_rn(v: &[f32], enc: f32, out: &mut [u8]) {
     }
 }
 
-/// Stochastic-rounding [`encode_pack_rn`]; `r` holds the 16 random bytes of the block.
+/// Stochastic-rounding [`encode_pack_rn`] of one block; `r` holds its 16 random bytes
+/// (element `e` takes byte `e`). The codes are computed for the whole block first, then
+/// packed, so both loops are straight-line lane-wise code.
 #[inline(always)]
-fn encode_pack_sr(v: &[f32], enc: f32, r: &[u8], out: &mut [u8]) {
-    for ((o, p), rb) in out.iter_mut().zip(v.chunks_exact(2)).zip(r.chunks_exact(2)) {
-        let lo = e2m1::encode(sr_round(p[0] * enc, u32::from(rb[0])));
-        let hi = e2m1::encode(sr_round(p[1] * enc, u32::from(rb[1])));
-        *o = e2m1::pack(lo, hi);
+fn encode_pack_sr(v: &[f32], enc: f32, r: &[u8; BLOCK], out: &mut [u8]) {
+    let mut codes = [0u8; BLOCK];
+    for ((c, &x), &rb) in codes.iter_mut().zip(v).zip(r) {
+        *c = sr_code(x * enc, u32::from(rb));
     }
+    for (o, pair) in out.iter_mut().zip(codes.chunks_exact(2)) {
+        *o = e2m1::pack(pair[0], pair[1]);
+    }
+}
+
+/// The random bytes of each block from [`philox_lanes`]'s words (`bits[w][b]`: word `w`
+/// of block `b`): element `e` of a block takes byte `e % 4` of word `e / 4`, the layout
+/// of [`sr::element_bits`], which is the little-endian bytes of the block's four words
+/// in order. Materializing them lets the encoder load 16 bytes per block instead of
+/// gathering a word per element.
+#[inline(always)]
+fn block_bytes(bits: &[[u32; LANES]; 4]) -> [[u8; BLOCK]; LANES] {
+    std::array::from_fn(|b| {
+        let mut out = [0u8; BLOCK];
+        for (o, w) in out.chunks_exact_mut(4).zip(bits) {
+            o.copy_from_slice(&w[b].to_le_bytes());
+        }
+        out
+    })
 }
 
 /// Position of rowwise scale `(i, b)` (local row `i` of a 128-row slab) in the slab's
@@ -407,20 +444,14 @@ fn rowwise_chunk(
                     sr::DIR_ROWWISE,
                     seed,
                 );
-                let mut rb = [0u8; CHUNK];
-                for b in 0..NB {
-                    for wi in 0..4 {
-                        rb[b * 16 + wi * 4..b * 16 + wi * 4 + 4]
-                            .copy_from_slice(&bits[wi][b].to_le_bytes());
-                    }
-                }
-                for (((o, v), &e), r) in out
+                let bytes = block_bytes(&bits);
+                for (((o, v), &e), rb) in out
                     .chunks_exact_mut(BLOCK / 2)
                     .zip(w.chunks_exact(BLOCK))
                     .zip(&enc)
-                    .zip(rb.chunks_exact(BLOCK))
+                    .zip(&bytes)
                 {
-                    encode_pack_sr(v, e, r, o);
+                    encode_pack_sr(v, e, rb, o);
                 }
             }
         }
@@ -609,7 +640,7 @@ fn columnwise_chunk(
                             .zip(&enc[..cw])
                             .zip(&bits[word][..cw])
                         {
-                            *c = e2m1::encode(sr_round(x * en, (bw >> shift) & 0xFF));
+                            *c = sr_code(x * en, (bw >> shift) & 0xFF);
                         }
                     }
                 }
@@ -820,4 +851,87 @@ pub(crate) fn amaxes<T: Element>(
     out.y = ay;
     out.cols = cols;
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Values around everything that matters to the rule: a dense grid over `[-8, 8]`,
+    /// both neighbours of every multiple of 1/64 there (grid points, region boundaries,
+    /// midpoints), specials, and a stride through all bit patterns.
+    fn probe_values() -> Vec<f32> {
+        let mut v: Vec<f32> = (-16384..=16384).map(|k| k as f32 / 2048.0).collect();
+        for k in -512..=512 {
+            let x = k as f32 / 64.0;
+            v.extend([x.next_up(), x.next_down()]);
+        }
+        v.extend([
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7FC0_1234),
+            f32::from_bits(0xFF80_0001),
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            f32::MIN_POSITIVE,
+            -f32::MIN_POSITIVE,
+            f32::from_bits(1),
+            f32::from_bits(0x8000_0001),
+            f32::MAX,
+            f32::MIN,
+            3.0e38,
+            -3.0e38,
+        ]);
+        v.extend((0..=u32::MAX / 4099).map(|i| f32::from_bits(i * 4099)));
+        v
+    }
+
+    #[test]
+    fn sr_code_equals_rule_then_encode() {
+        let values = probe_values();
+        for r in 0..256u32 {
+            for &v in &values {
+                let want = e2m1::encode(sr::stochastic_round_e2m1(v, r));
+                assert_eq!(
+                    sr_code(v, r),
+                    want,
+                    "v = {v:e} ({:#010x}), r = {r}",
+                    v.to_bits()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn philox_lanes_equal_block_bits() {
+        for (seed, dir, row) in [
+            (0u64, sr::DIR_ROWWISE, 0u64),
+            (7, sr::DIR_COLUMNWISE, 12_345),
+            (u64::MAX, sr::DIR_ROWWISE, u64::MAX - 3),
+            (0x0123_4567_89AB_CDEF, sr::DIR_COLUMNWISE, 1 << 40),
+        ] {
+            let block: [u32; LANES] = std::array::from_fn(|l| (l as u32) * 0x9E37_79B9);
+            let lo: [u32; LANES] = std::array::from_fn(|l| row as u32 ^ l as u32);
+            let hi: [u32; LANES] = std::array::from_fn(|l| (row >> 32) as u32 + l as u32);
+            let got = philox_lanes(&block, &lo, &hi, dir, seed);
+            for l in 0..LANES {
+                let r = u64::from(lo[l]) | (u64::from(hi[l]) << 32);
+                let want = sr::block_bits(seed, dir, r, block[l]);
+                let lane = [got[0][l], got[1][l], got[2][l], got[3][l]];
+                assert_eq!(lane, want, "seed {seed} dir {dir} row {r} lane {l}");
+            }
+        }
+    }
+
+    #[test]
+    fn sr_code_keeps_signed_zero_and_nan_rule() {
+        assert_eq!(sr_code(-0.0, 255), 0x8);
+        assert_eq!(sr_code(-0.1, 0), 0x8);
+        assert_eq!(sr_code(f32::NAN, 0), 0x7);
+        assert_eq!(sr_code(-f32::NAN, 255), 0x7);
+        assert_eq!(sr_code(f32::NEG_INFINITY, 0), 0xF);
+        assert_eq!(sr_code(-100.0, 3), 0xF);
+    }
 }
