@@ -9,7 +9,8 @@ same shape, every peer that is importable:
   and NVFP4 (E4M3 per 16 + E2M1 packed two per byte), int4 per-group qparams + nibble
   packing (torchao's math, without the tile permutation);
 * torch, when installed: f32 -> float8_e4m3fn `copy_`, `_convert_weight_to_int4pack_for_cpu`;
-* torchao, when installed: `to_mx` (MXFP8) and `NVFP4Tensor.to_nvfp4`, eager.
+* torchao, when installed: `to_mx` (MXFP8) eager and under `torch.compile` (the issue's best
+  CPU peer), and `NVFP4Tensor.to_nvfp4`, eager.
 
 Peers are optional and never needed by `cargo test`; a missing one is reported as
 skipped. Every number is GB/s of input read for quantize and of output written for
@@ -150,6 +151,16 @@ def torch_peers(x32):
             out.append(("mxfp8", "quantize", dt, "torchao to_mx", lambda t=t: to_mx(t, torch.float8_e4m3fn, 32), t.numel() * t.element_size()))
     except Exception as e:  # noqa: BLE001 - any import problem means: no peer
         print(f"skipped: torchao to_mx ({e})", file=sys.stderr)
+    else:
+        # The best CPU peer: to_mx under torch.compile (Inductor's C++ backend).
+        # Compiled and run once here, so compile time and failures stay out of the timing.
+        try:
+            compiled = torch.compile(to_mx)
+            for dt, t in (("f32", t32), ("bf16", tbf)):
+                compiled(t, torch.float8_e4m3fn, 32)
+                out.append(("mxfp8", "quantize", dt, "torch.compile(to_mx)", lambda t=t: compiled(t, torch.float8_e4m3fn, 32), t.numel() * t.element_size()))
+        except Exception as e:  # noqa: BLE001 - no compiler, unsupported op: no peer
+            print(f"skipped: torch.compile(to_mx) ({e})", file=sys.stderr)
     try:
         from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
 
