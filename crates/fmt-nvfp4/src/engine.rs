@@ -912,9 +912,10 @@ mod tests {
             (u64::MAX, sr::DIR_ROWWISE, u64::MAX - 3),
             (0x0123_4567_89AB_CDEF, sr::DIR_COLUMNWISE, 1 << 40),
         ] {
-            let block: [u32; LANES] = std::array::from_fn(|l| (l as u32) * 0x9E37_79B9);
+            let block: [u32; LANES] = std::array::from_fn(|l| (l as u32).wrapping_mul(0x9E37_79B9));
             let lo: [u32; LANES] = std::array::from_fn(|l| row as u32 ^ l as u32);
-            let hi: [u32; LANES] = std::array::from_fn(|l| (row >> 32) as u32 + l as u32);
+            let hi: [u32; LANES] =
+                std::array::from_fn(|l| ((row >> 32) as u32).wrapping_add(l as u32));
             let got = philox_lanes(&block, &lo, &hi, dir, seed);
             for l in 0..LANES {
                 let r = u64::from(lo[l]) | (u64::from(hi[l]) << 32);
