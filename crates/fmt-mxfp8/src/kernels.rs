@@ -4,14 +4,13 @@
 //! so one well-tested function owns the swizzle.
 
 use quant_core::codec::{e4m3, e5m2};
-use quant_core::layout::swizzled_index;
 use quant_core::strips::{Strip, column_strips};
 use quant_core::{Element, simd, widened};
 use rayon::prelude::*;
 
 use crate::layout::{
-    ScaleLayout, columnwise_scale_index, columnwise_scale_shape, rowwise_scale_index,
-    rowwise_scale_shape,
+    ScaleLayout, columnwise_scale_index, columnwise_scale_shape, rowwise_scale_at,
+    rowwise_scale_index, rowwise_scale_shape,
 };
 use crate::scale::{BLOCK, Mxfp8Dtype, ScaleRule, multiplier, scale};
 
@@ -270,11 +269,7 @@ fn rowwise_only<T: Element>(
             }
             let kb0 = si * STEP;
             for (b, &code) in codes.iter().take(xs.len() / BLOCK).enumerate() {
-                let at = match layout {
-                    ScaleLayout::Compact => i * rstride + kb0 + b,
-                    ScaleLayout::Swizzled => swizzled_index(i, kb0 + b, rstride),
-                };
-                rs[at] = code;
+                rs[rowwise_scale_at(layout, i, kb0 + b, rstride)] = code;
             }
         }
     }
@@ -377,12 +372,7 @@ fn slab<T: Element>(
                             },
                             o,
                         );
-                        let kb = c0 / BLOCK + b;
-                        let at = match layout {
-                            ScaleLayout::Compact => i * rstride + kb,
-                            ScaleLayout::Swizzled => swizzled_index(i, kb, rstride),
-                        };
-                        rs[at] = code;
+                        rs[rowwise_scale_at(layout, i, c0 / BLOCK + b, rstride)] = code;
                     }
                 }
                 if let Some((cd, _)) = job.col.as_mut() {

@@ -114,6 +114,19 @@ pub const fn rowwise_scale_index(
     kb: usize,
 ) -> usize {
     let [_, stride] = rowwise_scale_shape(m, k);
+    rowwise_scale_at(layout, row, kb, stride)
+}
+
+/// [`rowwise_scale_index`] from the scale buffer's row stride (`roundup(K/32, 4)`). The
+/// quantize kernels use it with rows local to their 128-row slab, whose scales are a
+/// whole number of 128-row swizzle tiles, so local and global positions agree.
+#[inline]
+pub(crate) const fn rowwise_scale_at(
+    layout: ScaleLayout,
+    row: usize,
+    kb: usize,
+    stride: usize,
+) -> usize {
     match layout {
         ScaleLayout::Compact => row * stride + kb,
         ScaleLayout::Swizzled => swizzled_index(row, kb, stride),

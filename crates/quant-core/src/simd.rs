@@ -283,9 +283,7 @@ mod x86 {
             }
             i += 16;
         }
-        for (o, &c) in out[i..n].iter_mut().zip(&idx[i..n]) {
-            *o = table[usize::from(c & 15)];
-        }
+        super::lut16_scalar(table, &idx[i..n], &mut out[i..n]);
     }
 
     /// `out[i] = table[idx[i]]` for 16-bit entries, 32 at a time with `vpermw`.
@@ -315,9 +313,7 @@ mod x86 {
             }
             i += 32;
         }
-        for (o, &c) in out[i..n].iter_mut().zip(&idx[i..n]) {
-            *o = table[usize::from(c & 15)];
-        }
+        super::lut16_scalar(table, &idx[i..n], &mut out[i..n]);
     }
 
     /// `f` compiled with AVX2 + FMA and friends.
@@ -393,7 +389,7 @@ pub fn transpose_bytes(
 
 /// `out[i] = table[idx[i] & 15]` for `i < min(idx.len(), out.len())`: a 16-entry table
 /// lookup, for decoders whose outputs take at most 16 values per block (a 4-bit code
-/// under one scale: int4 groups, NVFP4 blocks). Compute the table once per block with
+/// under one scale, as in the int4tiled dequantizer's groups). Compute the table once per block with
 /// the exact scalar arithmetic, then look every element up: at [`Level::Avx512`] one
 /// register permute per 16 (32-bit) or 32 (16-bit) elements; elsewhere a plain loop.
 /// The result never depends on the level.
@@ -437,6 +433,12 @@ pub fn lut16<T: bytemuck::Pod>(level: Level, table: &[T; 16], idx: &[u8], out: &
         }
     }
     let _ = level;
+    lut16_scalar(table, idx, out);
+}
+
+/// [`lut16`] one element at a time: the portable body and the vector kernels' tails.
+#[inline(always)]
+fn lut16_scalar<T: Copy>(table: &[T; 16], idx: &[u8], out: &mut [T]) {
     for (o, &c) in out.iter_mut().zip(idx) {
         *o = table[usize::from(c & 15)];
     }
