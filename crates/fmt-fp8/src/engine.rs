@@ -110,8 +110,9 @@ pub(crate) fn run_slab<T: Element>(
             }
         };
         let nb = cw.div_ceil(BLOCK);
-        // Pass 1: the amaxes a block needs before its first element is encoded.
-        match mode {
+        // Pass 1: the amaxes a block needs before its first element is encoded. Whether
+        // it ran decides who reads the chunk from memory first (and so prefetches).
+        let first_touch = match mode {
             Mode::TwoD => {
                 let mut amax = [0f32; CHUNK / BLOCK];
                 for r in 0..rows {
@@ -123,6 +124,7 @@ pub(crate) fn run_slab<T: Element>(
                 for (s, &a) in tile_scale.iter_mut().zip(&amax[..nb]) {
                     *s = scale_of(a);
                 }
+                false
             }
             Mode::OneD if job.col.is_some() => {
                 let amax = &mut col_scale[..cw];
@@ -134,13 +136,12 @@ pub(crate) fn run_slab<T: Element>(
                 for a in amax.iter_mut() {
                     *a = scale_of(*a);
                 }
+                false
             }
-            _ => {}
-        }
-        // Pass 2: encode (the chunk is now in L2).
+            _ => true,
+        };
+        // Pass 2: encode (the chunk is now in L2 unless this is its first touch).
         let codes = &mut scratch.codes[..rows * cw];
-        let first_touch =
-            matches!(mode, Mode::Tensor(_)) || (matches!(mode, Mode::OneD) && job.col.is_none());
         for r in 0..rows {
             if first_touch {
                 prefetch(r);

@@ -1,5 +1,6 @@
 //! The inner loops shared by both FP8 recipes, written to vectorize: each block of input
-//! is widened to f32 once, scaled with one multiply, and encoded branchlessly; decoding
+//! is read as f32 ([`quant_core::widened`]: in place for f32, widened once for 16-bit
+//! input), scaled with one multiply, and encoded branchlessly; decoding
 //! is a bit trick ([`e4m3::decode_fast`]), not a table gather.
 //!
 //! Every function here is `#[inline(always)]`: the recipes call them inside
@@ -7,9 +8,9 @@
 //! dispatched vector width (SSE2, AVX2 or AVX-512). The results are the same bits at every
 //! width (no fused multiply-add, no reassociation); `tests/simd_levels.rs` checks it.
 
-use quant_core::Element;
 use quant_core::codec::{e4m3, e5m2};
 use quant_core::cpu::{BLOCK, amax_f32, fmax_nan_loses};
+use quant_core::{Element, widened};
 
 use crate::scale::Fp8Dtype;
 
@@ -36,9 +37,7 @@ pub(crate) fn encode_f32(dt: Fp8Dtype, src: &[f32], scale: f32, dst: &mut [u8]) 
 pub(crate) fn encode_scaled<T: Element>(dt: Fp8Dtype, src: &[T], scale: f32, dst: &mut [u8]) {
     let mut buf = [0f32; BLOCK];
     for (s, d) in src.chunks(BLOCK).zip(dst.chunks_mut(BLOCK)) {
-        let w = &mut buf[..s.len()];
-        T::widen_slice(s, w);
-        encode_f32(dt, w, scale, d);
+        encode_f32(dt, widened(s, &mut buf[..s.len()]), scale, d);
     }
 }
 
@@ -51,8 +50,7 @@ pub(crate) fn encode_cols<T: Element>(dt: Fp8Dtype, src: &[T], scale: &[f32], ds
         .zip(dst.chunks_mut(BLOCK))
         .zip(scale.chunks(BLOCK))
     {
-        let w = &mut buf[..s.len()];
-        T::widen_slice(s, w);
+        let w = widened(s, &mut buf[..s.len()]);
         match dt {
             Fp8Dtype::E4M3 => {
                 for ((d, &v), &c) in d.iter_mut().zip(w.iter()).zip(sc) {
@@ -74,9 +72,7 @@ pub(crate) fn encode_cols<T: Element>(dt: Fp8Dtype, src: &[T], scale: &[f32], ds
 pub(crate) fn amax_cols<T: Element>(src: &[T], acc: &mut [f32]) {
     let mut buf = [0f32; BLOCK];
     for (s, a) in src.chunks(BLOCK).zip(acc.chunks_mut(BLOCK)) {
-        let w = &mut buf[..s.len()];
-        T::widen_slice(s, w);
-        for (a, &v) in a.iter_mut().zip(w.iter()) {
+        for (a, &v) in a.iter_mut().zip(widened(s, &mut buf[..s.len()])) {
             *a = fmax_nan_loses(*a, v.abs());
         }
     }
@@ -86,9 +82,7 @@ pub(crate) fn amax_cols<T: Element>(src: &[T], acc: &mut [f32]) {
 #[inline(always)]
 pub(crate) fn amax_run<T: Element>(src: &[T]) -> f32 {
     let mut buf = [0f32; BLOCK];
-    let w = &mut buf[..src.len()];
-    T::widen_slice(src, w);
-    amax_f32(w)
+    amax_f32(widened(src, &mut buf[..src.len()]))
 }
 
 /// `dst[i] = T(decode(src[i]) * scale_inv)`: the dequantize loop.
@@ -150,8 +144,7 @@ pub(crate) fn amax_encode_block<T: Element>(
     scale_of: impl Fn(f32) -> f32,
 ) -> f32 {
     let mut buf = [0f32; BLOCK];
-    let w = &mut buf[..src.len()];
-    T::widen_slice(src, w);
+    let w = widened(src, &mut buf[..src.len()]);
     let scale = scale_of(amax_f32(w));
     encode_f32(dt, w, scale, dst);
     scale
