@@ -798,8 +798,7 @@ pub(crate) fn amaxes<T: Element>(
                         for (r, xr) in x.chunks_exact(k).enumerate() {
                             let mut ar = 0f32;
                             for (c, seg) in xr.chunks(quant_core::cpu::BLOCK).enumerate() {
-                                let w = &mut buf[..seg.len()];
-                                T::widen_slice(seg, w);
+                                let w = quant_core::widened(seg, &mut buf[..seg.len()]);
                                 ar = fmax_nan_loses(ar, quant_core::cpu::amax_f32(w));
                                 if want_cols {
                                     let cc = &mut cols[c * quant_core::cpu::BLOCK..][..w.len()];
