@@ -20,7 +20,9 @@
 use quant_core::Element;
 use quant_core::strips::Strip;
 
-use crate::kernels::{amax_cols, amax_encode_block, amax_run, encode_cols, encode_scaled};
+use crate::kernels::{
+    WIDE, Wide, amax_cols, amax_encode_block, amax_run, encode_cols, encode_scaled,
+};
 use crate::scale::{Fp8Dtype, fmax_ignore_nan};
 use crate::transpose::store_transposed;
 
@@ -69,10 +71,11 @@ pub(crate) struct SlabJob<'a, T> {
     pub col_s: Option<ColScales<'a>>,
 }
 
-/// Per-worker scratch: a chunk of codes and a transposed block.
+/// Per-worker scratch: a chunk of codes, a transposed block and the widening span.
 pub(crate) struct Scratch {
     codes: Vec<u8>,
     tposed: Vec<u8>,
+    wide: Box<Wide>,
 }
 
 impl Scratch {
@@ -80,6 +83,7 @@ impl Scratch {
         Scratch {
             codes: vec![0; SLAB * CHUNK],
             tposed: vec![0; SLAB * BLOCK],
+            wide: Box::new(WIDE),
         }
     }
 }
@@ -96,6 +100,7 @@ pub(crate) fn run_slab<T: Element>(
 ) {
     let x = job.x;
     let rows = x.len() / k;
+    let wide = &mut *scratch.wide;
     let mut tile_scale = [0f32; CHUNK / BLOCK];
     let mut col_scale = [0f32; CHUNK];
     let mut row_scale = [[0f32; CHUNK / BLOCK]; SLAB];
@@ -118,7 +123,7 @@ pub(crate) fn run_slab<T: Element>(
                 for r in 0..rows {
                     prefetch(r);
                     for (a, b) in amax.iter_mut().zip(seg(r).chunks(BLOCK)) {
-                        *a = fmax_ignore_nan(*a, amax_run(b));
+                        *a = fmax_ignore_nan(*a, amax_run(b, wide));
                     }
                 }
                 for (s, &a) in tile_scale.iter_mut().zip(&amax[..nb]) {
@@ -131,7 +136,7 @@ pub(crate) fn run_slab<T: Element>(
                 amax.fill(0.0);
                 for r in 0..rows {
                     prefetch(r);
-                    amax_cols(seg(r), amax);
+                    amax_cols(seg(r), amax, wide);
                 }
                 for a in amax.iter_mut() {
                     *a = scale_of(*a);
@@ -150,12 +155,12 @@ pub(crate) fn run_slab<T: Element>(
             if let Some(rd) = job.row.as_deref_mut() {
                 let out = &mut rd[r * k + c0..r * k + c0 + cw];
                 match mode {
-                    Mode::Tensor(s) => encode_scaled(dt, xr, s, out),
+                    Mode::Tensor(s) => encode_scaled(dt, xr, s, out, wide),
                     Mode::TwoD => {
                         for ((o, b), &s) in
                             out.chunks_mut(BLOCK).zip(xr.chunks(BLOCK)).zip(&tile_scale)
                         {
-                            encode_scaled(dt, b, s, o);
+                            encode_scaled(dt, b, s, o, wide);
                         }
                     }
                     Mode::OneD => {
@@ -164,7 +169,7 @@ pub(crate) fn run_slab<T: Element>(
                             .zip(xr.chunks(BLOCK))
                             .zip(row_scale[r].iter_mut())
                         {
-                            *s = amax_encode_block(dt, b, o, &scale_of);
+                            *s = amax_encode_block(dt, b, o, &scale_of, wide);
                         }
                     }
                 }
@@ -174,15 +179,15 @@ pub(crate) fn run_slab<T: Element>(
                 match mode {
                     // Same codes as rowwise: transposed from the rowwise output below.
                     Mode::Tensor(_) | Mode::TwoD if job.row.is_some() => {}
-                    Mode::Tensor(s) => encode_scaled(dt, xr, s, cr),
+                    Mode::Tensor(s) => encode_scaled(dt, xr, s, cr, wide),
                     Mode::TwoD => {
                         for ((o, b), &s) in
                             cr.chunks_mut(BLOCK).zip(xr.chunks(BLOCK)).zip(&tile_scale)
                         {
-                            encode_scaled(dt, b, s, o);
+                            encode_scaled(dt, b, s, o, wide);
                         }
                     }
-                    Mode::OneD => encode_cols(dt, xr, &col_scale[..cw], cr),
+                    Mode::OneD => encode_cols(dt, xr, &col_scale[..cw], cr, wide),
                 }
             }
         }

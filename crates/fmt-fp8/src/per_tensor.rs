@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::CHUNK as COLS;
 use crate::engine::{self, Mode};
-use crate::kernels::{decode_cols, decode_scaled, encode_scaled};
+use crate::kernels::{WIDE, decode_cols, decode_scaled, encode_scaled};
 use crate::scale::{AmaxEpsilon, Fp8Dtype, compute_scale_from_amax};
 use crate::transpose::{SLAB, TILE, transpose_bytes};
 use quant_core::simd;
@@ -146,7 +146,7 @@ impl Fp8Quantizer {
                         simd::dispatch(
                             level,
                             #[inline(always)]
-                            || encode_scaled(dt, i, scale, o),
+                            || encode_scaled(dt, i, scale, o, &mut { WIDE }),
                         )
                     });
             }
@@ -217,6 +217,7 @@ pub(crate) fn decode_transposed<T: Element>(
                     let i0 = s * SLAB;
                     let rows = o.len() / k;
                     let mut si = [0f32; COLS];
+                    let mut wide = WIDE;
                     for c0 in (0..k).step_by(COLS) {
                         let cw = COLS.min(k - c0);
                         for j in (0..cw).step_by(TILE) {
@@ -237,6 +238,7 @@ pub(crate) fn decode_transposed<T: Element>(
                                 &tile[r * COLS..r * COLS + cw],
                                 &si[..cw],
                                 &mut o[r * k + c0..r * k + c0 + cw],
+                                &mut wide,
                             );
                         }
                     }
@@ -368,7 +370,7 @@ impl Format for Fp8Quantizer {
                         simd::dispatch(
                             level,
                             #[inline(always)]
-                            || decode_scaled(dt, q, sinv, o),
+                            || decode_scaled(dt, q, sinv, o, &mut { WIDE }),
                         )
                     });
             }

@@ -256,6 +256,33 @@ pub fn widened<'a, T: Element>(src: &'a [T], scratch: &'a mut [f32]) -> &'a [f32
     }
 }
 
+/// Writes f32 values into `dst` through `fill`: `fill` writes `dst` itself when it is
+/// f32 (no copy), otherwise `scratch` (same length), which is then narrowed into `dst`
+/// (round to nearest even). The output-side twin of [`widened`]: decode loops produce
+/// f32 and call this once per L1-sized span.
+///
+/// ```
+/// use half::bf16;
+/// use quant_core::narrowed;
+/// let mut scratch = [0f32; 2];
+/// let mut out = [0f32; 2];
+/// narrowed(&mut out, &mut scratch, |o| o.copy_from_slice(&[1.5, -3.0]));
+/// assert_eq!(out, [1.5, -3.0]);
+/// let mut out = [bf16::ZERO; 2];
+/// narrowed(&mut out, &mut scratch, |o| o.copy_from_slice(&[1.5, -3.0]));
+/// assert_eq!(out, [bf16::from_f32(1.5), bf16::from_f32(-3.0)]);
+/// ```
+#[inline(always)]
+pub fn narrowed<T: Element>(dst: &mut [T], scratch: &mut [f32], fill: impl FnOnce(&mut [f32])) {
+    if T::DTYPE == DType::F32
+        && let Ok(f) = bytemuck::try_cast_slice_mut::<T, f32>(dst)
+    {
+        return fill(f);
+    }
+    fill(scratch);
+    T::narrow_slice(scratch, dst);
+}
+
 /// f64 -> f32 *rounded to odd*: exact when representable, otherwise the value truncated
 /// toward zero with its last bit set. Rounding that result to nearest-even in any format
 /// with at least two fewer significand bits (bf16, f16) is then one correct rounding of

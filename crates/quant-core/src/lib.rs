@@ -52,7 +52,7 @@ pub mod traits;
 pub mod usage;
 
 pub use buffer::{Buffer, BufferDesc, BufferElem, BufferMut, HostBytes};
-pub use dtype::{DType, Element, widened};
+pub use dtype::{DType, Element, narrowed, widened};
 pub use error::{Error, Result};
 pub use format::{Format, OptionHelp, QuantizedTensor, quantize};
 pub use grouped::{GroupKind, GroupLayout, GroupedTensor};
