@@ -280,26 +280,26 @@ fn philox_lanes(
     c.map(|w| w.map(|x| x as u32))
 }
 
-/// `out[j] = code(2j) | code(2j+1) << 4` for the codes of `v * enc`.
+/// `out[j] = code(2j) | code(2j+1) << 4` for the codes of `v * enc` (one block): the
+/// codes first, then packed, so both loops are straight-line lane-wise code.
 #[inline(always)]
 fn encode_pack_rn(v: &[f32], enc: f32, out: &mut [u8]) {
-    for (o, p) in out.iter_mut().zip(v.chunks_exact(2)) {
-        *o = e2m1::pack(e2m1::encode(p[0] * enc), e2m1::encode(p[1] * enc));
+    let mut codes = [0u8; BLOCK];
+    for (c, &x) in codes.iter_mut().zip(v) {
+        *c = e2m1::encode(x * enc);
     }
+    e2m1::pack_slice(&codes, out);
 }
 
 /// Stochastic-rounding [`encode_pack_rn`] of one block; `r` holds its 16 random bytes
-/// (element `e` takes byte `e`). The codes are computed for the whole block first, then
-/// packed, so both loops are straight-line lane-wise code.
+/// (element `e` takes byte `e`).
 #[inline(always)]
 fn encode_pack_sr(v: &[f32], enc: f32, r: &[u8; BLOCK], out: &mut [u8]) {
     let mut codes = [0u8; BLOCK];
     for ((c, &x), &rb) in codes.iter_mut().zip(v).zip(r) {
         *c = sr_code(x * enc, u32::from(rb));
     }
-    for (o, pair) in out.iter_mut().zip(codes.chunks_exact(2)) {
-        *o = e2m1::pack(pair[0], pair[1]);
-    }
+    e2m1::pack_slice(&codes, out);
 }
 
 /// The random bytes of each block from [`philox_lanes`]'s words (`bits[w][b]`: word `w`
@@ -341,6 +341,12 @@ fn slab<T: Element>(
     let x = job.x;
     let rows = x.len() / k;
     let groups = rows / BLOCK;
+    if let (None, false, None, Some((rd, rs))) =
+        (&job.col, p.two_d, p.four_over_six, job.row.as_mut())
+    {
+        rowwise_only(p, k, rstride, job.i0, x, rd, rs, &mut s.wide[..CHUNK]);
+        return;
+    }
     for c0 in (0..k).step_by(CHUNK) {
         let cw = CHUNK.min(k - c0);
         let nb = cw / BLOCK;
@@ -379,7 +385,7 @@ fn slab<T: Element>(
     }
 }
 
-/// Rowwise quantization of one chunk of the slab.
+/// Rowwise quantization of one chunk of the slab (rows of the widened chunk in `wide`).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn rowwise_chunk(
@@ -395,70 +401,118 @@ fn rowwise_chunk(
     rd: &mut [u8],
     rs: &mut [u8],
 ) {
-    let nb = cw / BLOCK;
-    let kb0 = c0 / BLOCK;
-    let (mut se, mut sd) = match p.row_amax {
-        Amax::Tensor(a) => global(a, p.e4m3_max),
-        Amax::PerRow(_) => (1.0, 1.0),
-    };
     if let Some(mode) = p.four_over_six {
         four_over_six_rows(
             p, mode, k, rstride, i0, c0, cw, rows, wide, tile_amax, rd, rs,
         );
         return;
     }
+    let kb0 = c0 / BLOCK;
     for r in 0..rows {
-        let i = i0 + r;
-        if let Amax::PerRow(v) = p.row_amax {
-            (se, sd) = global(v.get(i).copied().unwrap_or(0.0), p.e4m3_max);
-        }
         let w = &wide[r * CHUNK..r * CHUNK + cw];
-        let mut amax = [0f32; NB];
-        if p.two_d {
-            amax = tile_amax[r / BLOCK];
-        } else {
-            for (a, blk) in amax.iter_mut().zip(w.chunks_exact(BLOCK)) {
-                *a = scale::amax_of(blk.iter().copied());
-            }
-        }
-        let mut sdb = [0u8; NB];
-        let mut enc = [0f32; NB];
-        block_scales(&amax[..nb], se, sd, &mut sdb[..nb], &mut enc[..nb]);
         let out = &mut rd[r * k / 2 + c0 / 2..r * k / 2 + (c0 + cw) / 2];
-        match p.seed {
-            None => {
-                for ((o, v), &e) in out
-                    .chunks_exact_mut(BLOCK / 2)
-                    .zip(w.chunks_exact(BLOCK))
-                    .zip(&enc)
-                {
-                    encode_pack_rn(v, e, o);
-                }
-            }
-            Some(seed) => {
-                let blocks: [u32; NB] = std::array::from_fn(|b| (kb0 + b) as u32);
-                let bits = philox_lanes(
-                    &blocks,
-                    &[i as u32; NB],
-                    &[(i as u64 >> 32) as u32; NB],
-                    sr::DIR_ROWWISE,
-                    seed,
-                );
-                let bytes = block_bytes(&bits);
-                for (((o, v), &e), rb) in out
-                    .chunks_exact_mut(BLOCK / 2)
-                    .zip(w.chunks_exact(BLOCK))
-                    .zip(&enc)
-                    .zip(&bytes)
-                {
-                    encode_pack_sr(v, e, rb, o);
-                }
-            }
-        }
-        for (b, &code) in sdb[..nb].iter().enumerate() {
+        let tile = p.two_d.then(|| &tile_amax[r / BLOCK]);
+        let sdb = rowwise_run(p, i0 + r, kb0, w, tile, out);
+        for (b, &code) in sdb[..cw / BLOCK].iter().enumerate() {
             rs[row_scale_at(p.swizzled, r, kb0 + b, rstride)] = code;
         }
     }
+}
+
+/// Rowwise 1-D quantization of a slab with no other output (the common inference
+/// case), row by row: each row's run of a chunk is read in place (f32) or widened into
+/// an L1-resident `wide` (16-bit), instead of the whole chunk being widened into an
+/// L2-resident buffer first and read back (a copy, even for f32, that was a fifth of
+/// the profile).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn rowwise_only<T: Element>(
+    p: &Params<'_>,
+    k: usize,
+    rstride: usize,
+    i0: usize,
+    x: &[T],
+    rd: &mut [u8],
+    rs: &mut [u8],
+    wide: &mut [f32],
+) {
+    for (r, (xr, or)) in x
+        .chunks_exact(k)
+        .zip(rd.chunks_exact_mut(k / 2))
+        .enumerate()
+    {
+        for (c, (xs, os)) in xr.chunks(CHUNK).zip(or.chunks_mut(CHUNK / 2)).enumerate() {
+            let ahead = (r + AHEAD) * k + c * CHUNK;
+            simd::prefetch(x.get(ahead..ahead + xs.len()).unwrap_or(&[]));
+            let w = quant_core::widened(xs, &mut wide[..xs.len()]);
+            let sdb = rowwise_run(p, i0 + r, c * NB, w, None, os);
+            for (b, &code) in sdb[..xs.len() / BLOCK].iter().enumerate() {
+                rs[row_scale_at(p.swizzled, r, c * NB + b, rstride)] = code;
+            }
+        }
+    }
+}
+
+/// Row `i`'s run `w` (at most [`CHUNK`] values from block `kb0`) under nearest or
+/// stochastic rounding: block amaxes (or the 2-D `tile` amaxes), scales, packed codes
+/// into `out`. Returns the run's scale codes.
+#[inline(always)]
+fn rowwise_run(
+    p: &Params<'_>,
+    i: usize,
+    kb0: usize,
+    w: &[f32],
+    tile: Option<&[f32; NB]>,
+    out: &mut [u8],
+) -> [u8; NB] {
+    let nb = w.len() / BLOCK;
+    let (se, sd) = global(p.row_amax.of_row(i), p.e4m3_max);
+    let amax = match tile {
+        Some(t) => *t,
+        None => {
+            let mut amax = [0f32; NB];
+            for (a, blk) in amax.iter_mut().zip(w.chunks_exact(BLOCK)) {
+                // A 16-lane tree instead of a 16-step scalar chain; the same value as
+                // `scale::amax_of` (NaN ignored, and max over the rest is associative).
+                *a = quant_core::cpu::amax_f32(blk);
+            }
+            amax
+        }
+    };
+    let mut sdb = [0u8; NB];
+    let mut enc = [0f32; NB];
+    block_scales(&amax[..nb], se, sd, &mut sdb[..nb], &mut enc[..nb]);
+    match p.seed {
+        None => {
+            for ((o, v), &e) in out
+                .chunks_exact_mut(BLOCK / 2)
+                .zip(w.chunks_exact(BLOCK))
+                .zip(&enc)
+            {
+                encode_pack_rn(v, e, o);
+            }
+        }
+        Some(seed) => {
+            let blocks: [u32; NB] = std::array::from_fn(|b| (kb0 + b) as u32);
+            let bits = philox_lanes(
+                &blocks,
+                &[i as u32; NB],
+                &[(i as u64 >> 32) as u32; NB],
+                sr::DIR_ROWWISE,
+                seed,
+            );
+            let bytes = block_bytes(&bits);
+            for (((o, v), &e), rb) in out
+                .chunks_exact_mut(BLOCK / 2)
+                .zip(w.chunks_exact(BLOCK))
+                .zip(&enc)
+                .zip(&bytes)
+            {
+                encode_pack_sr(v, e, rb, o);
+            }
+        }
+    }
+    sdb
 }
 
 /// 4over6 rowwise: the scalar candidate functions of [`crate::kernel`], block by block.
@@ -485,10 +539,10 @@ fn four_over_six_rows(
     };
     let amax_of_row = |r: usize| p.row_amax.of_row(i0 + r);
     let mut write = |r: usize, b: usize, sdb: u8, codes: &[u8; BLOCK]| {
-        let out = &mut rd[r * k / 2 + (c0 + b * BLOCK) / 2..][..BLOCK / 2];
-        for (o, pair) in out.iter_mut().zip(codes.chunks_exact(2)) {
-            *o = e2m1::pack(pair[0], pair[1]);
-        }
+        e2m1::pack_slice(
+            codes,
+            &mut rd[r * k / 2 + (c0 + b * BLOCK) / 2..][..BLOCK / 2],
+        );
         rs[row_scale_at(p.swizzled, r, kb0 + b, rstride)] = sdb;
     };
     for b in 0..nb {

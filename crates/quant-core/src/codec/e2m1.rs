@@ -110,6 +110,26 @@ pub fn pack(lo: u8, hi: u8) -> u8 {
     (lo & 0xF) | (hi << 4)
 }
 
+/// [`pack`] over a run of codes: `out[j] = pack(codes[2j], codes[2j + 1])`.
+///
+/// Each pair is read as one little-endian u16 and folded in 16-bit lanes, so the loop
+/// vectorizes as plain loads and a narrowing store; a loop over `pair[0]`, `pair[1]`
+/// was compiled to stride-2 gathers (a quarter of an NVFP4 quantize profile).
+///
+/// ```
+/// use quant_core::codec::e2m1;
+/// let mut out = [0u8; 2];
+/// e2m1::pack_slice(&[0x1, 0xF, 0x7, 0x8], &mut out);
+/// assert_eq!(out, [0xF1, 0x87]);
+/// ```
+#[inline(always)]
+pub fn pack_slice(codes: &[u8], out: &mut [u8]) {
+    for (o, pair) in out.iter_mut().zip(codes.chunks_exact(2)) {
+        let w = u16::from_le_bytes([pair[0], pair[1]]);
+        *o = ((w & 0x0F) | ((w >> 4) & 0xF0)) as u8;
+    }
+}
+
 /// Unpacks a byte into `(element 2i, element 2i+1)` codes.
 #[inline(always)]
 pub fn unpack(byte: u8) -> (u8, u8) {
@@ -119,6 +139,16 @@ pub fn unpack(byte: u8) -> (u8, u8) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pack_slice_is_pack_on_every_pair() {
+        let codes: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
+        let mut out = vec![0u8; codes.len() / 2];
+        pack_slice(&codes, &mut out);
+        for (o, p) in out.iter().zip(codes.chunks_exact(2)) {
+            assert_eq!(*o, pack(p[0], p[1]));
+        }
+    }
 
     #[test]
     fn fast_equals_reference_on_a_sweep() {
