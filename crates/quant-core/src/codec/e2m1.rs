@@ -30,21 +30,29 @@ pub const DECODE: [f32; 16] = [
 
 /// f32 -> 4-bit code, round to nearest even on the grid, saturating; NaN -> 7.
 ///
-/// Branchless: the code is the number of rounding thresholds `|x|` has passed (`>` where
-/// the tie goes down to an even code, `>=` where it goes up), so loops vectorize.
+/// Branchless integer arithmetic, so loops vectorize. From 1 up the grid is the
+/// floating-point format itself (exponent bias 1, one mantissa bit): rebias the f32
+/// exponent and round the 22 dropped mantissa bits to nearest even in one add, which
+/// carries into the exponent where it should; codes past 7 (6.0 and up, infinity)
+/// saturate with one `min`. Below 1 the grid is `{0, 0.5, 1}`: `2|x|` is exact and the
+/// `2^23` add rounds it to an integer, ties to even. About two thirds of the vector
+/// operations of a seven-threshold count.
 #[inline(always)]
 pub fn encode(x: f32) -> u8 {
     let bits = x.to_bits();
-    let a = f32::from_bits(bits & 0x7FFF_FFFF);
-    let sign = ((bits >> 28) & 0x8) as u8;
-    let code = u8::from(a > 0.25)
-        + u8::from(a >= 0.75)
-        + u8::from(a > 1.25)
-        + u8::from(a >= 1.75)
-        + u8::from(a > 2.5)
-        + u8::from(a >= 3.5)
-        + u8::from(a > 5.0);
-    if a.is_nan() { 0x7 } else { sign | code }
+    let abits = bits & 0x7FFF_FFFF;
+    let n = abits.wrapping_sub(126 << 23);
+    let norm = n.wrapping_add((1 << 21) - 1 + ((n >> 22) & 1)) >> 22;
+    let sub = (f32::from_bits(abits) * 2.0 + 8_388_608.0)
+        .to_bits()
+        .wrapping_sub(0x4B00_0000);
+    let code = if abits < 0x3F80_0000 { sub } else { norm }.min(7);
+    let sign = (bits >> 28) & 0x8;
+    (if abits > 0x7F80_0000 {
+        0x7
+    } else {
+        sign | code
+    }) as u8
 }
 
 /// The plain scalar specification of [`encode`] (a threshold ladder).
