@@ -22,7 +22,7 @@ pub const MAX_RCP: f32 = f32::from_bits(0x3B12_4925);
 /// f32 -> E4M3 with round-to-nearest-even and saturation to ±448; NaN -> `0x7F`.
 #[inline(always)]
 pub fn encode(x: f32) -> u8 {
-    super::fp8::encode_fast::<3, 7>(x, MAX, MAX_CODE)
+    super::fp8::encode_fast::<3, 7>(x, MAX_CODE)
 }
 
 /// The plain scalar specification of [`encode`] (branches, one case at a time); the

@@ -21,7 +21,7 @@ pub const MAX_RCP: f32 = f32::from_bits(0x3792_4925);
 /// NaN -> `0x7F`.
 #[inline(always)]
 pub fn encode(x: f32) -> u8 {
-    super::fp8::encode_fast::<2, 15>(x, MAX, MAX_CODE)
+    super::fp8::encode_fast::<2, 15>(x, MAX_CODE)
 }
 
 /// The plain scalar specification of [`encode`] (branches, one case at a time); the

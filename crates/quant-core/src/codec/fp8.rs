@@ -14,9 +14,13 @@
 /// * normal targets: rebase the exponent, then round to nearest even with the integer
 ///   trick `(n + half - 1 + lsb) >> shift` (a carry rolls into the exponent as it must);
 /// * subnormal targets: `|x| * 2^(bias-1+mbits)` is exact and below `2^mbits`, so adding
-///   `2^23` rounds it to an integer (RNE) in the float unit; the low bits are the code.
+///   `2^23` rounds it to an integer (RNE) in the float unit; the low bits are the code;
+/// * saturation: one integer `min` with `max_code`. Rounding is monotonic and `max`
+///   itself encodes to `max_code`, so every finite `|x| >= max` and infinity get a code
+///   at or above it (the NaN or infinity codes, or the exponent overflowing past them)
+///   and only those do: no float compare against `max` is needed.
 #[inline(always)]
-pub(crate) fn encode_fast<const MBITS: u32, const BIAS: i32>(x: f32, max: f32, max_code: u8) -> u8 {
+pub(crate) fn encode_fast<const MBITS: u32, const BIAS: i32>(x: f32, max_code: u8) -> u8 {
     let bits = x.to_bits();
     let sign = (bits >> 24) & 0x80;
     let abits = bits & 0x7FFF_FFFF;
@@ -31,8 +35,7 @@ pub(crate) fn encode_fast<const MBITS: u32, const BIAS: i32>(x: f32, max: f32, m
         .wrapping_sub(0x4B00_0000);
     let min_normal = ((128 - BIAS) as u32) << 23;
     let code = if abits < min_normal { sub } else { norm };
-    let code = if a >= max { u32::from(max_code) } else { code };
-    let out = sign | (code & 0x7F);
+    let out = sign | code.min(u32::from(max_code));
     (if abits > 0x7F80_0000 { 0x7F } else { out }) as u8
 }
 
