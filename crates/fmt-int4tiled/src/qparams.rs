@@ -99,14 +99,7 @@ impl QParamsPath {
 /// ```
 #[inline(always)]
 pub fn rb(x: f32) -> f32 {
-    let b = x.to_bits();
-    let r = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000;
-    let nan = (b | 0x0040_0000) & 0xFFFF_0000;
-    f32::from_bits(if b & 0x7FFF_FFFF > 0x7F80_0000 {
-        nan
-    } else {
-        r
-    })
+    f32::from_bits(u32::from(quant_core::dtype::bf16_bits(x)) << 16)
 }
 
 /// `amin` / `amax` with NaN propagation, as `torch.amin` / `torch.amax` do.

@@ -17,20 +17,21 @@
 //!
 //! Every value is computed by the same IEEE operations, in the same order, as the
 //! scalar specification in [`crate::kernel`] (and `tests/simd_levels.rs` checks it at
-//! every SIMD level): block amaxes with NaN-ignoring max, `S_enc`, `sdb`, the encode
+//! every SIMD level): block amaxes with NaN-ignoring max (as 16-lane trees,
+//! [`amax_f32`]: the value of the specification's sequential fold, since NaN is ignored
+//! and max over the rest is associative), `S_enc`, `sdb`, the encode
 //! multiplier, E2M1 rounding (nearest or stochastic with the Philox stream of
 //! [`crate::sr`]), the Hadamard sums in index order, 4over6 candidates and tree sums.
 
 use half::bf16;
 use quant_core::codec::{e2m1, e4m3};
-use quant_core::cpu::fmax_nan_loses;
-use quant_core::layout::swizzled_index;
+use quant_core::cpu::{amax_f32, fmax_nan_loses};
 use quant_core::strips::{Strip, column_strips};
 use quant_core::{Element, Result, simd};
 use rayon::prelude::*;
 
 use crate::kernel::{Amax, four_over_six_candidates, tree_sum_16};
-use crate::layout::scale_shape;
+use crate::layout::{scale_index, scale_shape};
 use crate::quantizer::FourOverSix;
 use crate::rht::R;
 use crate::scale::{self, BLOCK, RCP_6};
@@ -318,17 +319,6 @@ fn block_bytes(bits: &[[u32; LANES]; 4]) -> [[u8; BLOCK]; LANES] {
     })
 }
 
-/// Position of rowwise scale `(i, b)` (local row `i` of a 128-row slab) in the slab's
-/// chunk of the scale buffer.
-#[inline(always)]
-fn row_scale_at(swizzled: bool, i: usize, b: usize, stride: usize) -> usize {
-    if swizzled {
-        swizzled_index(i, b, stride)
-    } else {
-        i * stride + b
-    }
-}
-
 /// One slab.
 #[inline(always)]
 fn slab<T: Element>(
@@ -369,7 +359,7 @@ fn slab<T: Element>(
                 for r in 0..BLOCK {
                     let w = &s.wide[(g * BLOCK + r) * CHUNK..][..cw];
                     for (a, blk) in ta.iter_mut().zip(w.chunks_exact(BLOCK)) {
-                        *a = fmax_nan_loses(*a, scale::amax_of(blk.iter().copied()));
+                        *a = fmax_nan_loses(*a, amax_f32(blk));
                     }
                 }
             }
@@ -412,9 +402,9 @@ fn rowwise_chunk(
         let w = &wide[r * CHUNK..r * CHUNK + cw];
         let out = &mut rd[r * k / 2 + c0 / 2..r * k / 2 + (c0 + cw) / 2];
         let tile = p.two_d.then(|| &tile_amax[r / BLOCK]);
-        let sdb = rowwise_run(p, i0 + r, kb0, w, tile, out);
+        let sdb = rowwise_run(p, i0 + r, row_global(p, i0 + r), kb0, w, tile, out);
         for (b, &code) in sdb[..cw / BLOCK].iter().enumerate() {
-            rs[row_scale_at(p.swizzled, r, kb0 + b, rstride)] = code;
+            rs[scale_index(r, kb0 + b, rstride, p.swizzled)] = code;
         }
     }
 }
@@ -441,40 +431,45 @@ fn rowwise_only<T: Element>(
         .zip(rd.chunks_exact_mut(k / 2))
         .enumerate()
     {
+        let g = row_global(p, i0 + r);
         for (c, (xs, os)) in xr.chunks(CHUNK).zip(or.chunks_mut(CHUNK / 2)).enumerate() {
             let ahead = (r + AHEAD) * k + c * CHUNK;
             simd::prefetch(x.get(ahead..ahead + xs.len()).unwrap_or(&[]));
             let w = quant_core::widened(xs, &mut wide[..xs.len()]);
-            let sdb = rowwise_run(p, i0 + r, c * NB, w, None, os);
+            let sdb = rowwise_run(p, i0 + r, g, c * NB, w, None, os);
             for (b, &code) in sdb[..xs.len() / BLOCK].iter().enumerate() {
-                rs[row_scale_at(p.swizzled, r, c * NB + b, rstride)] = code;
+                rs[scale_index(r, c * NB + b, rstride, p.swizzled)] = code;
             }
         }
     }
 }
 
+/// `S_enc` and `S_dec` of rowwise row `i` (the tensor's, or the row's when row-scaled).
+#[inline(always)]
+fn row_global(p: &Params<'_>, i: usize) -> (f32, f32) {
+    global(p.row_amax.of_row(i), p.e4m3_max)
+}
+
 /// Row `i`'s run `w` (at most [`CHUNK`] values from block `kb0`) under nearest or
-/// stochastic rounding: block amaxes (or the 2-D `tile` amaxes), scales, packed codes
-/// into `out`. Returns the run's scale codes.
+/// stochastic rounding, with the row's global scales `(se, sd)`: block amaxes (or the
+/// 2-D `tile` amaxes), scales, packed codes into `out`. Returns the run's scale codes.
 #[inline(always)]
 fn rowwise_run(
     p: &Params<'_>,
     i: usize,
+    (se, sd): (f32, f32),
     kb0: usize,
     w: &[f32],
     tile: Option<&[f32; NB]>,
     out: &mut [u8],
 ) -> [u8; NB] {
     let nb = w.len() / BLOCK;
-    let (se, sd) = global(p.row_amax.of_row(i), p.e4m3_max);
     let amax = match tile {
         Some(t) => *t,
         None => {
             let mut amax = [0f32; NB];
             for (a, blk) in amax.iter_mut().zip(w.chunks_exact(BLOCK)) {
-                // A 16-lane tree instead of a 16-step scalar chain; the same value as
-                // `scale::amax_of` (NaN ignored, and max over the rest is associative).
-                *a = quant_core::cpu::amax_f32(blk);
+                *a = amax_f32(blk);
             }
             amax
         }
@@ -543,7 +538,7 @@ fn four_over_six_rows(
             codes,
             &mut rd[r * k / 2 + (c0 + b * BLOCK) / 2..][..BLOCK / 2],
         );
-        rs[row_scale_at(p.swizzled, r, kb0 + b, rstride)] = sdb;
+        rs[scale_index(r, kb0 + b, rstride, p.swizzled)] = sdb;
     };
     for b in 0..nb {
         if p.two_d {
@@ -568,7 +563,7 @@ fn four_over_six_rows(
         } else {
             for r in 0..rows {
                 let v = block(r, b);
-                let amax = scale::amax_of(v.iter().copied());
+                let amax = amax_f32(&v);
                 let (m4, m6) = four_over_six_candidates(&v, amax, amax_of_row(r), p.e4m3_max, mode);
                 let c = if m4.err < m6.err { m4 } else { m6 };
                 write(r, b, c.sdb, &c.codes);
@@ -767,7 +762,7 @@ fn four_over_six_cols(
     } else {
         for c in 0..cw {
             let v = column(c);
-            let amax = scale::amax_of(v.iter().copied());
+            let amax = amax_f32(&v);
             let (m4, m6) = four_over_six_candidates(&v, amax, amax_of(c), p.e4m3_max, mode);
             let pick = if m4.err < m6.err { m4 } else { m6 };
             put(c, pick.sdb, &pick.codes);
@@ -853,7 +848,7 @@ pub(crate) fn amaxes<T: Element>(
                             let mut ar = 0f32;
                             for (c, seg) in xr.chunks(quant_core::cpu::BLOCK).enumerate() {
                                 let w = quant_core::widened(seg, &mut buf[..seg.len()]);
-                                ar = fmax_nan_loses(ar, quant_core::cpu::amax_f32(w));
+                                ar = fmax_nan_loses(ar, amax_f32(w));
                                 if want_cols {
                                     let cc = &mut cols[c * quant_core::cpu::BLOCK..][..w.len()];
                                     for (a, &v) in cc.iter_mut().zip(w.iter()) {
@@ -879,8 +874,7 @@ pub(crate) fn amaxes<T: Element>(
                                 for g in 0..nrows / BLOCK {
                                     group_values(&p, &wide, g, cw, &mut vals);
                                     for v in vals.iter() {
-                                        ay =
-                                            fmax_nan_loses(ay, quant_core::cpu::amax_f32(&v[..cw]));
+                                        ay = fmax_nan_loses(ay, amax_f32(&v[..cw]));
                                     }
                                 }
                             }

@@ -192,14 +192,8 @@ impl Element for bf16 {
     }
     #[inline(always)]
     fn narrow_slice(src: &[f32], dst: &mut [Self]) {
-        // Branchless round-to-nearest-even (identical to `bf16::from_f32`, NaN included:
-        // the quiet bit is set and the sign and top payload bits are kept).
-        for (d, s) in dst.iter_mut().zip(src) {
-            let x = s.to_bits();
-            let rounded = x.wrapping_add(0x7FFF + ((x >> 16) & 1)) >> 16;
-            let nan = (x >> 16) | 0x0040;
-            let is_nan = x & 0x7FFF_FFFF > 0x7F80_0000;
-            *d = bf16::from_bits((if is_nan { nan } else { rounded }) as u16);
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = bf16::from_bits(bf16_bits(s));
         }
     }
 }
@@ -230,6 +224,28 @@ impl Element for f16 {
         use half::slice::HalfFloatSliceExt;
         dst.convert_from_f32_slice(src);
     }
+}
+
+/// The bits of `x` rounded to bf16: round to nearest even, identical to
+/// `bf16::from_f32` including NaN (the quiet bit is set, the sign and top payload bits
+/// kept). Branchless, so loops over it vectorize, where `bf16::from_f32` branches.
+///
+/// ```
+/// use half::bf16;
+/// for x in [1.0f32 + f32::EPSILON, 3.14159, -65504.5, f32::MAX, f32::NAN, f32::INFINITY] {
+///     assert_eq!(quant_core::dtype::bf16_bits(x), bf16::from_f32(x).to_bits());
+/// }
+/// ```
+#[inline(always)]
+pub fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16;
+    let nan = (b >> 16) | 0x0040;
+    (if b & 0x7FFF_FFFF > 0x7F80_0000 {
+        nan
+    } else {
+        rounded
+    }) as u16
 }
 
 /// `src` as f32 values: `src` itself when it is f32 (no copy), otherwise widened into

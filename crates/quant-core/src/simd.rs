@@ -260,8 +260,8 @@ mod x86 {
         }
     }
 
-    /// `out[i] = table[idx[i]]` for 32-bit entries, 16 at a time with `vpermps`.
-    /// Indices must be below 16 (only their low 4 bits are read).
+    /// `out[i] = table[idx[i] & 15]` for 32-bit entries, 16 at a time with `vpermd`
+    /// (which reads only the low 4 bits of each index).
     #[target_feature(enable = "avx512f")]
     pub(super) fn lut16_u32(table: &[u32; 16], idx: &[u8], out: &mut [u32]) {
         use std::arch::x86_64::{
@@ -286,7 +286,8 @@ mod x86 {
         super::lut16_scalar(table, &idx[i..n], &mut out[i..n]);
     }
 
-    /// `out[i] = table[idx[i]]` for 16-bit entries, 32 at a time with `vpermw`.
+    /// `out[i] = table[idx[i] & 15]` for 16-bit entries, 32 at a time with `vpermw`
+    /// (which reads 5 index bits, hence the mask).
     #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) fn lut16_u16(table: &[u16; 16], idx: &[u8], out: &mut [u16]) {
         use std::arch::x86_64::{
