@@ -642,18 +642,15 @@ impl Format for Int4TiledQuantizer {
                     .enumerate()
                     .map(move |(t, o)| (e, t * rows_per_task, o))
             })
-            .for_each_init(
-                || vec![0u8; geo.k_padded],
-                |u, (e, n0, o)| {
-                    let words = &packed[e * geo.expert_words()..][..geo.expert_words()];
-                    let sz = &sz[e * geo.expert_scale_and_zero()..][..geo.expert_scale_and_zero()];
-                    simd::dispatch(
-                        level,
-                        #[inline(always)]
-                        || kernels::dequantize_rows(level, &geo, words, sz, n0, o, u),
-                    )
-                },
-            );
+            .for_each_init(Vec::new, |tables, (e, n0, o)| {
+                let words = &packed[e * geo.expert_words()..][..geo.expert_words()];
+                let sz = &sz[e * geo.expert_scale_and_zero()..][..geo.expert_scale_and_zero()];
+                simd::dispatch(
+                    level,
+                    #[inline(always)]
+                    || kernels::dequantize_rows(level, &geo, words, sz, n0, o, tables),
+                )
+            });
         Ok(())
     }
 

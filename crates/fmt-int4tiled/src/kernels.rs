@@ -1,4 +1,4 @@
-//! Fast pack and dequantize: no division, no table, no per-nibble loop.
+//! Fast pack and dequantize: no division, no per-nibble loop.
 //!
 //! **Quantize.** torchao divides every element by the group's scale. Here
 //! `q = f32(f64(t) * f64(1 / scale))` instead, and that is exact: `t` has at most 24
@@ -21,10 +21,12 @@
 //! exact in f32; for f32 output `p + zero` is the correctly rounded sum; for bf16/f16 the
 //! rounding error of that sum (TwoSum, exact) turns it into a round-to-odd f32, whose
 //! round-to-nearest-even narrowing is the single rounding of the exact value (see
-//! [`crate::dequant`] for the f64 specification it equals).
+//! [`crate::dequant`] for the f64 specification it equals). That arithmetic runs 16
+//! times per group, once per nibble value, into a table; every output is then a lookup
+//! (at AVX-512 a register permute per 32 outputs, [`crate::x86`]).
 
 use half::bf16;
-use quant_core::simd::{self, Level};
+use quant_core::simd::Level;
 use quant_core::strips::Strip;
 use quant_core::{DType, Element, widened};
 
@@ -76,22 +78,23 @@ fn pack32(u: &[u8; 32]) -> [u32; 4] {
     ]
 }
 
-/// Inverse of [`pack32`].
+/// Inverse of [`pack32`], into u16 lanes: nibble `j` of the block is lane `j`.
+///
+/// Each word `c` holds, at bits `4q` and `16 + 4q`, the nibble pair `e[4q + c]` of the
+/// module docs; shifting a word and masking with `0x000F000F` leaves that pair as two
+/// u16 lanes. The portable loop's unpacking; [`crate::x86`] does the same sixteen
+/// shifts as one broadcast, one variable shift and one AND, and indexes its table
+/// permute with the lanes directly.
 #[inline(always)]
-fn unpack32(words: [u32; 4], u: &mut [u8; 32]) {
-    let b = words
-        .iter()
-        .rev()
-        .fold(0u128, |acc, &w| (acc << 32) | u128::from(w));
-    let v = gather_bytes(b);
-    let w = gather_bytes(b >> 8);
-    const LOW: u64 = 0x0F0F_0F0F_0F0F_0F0F;
-    for (i, q) in [v & LOW, (v >> 4) & LOW, w & LOW, (w >> 4) & LOW]
-        .into_iter()
-        .enumerate()
-    {
-        u[8 * i..8 * i + 8].copy_from_slice(&q.to_le_bytes());
-    }
+fn unpack32(words: [u32; 4]) -> [u16; 32] {
+    const SHIFT: [u32; 16] = [0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12];
+    let e: [u32; 16] = std::array::from_fn(|i| (words[i % 4] >> SHIFT[i]) & 0x000F_000F);
+    // Little-endian u32 lanes are (low u16, high u16) pairs: the cast is the split.
+    #[cfg(target_endian = "little")]
+    let u = bytemuck::cast(e);
+    #[cfg(target_endian = "big")]
+    let u = std::array::from_fn(|j| (e[j / 2] >> (16 * (j % 2))) as u16);
+    u
 }
 
 /// Byte `j` of `x` to byte `2j` of the result (odd bytes zero).
@@ -101,16 +104,6 @@ fn spread_bytes(x: u64) -> u128 {
     let x = (x | (x << 32)) & 0x0000_0000_FFFF_FFFF_0000_0000_FFFF_FFFF;
     let x = (x | (x << 16)) & 0x0000_FFFF_0000_FFFF_0000_FFFF_0000_FFFF;
     (x | (x << 8)) & 0x00FF_00FF_00FF_00FF_00FF_00FF_00FF_00FF
-}
-
-/// Byte `2j` of `x` to byte `j` of the result (inverse of [`spread_bytes`]; odd bytes
-/// of `x` ignored).
-#[inline(always)]
-fn gather_bytes(x: u128) -> u64 {
-    let x = x & 0x00FF_00FF_00FF_00FF_00FF_00FF_00FF_00FF;
-    let x = (x | (x >> 8)) & 0x0000_FFFF_0000_FFFF_0000_FFFF_0000_FFFF;
-    let x = (x | (x >> 16)) & 0x0000_0000_FFFF_FFFF_0000_0000_FFFF_FFFF;
-    (x | (x >> 32)) as u64
 }
 
 /// Packs one row's nibbles `u` (`k_padded` of them) into its n-tile's words.
@@ -130,20 +123,34 @@ fn pack_row(u: &[u8], nr: usize, ikt: usize, words: &mut [i32]) {
     }
 }
 
-/// Unpacks one row's nibbles from its n-tile's words into `u` (`k_padded` values).
-#[inline(always)]
-fn unpack_row(words: &[i32], nr: usize, ikt: usize, u: &mut [u8]) {
-    let half = ikt / 2;
-    let slab = ikt * K_TILE;
-    for (kot, us) in u.chunks_exact_mut(slab).enumerate() {
-        for (p, ub) in us.chunks_exact_mut(32).enumerate() {
-            let Ok(ub) = <&mut [u8; 32]>::try_from(ub) else {
-                continue;
-            };
-            let w: [u32; 4] =
-                std::array::from_fn(|c| words[(kot * LANES + nr * 4 + c) * half + p] as u32);
-            unpack32(w, ub);
-        }
+/// Where one row's nibbles live: its n-tile's words, its row within the tile, and the
+/// tile's `inner_k_tiles / 2`.
+#[derive(Clone, Copy)]
+pub(crate) struct RowWords<'a> {
+    /// The n-tile's `k_padded` words.
+    pub tile: &'a [i32],
+    /// The row within the n-tile (`< 8`).
+    pub nr: usize,
+    /// `inner_k_tiles / 2`: 1, 2 or 4.
+    pub half: usize,
+}
+
+impl RowWords<'_> {
+    /// The four words of 32-wide block `block` (`[c]`, lanes `nr·4 + c`).
+    #[inline(always)]
+    fn block_words(&self, block: usize) -> [u32; 4] {
+        let (kot, p) = (block / self.half, block % self.half);
+        let lanes = &self.tile[(kot * LANES + self.nr * 4) * self.half + p..];
+        std::array::from_fn(|c| lanes[c * self.half] as u32)
+    }
+
+    /// Whether the kernels may read the words of the first `k` columns (`k` a multiple
+    /// of 32): the row's last slab lies inside the tile.
+    pub(crate) fn covers(&self, k: usize) -> bool {
+        let slabs = k.div_ceil(32 * self.half);
+        matches!(self.half, 1 | 2 | 4)
+            && self.nr < N_TILE
+            && slabs * LANES * self.half <= self.tile.len()
     }
 }
 
@@ -204,11 +211,14 @@ pub(crate) fn quantize_tile<T: Element>(
 }
 
 /// Dequantizes rows `n0..n0+out.len()/k` of one expert (`words`, `sz` are the expert's)
-/// into `out` (`[rows, k]`). `u` is scratch of `k_padded` bytes.
+/// into `out` (`[rows, k]`). `tables` is scratch.
 ///
-/// A group's outputs take at most 16 values (one per nibble), so each group computes
-/// its table with the exact arithmetic of [`group_table`] and looks its nibbles up
-/// ([`simd::lut16`]: one register permute per 16 or 32 outputs at AVX-512).
+/// A group's outputs take at most 16 values (one per nibble), so each row first computes
+/// its groups' tables with the exact arithmetic of [`group_table`]; then every output is
+/// a lookup of its nibble. At AVX-512 the lookup is [`crate::x86`] (a few register
+/// operations per 32 outputs); elsewhere each 32-wide block is unpacked into u16 lanes
+/// ([`unpack32`]) and looked up one by one. Only the logical `k` is read: `k` is a
+/// multiple of the group size, hence of 32.
 #[inline(always)]
 pub(crate) fn dequantize_rows<T: Element>(
     level: Level,
@@ -217,25 +227,48 @@ pub(crate) fn dequantize_rows<T: Element>(
     sz: &[bf16],
     n0: usize,
     out: &mut [T],
-    u: &mut [u8],
+    tables: &mut Vec<[T; 16]>,
 ) {
     let (k, g) = (geo.k, geo.group_size);
-    let tile_words = geo.k_padded;
+    let half = geo.inner_k_tiles / 2;
     for (r, row) in out.chunks_exact_mut(k).enumerate() {
         let n = n0 + r;
         let (nt, nr) = (n / N_TILE, n % N_TILE);
-        unpack_row(
-            &words[nt * tile_words..(nt + 1) * tile_words],
-            nr,
-            geo.inner_k_tiles,
-            u,
-        );
-        for (gi, (o, ug)) in row.chunks_exact_mut(g).zip(u.chunks_exact(g)).enumerate() {
+        let tile = &words[nt * geo.k_padded..(nt + 1) * geo.k_padded];
+        // A plain loop, not `extend(map)`: it must inline into the dispatched function.
+        tables.resize(k / g, [T::from_f32(0.0); 16]);
+        for (gi, t) in tables.iter_mut().enumerate() {
             let at = (gi * geo.n_padded + n) * 2;
-            let table = group_table::<T>(sz[at].to_f32(), sz[at + 1].to_f32());
-            simd::lut16(level, &table, ug, o);
+            *t = group_table::<T>(sz[at].to_f32(), sz[at + 1].to_f32());
+        }
+        if !lookup_row_simd(level, tables, g, RowWords { tile, nr, half }, row) {
+            let words = RowWords { tile, nr, half };
+            for (block, ob) in row.chunks_exact_mut(32).enumerate() {
+                let table = &tables[block * 32 / g];
+                for (o, u) in ob.iter_mut().zip(unpack32(words.block_words(block))) {
+                    *o = table[usize::from(u)];
+                }
+            }
         }
     }
+}
+
+/// The [`crate::x86`] lookup of one row when `level` is AVX-512 (and the CPU has it);
+/// `false` when the row is left to the portable loop.
+#[inline(always)]
+fn lookup_row_simd<T: Element>(
+    level: Level,
+    tables: &[[T; 16]],
+    g: usize,
+    row: RowWords<'_>,
+    out: &mut [T],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 {
+        return crate::x86::lookup_row(tables, g, row, out);
+    }
+    let _ = (level, tables, g, row, out);
+    false
 }
 
 /// The 16 outputs of a group with scale `s` and zero `z`: `T((u - 8) * s + z)` rounded
@@ -314,9 +347,7 @@ mod tests {
             });
             let w = pack32(&u);
             assert_eq!(w, pack32_naive(&u));
-            let mut back = [0u8; 32];
-            unpack32(w, &mut back);
-            assert_eq!(back, u);
+            assert_eq!(unpack32(w), u.map(u16::from));
         }
     }
 }

@@ -260,63 +260,6 @@ mod x86 {
         }
     }
 
-    /// `out[i] = table[idx[i] & 15]` for 32-bit entries, 16 at a time with `vpermd`
-    /// (which reads only the low 4 bits of each index).
-    #[target_feature(enable = "avx512f")]
-    pub(super) fn lut16_u32(table: &[u32; 16], idx: &[u8], out: &mut [u32]) {
-        use std::arch::x86_64::{
-            _mm512_cvtepu8_epi32, _mm512_loadu_si512, _mm512_permutexvar_epi32, _mm512_storeu_si512,
-        };
-        let n = idx.len().min(out.len());
-        // SAFETY: `table` is 16 u32 = 64 bytes, one unaligned 512-bit load.
-        let t = unsafe { _mm512_loadu_si512(table.as_ptr().cast()) };
-        let mut i = 0;
-        while i + 16 <= n {
-            // SAFETY: `i + 16 <= n`: bytes `i..i+16` of `idx` and entries `i..i+16` of
-            // `out` are in bounds (unaligned load and store).
-            unsafe {
-                let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(idx.as_ptr().add(i).cast()));
-                _mm512_storeu_si512(
-                    out.as_mut_ptr().add(i).cast(),
-                    _mm512_permutexvar_epi32(v, t),
-                );
-            }
-            i += 16;
-        }
-        super::lut16_scalar(table, &idx[i..n], &mut out[i..n]);
-    }
-
-    /// `out[i] = table[idx[i] & 15]` for 16-bit entries, 32 at a time with `vpermw`
-    /// (which reads 5 index bits, hence the mask).
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) fn lut16_u16(table: &[u16; 16], idx: &[u8], out: &mut [u16]) {
-        use std::arch::x86_64::{
-            __m256i, _mm256_loadu_si256, _mm512_and_si512, _mm512_cvtepu8_epi16,
-            _mm512_permutexvar_epi16, _mm512_set1_epi16, _mm512_storeu_si512,
-            _mm512_zextsi256_si512,
-        };
-        let n = idx.len().min(out.len());
-        // SAFETY: `table` is 16 u16 = 32 bytes, one unaligned 256-bit load (the upper
-        // half of the register is zero and never indexed).
-        let t = unsafe { _mm512_zextsi256_si512(_mm256_loadu_si256(table.as_ptr().cast())) };
-        let mut i = 0;
-        while i + 32 <= n {
-            // SAFETY: `i + 32 <= n`: bytes `i..i+32` of `idx` and entries `i..i+32` of
-            // `out` are in bounds (unaligned load and store).
-            unsafe {
-                let v =
-                    _mm512_cvtepu8_epi16(_mm256_loadu_si256(idx.as_ptr().add(i).cast::<__m256i>()));
-                let v = _mm512_and_si512(v, _mm512_set1_epi16(15));
-                _mm512_storeu_si512(
-                    out.as_mut_ptr().add(i).cast(),
-                    _mm512_permutexvar_epi16(v, t),
-                );
-            }
-            i += 32;
-        }
-        super::lut16_scalar(table, &idx[i..n], &mut out[i..n]);
-    }
-
     /// `f` compiled with AVX2 + FMA and friends.
     #[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
     pub(super) fn avx2<R>(f: impl FnOnce() -> R) -> R {
@@ -388,63 +331,6 @@ pub fn transpose_bytes(
     scalar(dst, r16, rows, 0, cols);
 }
 
-/// `out[i] = table[idx[i] & 15]` for `i < min(idx.len(), out.len())`: a 16-entry table
-/// lookup, for decoders whose outputs take at most 16 values per block (a 4-bit code
-/// under one scale, as in the int4tiled dequantizer's groups). Compute the table once per block with
-/// the exact scalar arithmetic, then look every element up: at [`Level::Avx512`] one
-/// register permute per 16 (32-bit) or 32 (16-bit) elements; elsewhere a plain loop.
-/// The result never depends on the level.
-///
-/// ```
-/// use quant_core::simd;
-/// let table: [f32; 16] = std::array::from_fn(|i| i as f32 * 0.5 - 4.0);
-/// let idx: Vec<u8> = (0..40).map(|i| (i * 7 % 16) as u8).collect();
-/// let mut out = vec![0f32; 40];
-/// simd::lut16(simd::level(), &table, &idx, &mut out);
-/// assert!(out.iter().zip(&idx).all(|(&o, &i)| o == table[i as usize]));
-/// ```
-#[inline(always)]
-pub fn lut16<T: bytemuck::Pod>(level: Level, table: &[T; 16], idx: &[u8], out: &mut [T]) {
-    #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512 && level.is_supported() {
-        match std::mem::size_of::<T>() {
-            4 => {
-                if let (Ok(t), Ok(o)) = (
-                    bytemuck::try_cast_slice::<T, u32>(table),
-                    bytemuck::try_cast_slice_mut::<T, u32>(out),
-                ) && let Ok(t) = <&[u32; 16]>::try_from(t)
-                {
-                    // SAFETY: the CPU supports AVX-512 (checked above).
-                    unsafe { x86::lut16_u32(t, idx, o) };
-                    return;
-                }
-            }
-            2 => {
-                if let (Ok(t), Ok(o)) = (
-                    bytemuck::try_cast_slice::<T, u16>(table),
-                    bytemuck::try_cast_slice_mut::<T, u16>(out),
-                ) && let Ok(t) = <&[u16; 16]>::try_from(t)
-                {
-                    // SAFETY: the CPU supports AVX-512 F and BW (checked above).
-                    unsafe { x86::lut16_u16(t, idx, o) };
-                    return;
-                }
-            }
-            _ => {}
-        }
-    }
-    let _ = level;
-    lut16_scalar(table, idx, out);
-}
-
-/// [`lut16`] one element at a time: the portable body and the vector kernels' tails.
-#[inline(always)]
-fn lut16_scalar<T: Copy>(table: &[T; 16], idx: &[u8], out: &mut [T]) {
-    for (o, &c) in out.iter_mut().zip(idx) {
-        *o = table[usize::from(c & 15)];
-    }
-}
-
 /// Hints the CPU to bring `data`'s cache lines into L1 (`prefetcht0`; no-op elsewhere).
 ///
 /// The streaming kernels touch their input once, in spans of a few KiB, and spend as
@@ -512,27 +398,6 @@ mod tests {
         let ran = for_each_supported_level(|l| assert_eq!(level(), l));
         assert_eq!(ran.first(), Some(&Level::Scalar));
         assert_eq!(ran.last(), Some(&detected()));
-    }
-
-    #[test]
-    fn lut16_is_the_same_at_every_level() {
-        let t32: [u32; 16] = std::array::from_fn(|i| 0x9E37_79B9u32.wrapping_mul(i as u32 + 1));
-        let t16: [u16; 16] = std::array::from_fn(|i| (i as u16) * 4099 + 7);
-        // Indices above 15 only count by their low four bits; lengths cover the vector
-        // bodies (16 and 32) and their tails, and an output shorter than the indices.
-        let idx: Vec<u8> = (0..131u32).map(|i| (i * 37 % 256) as u8).collect();
-        for n in [0usize, 1, 15, 16, 17, 31, 32, 33, 64, 100, 131] {
-            let want32: Vec<u32> = idx[..n].iter().map(|&c| t32[usize::from(c & 15)]).collect();
-            let want16: Vec<u16> = idx[..n].iter().map(|&c| t16[usize::from(c & 15)]).collect();
-            for_each_supported_level(|l| {
-                let mut o32 = vec![0u32; n];
-                lut16(l, &t32, &idx, &mut o32);
-                assert_eq!(o32, want32, "u32 n={n} at {l}");
-                let mut o16 = vec![0u16; n];
-                lut16(l, &t16, &idx[..n], &mut o16);
-                assert_eq!(o16, want16, "u16 n={n} at {l}");
-            });
-        }
     }
 
     #[test]

@@ -1,0 +1,197 @@
+//! The AVX-512 body of the dequantizer's lookup: one row's nibbles, unpacked from the
+//! tile layout and looked up in the row's group tables, 32 outputs per step.
+//!
+//! Only bits move here: the tables are computed by the portable code with the exact
+//! arithmetic of [`crate::kernels`], so the result cannot depend on the level (the
+//! tests compare every level anyway).
+//!
+//! One row's words of one slab are `4·half` consecutive i32 (`[c][p]`: lane `nr·4 + c`,
+//! k-tile pair `p`; see [`crate::layout`]). One masked load takes them all and one
+//! `vpermd` puts them in `[p][c]` order; then each 32-wide block `p` is its 128-bit lane
+//! broadcast (`vshufi32x4`), shifted by `[0,0,0,0,4,4,4,4,8,..,12]` and masked with
+//! `0x000F000F`: 32 u16 lanes, lane `j` holding nibble `j` of the block
+//! (`kernels::unpack32`), which `vpermw` (16-bit outputs) or two `vpermd` (32-bit
+//! outputs) look up directly.
+
+use std::arch::x86_64::{
+    __m512i, _mm256_loadu_si256, _mm512_and_si512, _mm512_castsi512_si256, _mm512_cvtepu16_epi32,
+    _mm512_extracti64x4_epi64, _mm512_loadu_si512, _mm512_maskz_loadu_epi32,
+    _mm512_permutexvar_epi16, _mm512_permutexvar_epi32, _mm512_set1_epi32, _mm512_setr_epi32,
+    _mm512_shuffle_i32x4, _mm512_srlv_epi32, _mm512_storeu_si512, _mm512_zextsi256_si512,
+};
+
+use quant_core::Element;
+use quant_core::simd::Level;
+
+use crate::kernels::RowWords;
+use crate::layout::LANES;
+
+/// Lane `p·4 + c` of the transposed slab reads word `c·half + p` (lanes past `4·half`
+/// read word 0: never used).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn transpose_index(half: usize) -> __m512i {
+    let lane = |l: i32| {
+        let (p, c) = (l / 4, l % 4);
+        if (p as usize) < half {
+            c * half as i32 + p
+        } else {
+            0
+        }
+    };
+    _mm512_setr_epi32(
+        lane(0),
+        lane(1),
+        lane(2),
+        lane(3),
+        lane(4),
+        lane(5),
+        lane(6),
+        lane(7),
+        lane(8),
+        lane(9),
+        lane(10),
+        lane(11),
+        lane(12),
+        lane(13),
+        lane(14),
+        lane(15),
+    )
+}
+
+/// Calls `emit(j0, e)` for every 32-wide block of the row's first `k` columns, `e`
+/// holding the block's 32 nibbles as u16 lanes.
+///
+/// # Safety
+/// `row.covers(k)`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn for_each_block(row: RowWords<'_>, k: usize, mut emit: impl FnMut(usize, __m512i)) {
+    let half = row.half;
+    let mask = ((1u32 << (4 * half)) - 1) as u16;
+    let index = transpose_index(half);
+    let shift = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+    let nibbles = _mm512_set1_epi32(0x000F_000F);
+    for kot in 0..k.div_ceil(32 * half) {
+        let at = (kot * LANES + row.nr * 4) * half;
+        // SAFETY: the mask reads words `at .. at + 4·half`, inside the tile because
+        // `row.covers(k)` (lane `nr·4 + 3` of the last slab ends at `(kot + 1)·32·half`);
+        // masked-off words are not accessed.
+        let z = unsafe { _mm512_maskz_loadu_epi32(mask, row.tile.as_ptr().add(at)) };
+        let t = _mm512_permutexvar_epi32(index, z);
+        for p in 0..half {
+            let j0 = (kot * half + p) * 32;
+            if j0 >= k {
+                return;
+            }
+            let b = match p {
+                0 => _mm512_shuffle_i32x4::<0x00>(t, t),
+                1 => _mm512_shuffle_i32x4::<0x55>(t, t),
+                2 => _mm512_shuffle_i32x4::<0xAA>(t, t),
+                _ => _mm512_shuffle_i32x4::<0xFF>(t, t),
+            };
+            emit(j0, _mm512_and_si512(_mm512_srlv_epi32(b, shift), nibbles));
+        }
+    }
+}
+
+/// `out[j] = tables[j / g][nibble j]` for 16-bit outputs, `out.len()` a multiple of 32.
+/// Returns `false` (and writes nothing) when the arguments do not fit together.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(crate) fn lookup_row_u16(
+    tables: &[[u16; 16]],
+    g: usize,
+    row: RowWords<'_>,
+    out: &mut [u16],
+) -> bool {
+    let k = out.len();
+    if !(k.is_multiple_of(32) && g.is_power_of_two() && g >= 32 && row.covers(k))
+        || tables.len() < k.div_ceil(g)
+    {
+        return false;
+    }
+    let g_shift = g.trailing_zeros();
+    let dst = out.as_mut_ptr();
+    let emit = |j0: usize, e: __m512i| {
+        let t = &tables[j0 >> g_shift];
+        // SAFETY: a table is 16 u16 = 32 bytes (unaligned load, upper half zero and
+        // never indexed: nibbles are below 16); `j0 + 32 <= k = out.len()` because
+        // `k` is a multiple of 32 and `j0 < k`.
+        unsafe {
+            let t = _mm512_zextsi256_si512(_mm256_loadu_si256(t.as_ptr().cast()));
+            _mm512_storeu_si512(dst.add(j0).cast(), _mm512_permutexvar_epi16(e, t));
+        }
+    };
+    // SAFETY: `row.covers(k)` (checked above).
+    unsafe { for_each_block(row, k, emit) };
+    true
+}
+
+/// `out[j] = tables[j / g][nibble j]` for 32-bit outputs, `out.len()` a multiple of 32.
+/// Returns `false` (and writes nothing) when the arguments do not fit together.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(crate) fn lookup_row_u32(
+    tables: &[[u32; 16]],
+    g: usize,
+    row: RowWords<'_>,
+    out: &mut [u32],
+) -> bool {
+    let k = out.len();
+    if !(k.is_multiple_of(32) && g.is_power_of_two() && g >= 32 && row.covers(k))
+        || tables.len() < k.div_ceil(g)
+    {
+        return false;
+    }
+    let g_shift = g.trailing_zeros();
+    let dst = out.as_mut_ptr();
+    let emit = |j0: usize, e: __m512i| {
+        let t = &tables[j0 >> g_shift];
+        // SAFETY: a table is 16 u32 = 64 bytes (unaligned load); `j0 + 32 <= k =
+        // out.len()` because `k` is a multiple of 32 and `j0 < k`.
+        unsafe {
+            let t = _mm512_loadu_si512(t.as_ptr().cast());
+            let lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(e));
+            let hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(e));
+            _mm512_storeu_si512(dst.add(j0).cast(), _mm512_permutexvar_epi32(lo, t));
+            _mm512_storeu_si512(dst.add(j0 + 16).cast(), _mm512_permutexvar_epi32(hi, t));
+        }
+    };
+    // SAFETY: `row.covers(k)` (checked above).
+    unsafe { for_each_block(row, k, emit) };
+    true
+}
+
+/// `out[j] = tables[j / g][nibble j]` through [`lookup_row_u16`] or [`lookup_row_u32`]
+/// when the CPU has AVX-512 and `T` is 16 or 32 bits wide; `false` (nothing written)
+/// otherwise, leaving the row to the portable loop.
+#[inline(always)]
+pub(crate) fn lookup_row<T: Element>(
+    tables: &[[T; 16]],
+    g: usize,
+    row: RowWords<'_>,
+    out: &mut [T],
+) -> bool {
+    if !Level::Avx512.is_supported() {
+        return false;
+    }
+    let flat = bytemuck::cast_slice::<[T; 16], T>(tables);
+    match std::mem::size_of::<T>() {
+        2 => match (
+            bytemuck::try_cast_slice::<T, [u16; 16]>(flat),
+            bytemuck::try_cast_slice_mut::<T, u16>(out),
+        ) {
+            // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
+            (Ok(t), Ok(o)) => unsafe { lookup_row_u16(t, g, row, o) },
+            _ => false,
+        },
+        4 => match (
+            bytemuck::try_cast_slice::<T, [u32; 16]>(flat),
+            bytemuck::try_cast_slice_mut::<T, u32>(out),
+        ) {
+            // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
+            (Ok(t), Ok(o)) => unsafe { lookup_row_u32(t, g, row, o) },
+            _ => false,
+        },
+        _ => false,
+    }
+}
