@@ -370,7 +370,7 @@ impl Int4TiledQuantizer {
                         #[inline(always)]
                         || {
                             kernels::quantize_tile(
-                                path, eps, &geo, x, nt, words, &mut strip, pad, scratch,
+                                level, path, eps, &geo, x, nt, words, &mut strip, pad, scratch,
                             )
                         },
                     )

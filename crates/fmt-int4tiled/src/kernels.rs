@@ -106,10 +106,16 @@ fn spread_bytes(x: u64) -> u128 {
     (x | (x << 8)) & 0x00FF_00FF_00FF_00FF_00FF_00FF_00FF_00FF
 }
 
-/// Packs one row's nibbles `u` (`k_padded` of them) into its n-tile's words.
+/// Packs one row's nibbles `u` (`k_padded` of them) into its n-tile's words: at
+/// AVX-512 with [`crate::x86::pack_row`], elsewhere block by block with [`pack32`].
 #[inline(always)]
-fn pack_row(u: &[u8], nr: usize, ikt: usize, words: &mut [i32]) {
+fn pack_row(level: Level, u: &[u8], nr: usize, ikt: usize, words: &mut [i32]) {
     let half = ikt / 2;
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 && crate::x86::pack_row_if_supported(u, nr, half, words) {
+        return;
+    }
+    let _ = level;
     let slab = ikt * K_TILE;
     for (kot, us) in u.chunks_exact(slab).enumerate() {
         for (p, ub) in us.chunks_exact(32).enumerate() {
@@ -154,6 +160,9 @@ impl RowWords<'_> {
     }
 }
 
+/// Groups whose qparams one quantize step computes together.
+const BATCH: usize = 16;
+
 /// Scratch of one quantize task.
 pub(crate) struct Scratch {
     wide: Vec<f32>,
@@ -163,7 +172,7 @@ pub(crate) struct Scratch {
 impl Scratch {
     pub(crate) fn new(geo: &Geometry) -> Scratch {
         Scratch {
-            wide: vec![0.0; geo.group_size],
+            wide: vec![0.0; BATCH * geo.group_size],
             u: vec![0; geo.k_padded],
         }
     }
@@ -175,6 +184,7 @@ impl Scratch {
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(crate) fn quantize_tile<T: Element>(
+    level: Level,
     path: QParamsPath,
     eps: f32,
     geo: &Geometry,
@@ -189,24 +199,34 @@ pub(crate) fn quantize_tile<T: Element>(
     let logical = geo.logical_groups();
     for nr in 0..N_TILE {
         let n = nt * N_TILE + nr;
-        for gi in 0..geo.groups() {
-            let u = &mut s.u[gi * g..(gi + 1) * g];
-            let (scale, zero) = if n < geo.n && gi < logical {
-                let src = &x[n * geo.k + gi * g..n * geo.k + (gi + 1) * g];
-                let w = widened(src, &mut s.wide[..g]);
-                let (mn, mx) = min_max(w);
-                let p = group_params(path, mn, mx, eps);
-                group_nibbles(path, w, &p, u);
-                (p.scale_bf16, p.zero_bf16)
-            } else {
-                u.fill(0);
-                pad
-            };
-            let row = sz.row_mut(gi);
-            row[nr * 2] = scale;
-            row[nr * 2 + 1] = zero;
+        let real = if n < geo.n { logical } else { 0 };
+        // BATCH groups at a time: their min/max first, then their qparams (independent
+        // scalar chains the core overlaps, where one group's chain used to stall the
+        // next group's vector work), then their nibbles.
+        for g0 in (0..real).step_by(BATCH) {
+            let nb = BATCH.min(real - g0);
+            let src = &x[n * geo.k + g0 * g..n * geo.k + (g0 + nb) * g];
+            let w = widened(src, &mut s.wide[..nb * g]);
+            let mut ranges = [(0f32, 0f32); BATCH];
+            for (r, wg) in ranges.iter_mut().zip(w.chunks_exact(g)) {
+                *r = min_max(wg);
+            }
+            let params = ranges.map(|(mn, mx)| group_params(path, mn, mx, eps));
+            for (i, (p, wg)) in params.iter().zip(w.chunks_exact(g)).enumerate() {
+                let gi = g0 + i;
+                group_nibbles(path, wg, p, &mut s.u[gi * g..(gi + 1) * g]);
+                let row = sz.row_mut(gi);
+                row[nr * 2] = p.scale_bf16;
+                row[nr * 2 + 1] = p.zero_bf16;
+            }
         }
-        pack_row(&s.u, nr, geo.inner_k_tiles, words);
+        s.u[real * g..].fill(0);
+        for gi in real..geo.groups() {
+            let row = sz.row_mut(gi);
+            row[nr * 2] = pad.0;
+            row[nr * 2 + 1] = pad.1;
+        }
+        pack_row(level, &s.u, nr, geo.inner_k_tiles, words);
     }
 }
 

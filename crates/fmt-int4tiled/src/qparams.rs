@@ -129,11 +129,20 @@ pub fn min_max(xs: &[f32]) -> (f32, f32) {
         lo = if x < lo { x } else { lo };
         hi = if x > hi { x } else { hi };
     }
-    for l in 0..L {
-        any_nan |= nan[l];
-        lo = if mn[l] < lo { mn[l] } else { lo };
-        hi = if mx[l] > hi { mx[l] } else { hi };
+    // Fold the lanes as a tree (halves, quarters, ...): four vector steps where a
+    // lane-by-lane fold was a 32-step scalar chain per group. The lanes hold no NaN, and
+    // min/max over non-NaN values are associative.
+    let mut w = L;
+    while w > 1 {
+        w /= 2;
+        for l in 0..w {
+            mn[l] = if mn[l + w] < mn[l] { mn[l + w] } else { mn[l] };
+            mx[l] = if mx[l + w] > mx[l] { mx[l + w] } else { mx[l] };
+        }
     }
+    any_nan |= nan.iter().any(|&b| b);
+    lo = if mn[0] < lo { mn[0] } else { lo };
+    hi = if mx[0] > hi { mx[0] } else { hi };
     if any_nan {
         (f32::NAN, f32::NAN)
     } else {

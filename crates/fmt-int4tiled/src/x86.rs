@@ -12,12 +12,19 @@
 //! `0x000F000F`: 32 u16 lanes, lane `j` holding nibble `j` of the block
 //! (`kernels::unpack32`), which `vpermw` (16-bit outputs) or two `vpermd` (32-bit
 //! outputs) look up directly.
+//!
+//! Packing ([`pack_row`]) runs the same steps backwards: a block's 32 nibble bytes
+//! zero-extended to u16 lanes, shifted left by the same amounts, the four 128-bit lanes
+//! ORed together (two lane swaps), each block's four words placed at `[p][c]`, and one
+//! `vpermd` and one masked store per slab.
 
 use std::arch::x86_64::{
-    __m512i, _mm256_loadu_si256, _mm512_and_si512, _mm512_castsi512_si256, _mm512_cvtepu16_epi32,
-    _mm512_extracti64x4_epi64, _mm512_loadu_si512, _mm512_maskz_loadu_epi32,
-    _mm512_permutexvar_epi16, _mm512_permutexvar_epi32, _mm512_set1_epi32, _mm512_setr_epi32,
-    _mm512_shuffle_i32x4, _mm512_srlv_epi32, _mm512_storeu_si512, _mm512_zextsi256_si512,
+    __m512i, _mm256_loadu_si256, _mm512_and_si512, _mm512_castsi512_si256, _mm512_cvtepu8_epi16,
+    _mm512_cvtepu16_epi32, _mm512_extracti64x4_epi64, _mm512_loadu_si512, _mm512_mask_mov_epi32,
+    _mm512_mask_storeu_epi32, _mm512_maskz_loadu_epi32, _mm512_or_si512, _mm512_permutexvar_epi16,
+    _mm512_permutexvar_epi32, _mm512_set1_epi32, _mm512_setr_epi32, _mm512_setzero_si512,
+    _mm512_shuffle_i32x4, _mm512_sllv_epi32, _mm512_srlv_epi32, _mm512_storeu_si512,
+    _mm512_zextsi256_si512,
 };
 
 use quant_core::Element;
@@ -70,7 +77,7 @@ unsafe fn for_each_block(row: RowWords<'_>, k: usize, mut emit: impl FnMut(usize
     let half = row.half;
     let mask = ((1u32 << (4 * half)) - 1) as u16;
     let index = transpose_index(half);
-    let shift = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+    let shift = pair_shifts();
     let nibbles = _mm512_set1_epi32(0x000F_000F);
     for kot in 0..k.div_ceil(32 * half) {
         let at = (kot * LANES + row.nr * 4) * half;
@@ -93,6 +100,75 @@ unsafe fn for_each_block(row: RowWords<'_>, k: usize, mut emit: impl FnMut(usize
             emit(j0, _mm512_and_si512(_mm512_srlv_epi32(b, shift), nibbles));
         }
     }
+}
+
+/// The per-lane shifts of a block's u16 pairs: pair `4q + c` sits at bits `4q` of word
+/// `c` (module docs of [`crate::kernels`]).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn pair_shifts() -> __m512i {
+    _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12)
+}
+
+/// Packs one row's nibbles `u` (`k_padded` bytes, values below 16) into its words of
+/// `tile` (the n-tile's `k_padded` words). Returns `false` (nothing written) when the
+/// arguments do not fit together.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(crate) fn pack_row(u: &[u8], nr: usize, half: usize, tile: &mut [i32]) -> bool {
+    let slab = 32 * half;
+    let k = u.len();
+    let fits = RowWords { tile, nr, half }.covers(k);
+    if !(fits && k.is_multiple_of(slab)) {
+        return false;
+    }
+    let mask = ((1u32 << (4 * half)) - 1) as u16;
+    // Lane `c·half + p` of the stored slab reads lane `p·4 + c` of the packed blocks:
+    // the inverse of `transpose_index`.
+    let lane = |l: i32| {
+        let h = half as i32;
+        if l < 4 * h { (l % h) * 4 + l / h } else { 0 }
+    };
+    let index = _mm512_setr_epi32(
+        lane(0),
+        lane(1),
+        lane(2),
+        lane(3),
+        lane(4),
+        lane(5),
+        lane(6),
+        lane(7),
+        lane(8),
+        lane(9),
+        lane(10),
+        lane(11),
+        lane(12),
+        lane(13),
+        lane(14),
+        lane(15),
+    );
+    let shift = pair_shifts();
+    for (kot, us) in u.chunks_exact(slab).enumerate() {
+        let mut acc = _mm512_setzero_si512();
+        for (p, ub) in us.chunks_exact(32).enumerate() {
+            // SAFETY: `ub` is 32 bytes (one unaligned 256-bit load).
+            let e = _mm512_cvtepu8_epi16(unsafe { _mm256_loadu_si256(ub.as_ptr().cast()) });
+            let t = _mm512_sllv_epi32(e, shift);
+            let t = _mm512_or_si512(t, _mm512_shuffle_i32x4::<0b01_00_11_10>(t, t));
+            let t = _mm512_or_si512(t, _mm512_shuffle_i32x4::<0b10_11_00_01>(t, t));
+            acc = _mm512_mask_mov_epi32(acc, 0xF << (4 * p), t);
+        }
+        let at = (kot * LANES + nr * 4) * half;
+        // SAFETY: the mask writes words `at .. at + 4·half`, inside the tile because it
+        // covers the row's `k` columns (checked above); masked-off words are untouched.
+        unsafe {
+            _mm512_mask_storeu_epi32(
+                tile.as_mut_ptr().add(at),
+                mask,
+                _mm512_permutexvar_epi32(index, acc),
+            )
+        };
+    }
+    true
 }
 
 /// `out[j] = tables[j / g][nibble j]` for 16-bit outputs, `out.len()` a multiple of 32.
@@ -159,6 +235,13 @@ pub(crate) fn lookup_row_u32(
     // SAFETY: `row.covers(k)` (checked above).
     unsafe { for_each_block(row, k, emit) };
     true
+}
+
+/// [`pack_row`] when the CPU has AVX-512; `false` (nothing written) otherwise.
+#[inline(always)]
+pub(crate) fn pack_row_if_supported(u: &[u8], nr: usize, half: usize, tile: &mut [i32]) -> bool {
+    // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
+    Level::Avx512.is_supported() && unsafe { pack_row(u, nr, half, tile) }
 }
 
 /// `out[j] = tables[j / g][nibble j]` through [`lookup_row_u16`] or [`lookup_row_u32`]
