@@ -46,7 +46,9 @@ impl Operand<'_> {
     }
 }
 
-/// Rowwise: `[m, k]` codes and scales to `out` (`[m, k]`).
+/// Rowwise: `[m, k]` codes and scales to `out` (`[m, k]`). At AVX-512 each row is
+/// [`crate::x86::decode_row`] (f32 and bf16 output); elsewhere, and for f16, the
+/// portable loop below, which the tests compare with it at every level.
 pub(crate) fn rowwise<T: Element>(op: &Operand<'_>, m: usize, k: usize, out: &mut [T]) {
     let stride = scale_shape(m, k)[1];
     if k == 0 {
@@ -66,6 +68,12 @@ pub(crate) fn rowwise<T: Element>(op: &Operand<'_>, m: usize, k: usize, out: &mu
                     for (r, (o, d)) in o.chunks_exact_mut(k).zip(d.chunks_exact(k / 2)).enumerate()
                     {
                         let row = t * rows_per_task + r;
+                        #[cfg(target_arch = "x86_64")]
+                        if level == simd::Level::Avx512
+                            && crate::x86::decode_row(d, |b| op.factor(row, b, stride), o)
+                        {
+                            continue;
+                        }
                         for (b, (ob, db)) in o
                             .chunks_exact_mut(BLOCK)
                             .zip(d.chunks_exact(BLOCK / 2))

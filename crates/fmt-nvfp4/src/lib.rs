@@ -116,6 +116,9 @@ pub mod reference;
 pub mod rht;
 pub mod scale;
 pub mod sr;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // AVX-512 intrinsics; every block has a SAFETY comment
+mod x86;
 
 pub use quantizer::{FourOverSix, Nvfp4Quantizer, with_scale_layout};
 

@@ -1,0 +1,195 @@
+//! The AVX-512 body of rowwise dequantization: 16 values (one block) per step.
+//!
+//! A block's 8 code bytes are duplicated byte by byte (`vpunpcklbw`), zero-extended to
+//! 16 u32 lanes and shifted right by `[0, 4, 0, 4, ..]`, which leaves code `i` in the
+//! low four bits of lane `i` (low nibble first, as [`e2m1::unpack`] reads a byte).
+//! `vpermps` reads exactly those four bits, so one permute of [`e2m1::DECODE`] decodes
+//! the block; one multiply by the block's factor is the same IEEE product as the
+//! portable `decode_fast(code) * f`. bf16 output is narrowed with the integer
+//! round-to-nearest-even of [`quant_core::dtype::bf16_bits`] (NaN quieted), lane for
+//! lane.
+
+use std::arch::x86_64::{
+    __m512, __m512i, _mm_loadl_epi64, _mm_unpacklo_epi8, _mm256_storeu_si256, _mm512_add_epi32,
+    _mm512_and_si512, _mm512_castps_si512, _mm512_cmpgt_epu32_mask, _mm512_cvtepi32_epi16,
+    _mm512_cvtepu8_epi32, _mm512_loadu_ps, _mm512_mask_blend_epi32, _mm512_mul_ps, _mm512_or_si512,
+    _mm512_permutexvar_ps, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setr_epi32, _mm512_srli_epi32,
+    _mm512_srlv_epi32, _mm512_storeu_ps,
+};
+
+use quant_core::codec::e2m1;
+use quant_core::simd::Level;
+use quant_core::{DType, Element};
+
+use crate::scale::BLOCK;
+
+/// Decodes one row: `out[16b + i] = T(e2m1(code) * factor(b))` for the row's
+/// `out.len() / 16` blocks, codes two per byte in `codes`. Returns `false` (nothing
+/// written) unless the CPU has AVX-512, `T` is f32 or bf16 and the lengths fit (whole
+/// blocks, two outputs per byte); the caller then runs the portable loop.
+#[inline(always)]
+pub(crate) fn decode_row<T: Element>(
+    codes: &[u8],
+    factor: impl Fn(usize) -> f32,
+    out: &mut [T],
+) -> bool {
+    if !Level::Avx512.is_supported()
+        || !out.len().is_multiple_of(BLOCK)
+        || codes.len() * 2 != out.len()
+    {
+        return false;
+    }
+    match T::DTYPE {
+        DType::F32 => match bytemuck::try_cast_slice_mut::<T, f32>(out) {
+            // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
+            Ok(o) => unsafe { decode_row_f32(codes, factor, o) },
+            Err(_) => return false,
+        },
+        DType::BF16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
+            // SAFETY: as above.
+            Ok(o) => unsafe { decode_row_bf16(codes, factor, o) },
+            Err(_) => return false,
+        },
+        _ => return false,
+    }
+    true
+}
+
+/// The block's 16 values as f32: codes from 8 bytes, decoded and scaled.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn block_values(bytes: &[u8], table: __m512, f: f32) -> __m512 {
+    debug_assert!(bytes.len() >= BLOCK / 2);
+    // SAFETY: `bytes` holds at least 8 bytes (the callers pass whole blocks); one
+    // unaligned 64-bit load.
+    let b = unsafe { _mm_loadl_epi64(bytes.as_ptr().cast()) };
+    let lanes = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b, b));
+    let shift = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+    let codes = _mm512_srlv_epi32(lanes, shift);
+    _mm512_mul_ps(_mm512_set1_ps(f), _mm512_permutexvar_ps(codes, table))
+}
+
+/// The decode table in a register.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn decode_table() -> __m512 {
+    // SAFETY: `DECODE` is 16 f32 (one unaligned 512-bit load).
+    unsafe { _mm512_loadu_ps(e2m1::DECODE.as_ptr()) }
+}
+
+/// [`decode_row`] for f32 output (`codes.len() * 2 == out.len()`, whole blocks).
+#[target_feature(enable = "avx512f,avx512bw")]
+fn decode_row_f32(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [f32]) {
+    let table = decode_table();
+    for (b, (o, c)) in out
+        .chunks_exact_mut(BLOCK)
+        .zip(codes.chunks_exact(BLOCK / 2))
+        .enumerate()
+    {
+        let v = block_values(c, table, factor(b));
+        // SAFETY: `o` is 16 f32 (one unaligned 512-bit store).
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), v) };
+    }
+}
+
+/// [`decode_row`] for bf16 output, as bits (`codes.len() * 2 == out.len()`, whole
+/// blocks).
+#[target_feature(enable = "avx512f,avx512bw")]
+fn decode_row_bf16(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [u16]) {
+    let table = decode_table();
+    for (b, (o, c)) in out
+        .chunks_exact_mut(BLOCK)
+        .zip(codes.chunks_exact(BLOCK / 2))
+        .enumerate()
+    {
+        let v = bf16_bits(_mm512_castps_si512(block_values(c, table, factor(b))));
+        // SAFETY: `o` is 16 u16 (one unaligned 256-bit store).
+        unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi16(v)) };
+    }
+}
+
+/// [`quant_core::dtype::bf16_bits`] on 16 lanes (result in the low half of each lane):
+/// round to nearest even, NaN quieted.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn bf16_bits(b: __m512i) -> __m512i {
+    let high = _mm512_srli_epi32::<16>(b);
+    let lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+    let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(
+        b,
+        _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)),
+    ));
+    let nan = _mm512_or_si512(high, _mm512_set1_epi32(0x0040));
+    let is_nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(b, _mm512_set1_epi32(0x7FFF_FFFF)),
+        _mm512_set1_epi32(0x7F80_0000),
+    );
+    _mm512_mask_blend_epi32(is_nan, rounded, nan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+
+    /// Every byte value (both nibbles of every code pair) under factors that exercise the
+    /// product's corners: zero, subnormal, overflow to infinity, infinity and NaN.
+    #[test]
+    fn decode_row_equals_the_portable_product() {
+        if !Level::Avx512.is_supported() {
+            eprintln!("skipped: this CPU has no AVX-512");
+            return;
+        }
+        let codes: Vec<u8> = (0..=255).collect();
+        let factors = [
+            1.0,
+            0.0,
+            -0.0,
+            3.5e-39,
+            1.0e-45,
+            1.0e38,
+            f32::MAX,
+            f32::INFINITY,
+            f32::NAN,
+            0.123_456_79,
+        ];
+        for (fi, &f0) in factors.iter().enumerate() {
+            // A different factor per block, so a block never borrows its neighbour's.
+            let factor = |b: usize| {
+                if b.is_multiple_of(2) {
+                    f0
+                } else {
+                    factors[(fi + b) % 10]
+                }
+            };
+            let want: Vec<f32> = codes
+                .iter()
+                .enumerate()
+                .flat_map(|(i, &byte)| {
+                    let (lo, hi) = e2m1::unpack(byte);
+                    let f = factor(i / (BLOCK / 2));
+                    [e2m1::decode_fast(lo) * f, e2m1::decode_fast(hi) * f]
+                })
+                .collect();
+            let mut got = vec![0f32; 512];
+            assert!(decode_row(&codes, factor, &mut got));
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "f32 element {i}, factor {f0}");
+            }
+            let mut got = vec![bf16::ZERO; 512];
+            assert!(decode_row(&codes, factor, &mut got));
+            for (i, (a, &b)) in got.iter().zip(&want).enumerate() {
+                let b = quant_core::dtype::bf16_bits(b);
+                assert_eq!(a.to_bits(), b, "bf16 element {i}, factor {f0}");
+            }
+        }
+    }
+
+    #[test]
+    fn decode_row_refuses_what_does_not_fit() {
+        let codes = [0u8; 8];
+        assert!(!decode_row(&codes, |_| 1.0, &mut [0f32; 8]));
+        assert!(!decode_row(&codes[..4], |_| 1.0, &mut [0f32; 8]));
+        assert!(!decode_row(&codes, |_| 1.0, &mut [half::f16::ZERO; 16]));
+    }
+}
