@@ -171,6 +171,18 @@ pub(crate) fn pack_row(u: &[u8], nr: usize, half: usize, tile: &mut [i32]) -> bo
     true
 }
 
+/// `j >> shift` is output `j`'s group (its table), when `k` outputs in groups of `g`
+/// with `tables` tables fit the row (`k` a multiple of 32, `g` a power of two of at
+/// least 32, a table for every group); `None` otherwise.
+fn group_shift(k: usize, g: usize, row: RowWords<'_>, tables: usize) -> Option<u32> {
+    (k.is_multiple_of(32)
+        && g.is_power_of_two()
+        && g >= 32
+        && row.covers(k)
+        && tables >= k.div_ceil(g))
+    .then(|| g.trailing_zeros())
+}
+
 /// `out[j] = tables[j / g][nibble j]` for 16-bit outputs, `out.len()` a multiple of 32.
 /// Returns `false` (and writes nothing) when the arguments do not fit together.
 #[target_feature(enable = "avx512f,avx512bw")]
@@ -181,12 +193,9 @@ pub(crate) fn lookup_row_u16(
     out: &mut [u16],
 ) -> bool {
     let k = out.len();
-    if !(k.is_multiple_of(32) && g.is_power_of_two() && g >= 32 && row.covers(k))
-        || tables.len() < k.div_ceil(g)
-    {
+    let Some(g_shift) = group_shift(k, g, row, tables.len()) else {
         return false;
-    }
-    let g_shift = g.trailing_zeros();
+    };
     let dst = out.as_mut_ptr();
     let emit = |j0: usize, e: __m512i| {
         let t = &tables[j0 >> g_shift];
@@ -213,12 +222,9 @@ pub(crate) fn lookup_row_u32(
     out: &mut [u32],
 ) -> bool {
     let k = out.len();
-    if !(k.is_multiple_of(32) && g.is_power_of_two() && g >= 32 && row.covers(k))
-        || tables.len() < k.div_ceil(g)
-    {
+    let Some(g_shift) = group_shift(k, g, row, tables.len()) else {
         return false;
-    }
-    let g_shift = g.trailing_zeros();
+    };
     let dst = out.as_mut_ptr();
     let emit = |j0: usize, e: __m512i| {
         let t = &tables[j0 >> g_shift];

@@ -77,35 +77,40 @@ fn decode_table() -> __m512 {
     unsafe { _mm512_loadu_ps(e2m1::DECODE.as_ptr()) }
 }
 
+/// Calls `store(b, values)` for every block `b` of `codes` (8 bytes each).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn for_each_block(
+    codes: &[u8],
+    factor: impl Fn(usize) -> f32,
+    mut store: impl FnMut(usize, __m512),
+) {
+    let table = decode_table();
+    for (b, c) in codes.chunks_exact(BLOCK / 2).enumerate() {
+        store(b, block_values(c, table, factor(b)));
+    }
+}
+
 /// [`decode_row`] for f32 output (`codes.len() * 2 == out.len()`, whole blocks).
 #[target_feature(enable = "avx512f,avx512bw")]
 fn decode_row_f32(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [f32]) {
-    let table = decode_table();
-    for (b, (o, c)) in out
-        .chunks_exact_mut(BLOCK)
-        .zip(codes.chunks_exact(BLOCK / 2))
-        .enumerate()
-    {
-        let v = block_values(c, table, factor(b));
+    for_each_block(codes, factor, |b, v| {
+        let o = &mut out[b * BLOCK..(b + 1) * BLOCK];
         // SAFETY: `o` is 16 f32 (one unaligned 512-bit store).
         unsafe { _mm512_storeu_ps(o.as_mut_ptr(), v) };
-    }
+    });
 }
 
 /// [`decode_row`] for bf16 output, as bits (`codes.len() * 2 == out.len()`, whole
 /// blocks).
 #[target_feature(enable = "avx512f,avx512bw")]
 fn decode_row_bf16(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [u16]) {
-    let table = decode_table();
-    for (b, (o, c)) in out
-        .chunks_exact_mut(BLOCK)
-        .zip(codes.chunks_exact(BLOCK / 2))
-        .enumerate()
-    {
-        let v = bf16_bits(_mm512_castps_si512(block_values(c, table, factor(b))));
+    for_each_block(codes, factor, |b, v| {
+        let o = &mut out[b * BLOCK..(b + 1) * BLOCK];
+        let v = _mm512_cvtepi32_epi16(bf16_bits(_mm512_castps_si512(v)));
         // SAFETY: `o` is 16 u16 (one unaligned 256-bit store).
-        unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi16(v)) };
-    }
+        unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), v) };
+    });
 }
 
 /// [`quant_core::dtype::bf16_bits`] on 16 lanes (result in the low half of each lane):
