@@ -211,8 +211,13 @@ pub(crate) fn quantize_tile<T: Element>(
             for (r, wg) in ranges.iter_mut().zip(w.chunks_exact(g)) {
                 *r = min_max(wg);
             }
-            let params = ranges.map(|(mn, mx)| group_params(path, mn, mx, eps));
-            for (i, (p, wg)) in params.iter().zip(w.chunks_exact(g)).enumerate() {
+            // A plain loop, not `array::map`: its closure stayed out of line, compiled
+            // outside the dispatched function.
+            let mut params = [GroupParams::default(); BATCH];
+            for (p, &(mn, mx)) in params.iter_mut().zip(&ranges) {
+                *p = group_params(path, mn, mx, eps);
+            }
+            for (i, (p, wg)) in params[..nb].iter().zip(w.chunks_exact(g)).enumerate() {
                 let gi = g0 + i;
                 group_nibbles(path, wg, p, &mut s.u[gi * g..(gi + 1) * g]);
                 let row = sz.row_mut(gi);

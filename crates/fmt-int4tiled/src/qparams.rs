@@ -174,7 +174,7 @@ pub fn to_nibble(q: f32) -> u8 {
 }
 
 /// What quantizing the elements of one group needs: `u = to_nibble(op((x - min_val) / scale))`.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct GroupParams {
     /// The divisor (a bf16 value).
     pub scale: f32,
