@@ -254,6 +254,7 @@ pub(crate) fn dequantize_rows<T: Element>(
     out: &mut [T],
     tables: &mut Vec<[T; 16]>,
 ) {
+    let _ = level; // only the x86-64 build has a kernel to choose
     let (k, g) = (geo.k, geo.group_size);
     let half = geo.inner_k_tiles / 2;
     for (r, row) in out.chunks_exact_mut(k).enumerate() {
@@ -266,34 +267,18 @@ pub(crate) fn dequantize_rows<T: Element>(
             let at = (gi * geo.n_padded + n) * 2;
             *t = group_table::<T>(sz[at].to_f32(), sz[at + 1].to_f32());
         }
-        if !lookup_row_simd(level, tables, g, RowWords { tile, nr, half }, row) {
-            let words = RowWords { tile, nr, half };
-            for (block, ob) in row.chunks_exact_mut(32).enumerate() {
-                let table = &tables[block * 32 / g];
-                for (o, u) in ob.iter_mut().zip(unpack32(words.block_words(block))) {
-                    *o = table[usize::from(u)];
-                }
+        let lanes = RowWords { tile, nr, half };
+        #[cfg(target_arch = "x86_64")]
+        if level == Level::Avx512 && crate::x86::lookup_row(tables, g, lanes, row) {
+            continue;
+        }
+        for (block, ob) in row.chunks_exact_mut(32).enumerate() {
+            let table = &tables[block * 32 / g];
+            for (o, u) in ob.iter_mut().zip(unpack32(lanes.block_words(block))) {
+                *o = table[usize::from(u)];
             }
         }
     }
-}
-
-/// The [`crate::x86`] lookup of one row when `level` is AVX-512 (and the CPU has it);
-/// `false` when the row is left to the portable loop.
-#[inline(always)]
-fn lookup_row_simd<T: Element>(
-    level: Level,
-    tables: &[[T; 16]],
-    g: usize,
-    row: RowWords<'_>,
-    out: &mut [T],
-) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512 {
-        return crate::x86::lookup_row(tables, g, row, out);
-    }
-    let _ = (level, tables, g, row, out);
-    false
 }
 
 /// The 16 outputs of a group with scale `s` and zero `z`: `T((u - 8) * s + z)` rounded

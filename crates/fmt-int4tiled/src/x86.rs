@@ -66,14 +66,30 @@ fn transpose_index(half: usize) -> __m512i {
     )
 }
 
-/// Calls `emit(j0, e)` for every 32-wide block of the row's first `k` columns, `e`
-/// holding the block's 32 nibbles as u16 lanes.
-///
-/// # Safety
-/// `row.covers(k)`.
+/// Calls `emit(j0, group, e)` for every 32-wide block of the row's first `k` columns
+/// (outputs `j0 .. j0 + 32`, of group `group`), `e` holding the block's 32 nibbles as
+/// u16 lanes. Returns `false` (no call) unless `k` outputs in groups of `g`, with
+/// `tables` group tables, fit the row: `k` a multiple of 32 (so `j0 + 32 <= k` in every
+/// call), `g` a power of two of at least 32, a table for every group, and the row's
+/// words inside the tile.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn for_each_block(row: RowWords<'_>, k: usize, mut emit: impl FnMut(usize, __m512i)) {
+fn for_each_block(
+    row: RowWords<'_>,
+    k: usize,
+    g: usize,
+    tables: usize,
+    mut emit: impl FnMut(usize, usize, __m512i),
+) -> bool {
+    let fits = k.is_multiple_of(32)
+        && g.is_power_of_two()
+        && g >= 32
+        && row.covers(k)
+        && tables >= k.div_ceil(g);
+    if !fits {
+        return false;
+    }
+    let g_shift = g.trailing_zeros();
     let half = row.half;
     let mask = ((1u32 << (4 * half)) - 1) as u16;
     let index = transpose_index(half);
@@ -82,14 +98,14 @@ unsafe fn for_each_block(row: RowWords<'_>, k: usize, mut emit: impl FnMut(usize
     for kot in 0..k.div_ceil(32 * half) {
         let at = (kot * LANES + row.nr * 4) * half;
         // SAFETY: the mask reads words `at .. at + 4·half`, inside the tile because
-        // `row.covers(k)` (lane `nr·4 + 3` of the last slab ends at `(kot + 1)·32·half`);
+        // `row.covers(k)` (checked above; lane `nr·4 + 3` of the last slab ends at `(kot + 1)·32·half`);
         // masked-off words are not accessed.
         let z = unsafe { _mm512_maskz_loadu_epi32(mask, row.tile.as_ptr().add(at)) };
         let t = _mm512_permutexvar_epi32(index, z);
         for p in 0..half {
             let j0 = (kot * half + p) * 32;
             if j0 >= k {
-                return;
+                return true;
             }
             let b = match p {
                 0 => _mm512_shuffle_i32x4::<0x00>(t, t),
@@ -97,9 +113,14 @@ unsafe fn for_each_block(row: RowWords<'_>, k: usize, mut emit: impl FnMut(usize
                 2 => _mm512_shuffle_i32x4::<0xAA>(t, t),
                 _ => _mm512_shuffle_i32x4::<0xFF>(t, t),
             };
-            emit(j0, _mm512_and_si512(_mm512_srlv_epi32(b, shift), nibbles));
+            emit(
+                j0,
+                j0 >> g_shift,
+                _mm512_and_si512(_mm512_srlv_epi32(b, shift), nibbles),
+            );
         }
     }
+    true
 }
 
 /// The per-lane shifts of a block's u16 pairs: pair `4q + c` sits at bits `4q` of word
@@ -171,18 +192,6 @@ pub(crate) fn pack_row(u: &[u8], nr: usize, half: usize, tile: &mut [i32]) -> bo
     true
 }
 
-/// `j >> shift` is output `j`'s group (its table), when `k` outputs in groups of `g`
-/// with `tables` tables fit the row (`k` a multiple of 32, `g` a power of two of at
-/// least 32, a table for every group); `None` otherwise.
-fn group_shift(k: usize, g: usize, row: RowWords<'_>, tables: usize) -> Option<u32> {
-    (k.is_multiple_of(32)
-        && g.is_power_of_two()
-        && g >= 32
-        && row.covers(k)
-        && tables >= k.div_ceil(g))
-    .then(|| g.trailing_zeros())
-}
-
 /// `out[j] = tables[j / g][nibble j]` for 16-bit outputs, `out.len()` a multiple of 32.
 /// Returns `false` (and writes nothing) when the arguments do not fit together.
 #[target_feature(enable = "avx512f,avx512bw")]
@@ -192,24 +201,16 @@ pub(crate) fn lookup_row_u16(
     row: RowWords<'_>,
     out: &mut [u16],
 ) -> bool {
-    let k = out.len();
-    let Some(g_shift) = group_shift(k, g, row, tables.len()) else {
-        return false;
-    };
     let dst = out.as_mut_ptr();
-    let emit = |j0: usize, e: __m512i| {
-        let t = &tables[j0 >> g_shift];
+    for_each_block(row, out.len(), g, tables.len(), |j0, gi, e| {
         // SAFETY: a table is 16 u16 = 32 bytes (unaligned load, upper half zero and
-        // never indexed: nibbles are below 16); `j0 + 32 <= k = out.len()` because
-        // `k` is a multiple of 32 and `j0 < k`.
+        // never indexed: nibbles are below 16); `j0 + 32 <= out.len()`
+        // (`for_each_block`'s contract).
         unsafe {
-            let t = _mm512_zextsi256_si512(_mm256_loadu_si256(t.as_ptr().cast()));
+            let t = _mm512_zextsi256_si512(_mm256_loadu_si256(tables[gi].as_ptr().cast()));
             _mm512_storeu_si512(dst.add(j0).cast(), _mm512_permutexvar_epi16(e, t));
         }
-    };
-    // SAFETY: `row.covers(k)` (checked above).
-    unsafe { for_each_block(row, k, emit) };
-    true
+    })
 }
 
 /// `out[j] = tables[j / g][nibble j]` for 32-bit outputs, `out.len()` a multiple of 32.
@@ -221,26 +222,18 @@ pub(crate) fn lookup_row_u32(
     row: RowWords<'_>,
     out: &mut [u32],
 ) -> bool {
-    let k = out.len();
-    let Some(g_shift) = group_shift(k, g, row, tables.len()) else {
-        return false;
-    };
     let dst = out.as_mut_ptr();
-    let emit = |j0: usize, e: __m512i| {
-        let t = &tables[j0 >> g_shift];
-        // SAFETY: a table is 16 u32 = 64 bytes (unaligned load); `j0 + 32 <= k =
-        // out.len()` because `k` is a multiple of 32 and `j0 < k`.
+    for_each_block(row, out.len(), g, tables.len(), |j0, gi, e| {
+        // SAFETY: a table is 16 u32 = 64 bytes (unaligned load); `j0 + 32 <=
+        // out.len()` (`for_each_block`'s contract).
         unsafe {
-            let t = _mm512_loadu_si512(t.as_ptr().cast());
+            let t = _mm512_loadu_si512(tables[gi].as_ptr().cast());
             let lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(e));
             let hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(e));
             _mm512_storeu_si512(dst.add(j0).cast(), _mm512_permutexvar_epi32(lo, t));
             _mm512_storeu_si512(dst.add(j0 + 16).cast(), _mm512_permutexvar_epi32(hi, t));
         }
-    };
-    // SAFETY: `row.covers(k)` (checked above).
-    unsafe { for_each_block(row, k, emit) };
-    true
+    })
 }
 
 /// [`pack_row`] when the CPU has AVX-512; `false` (nothing written) otherwise.

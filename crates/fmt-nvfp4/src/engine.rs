@@ -403,9 +403,7 @@ fn rowwise_chunk(
         let out = &mut rd[r * k / 2 + c0 / 2..r * k / 2 + (c0 + cw) / 2];
         let tile = p.two_d.then(|| &tile_amax[r / BLOCK]);
         let sdb = rowwise_run(p, i0 + r, row_global(p, i0 + r), kb0, w, tile, out);
-        for (b, &code) in sdb[..cw / BLOCK].iter().enumerate() {
-            rs[scale_index(r, kb0 + b, rstride, p.swizzled)] = code;
-        }
+        put_row_scales(p, rs, rstride, r, kb0, &sdb[..cw / BLOCK]);
     }
 }
 
@@ -437,10 +435,17 @@ fn rowwise_only<T: Element>(
             simd::prefetch(x.get(ahead..ahead + xs.len()).unwrap_or(&[]));
             let w = quant_core::widened(xs, &mut wide[..xs.len()]);
             let sdb = rowwise_run(p, i0 + r, g, c * NB, w, None, os);
-            for (b, &code) in sdb[..xs.len() / BLOCK].iter().enumerate() {
-                rs[scale_index(r, c * NB + b, rstride, p.swizzled)] = code;
-            }
+            put_row_scales(p, rs, rstride, r, c * NB, &sdb[..xs.len() / BLOCK]);
         }
+    }
+}
+
+/// Stores row `r`'s (slab-local) scale codes of blocks `kb0..` into the slab's chunk
+/// `rs` of the rowwise scale buffer.
+#[inline(always)]
+fn put_row_scales(p: &Params<'_>, rs: &mut [u8], rstride: usize, r: usize, kb0: usize, sdb: &[u8]) {
+    for (b, &code) in sdb.iter().enumerate() {
+        rs[scale_index(r, kb0 + b, rstride, p.swizzled)] = code;
     }
 }
 
@@ -538,7 +543,7 @@ fn four_over_six_rows(
             codes,
             &mut rd[r * k / 2 + (c0 + b * BLOCK) / 2..][..BLOCK / 2],
         );
-        rs[scale_index(r, kb0 + b, rstride, p.swizzled)] = sdb;
+        put_row_scales(p, rs, rstride, r, kb0 + b, &[sdb]);
     };
     for b in 0..nb {
         if p.two_d {
