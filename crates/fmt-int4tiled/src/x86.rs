@@ -33,37 +33,31 @@ use quant_core::simd::Level;
 use crate::kernels::RowWords;
 use crate::layout::LANES;
 
+/// The vector whose lane `l` holds `lane(l)`, for the permute indices below.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn lanes(lane: impl Fn(i32) -> i32) -> __m512i {
+    let v: [i32; 16] = std::array::from_fn(|l| lane(l as i32));
+    // SAFETY: `v` is 16 i32 = 64 bytes (one unaligned 512-bit load).
+    unsafe { _mm512_loadu_si512(v.as_ptr().cast()) }
+}
+
 /// Lane `p·4 + c` of the transposed slab reads word `c·half + p` (lanes past `4·half`
 /// read word 0: never used).
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn transpose_index(half: usize) -> __m512i {
-    let lane = |l: i32| {
-        let (p, c) = (l / 4, l % 4);
-        if (p as usize) < half {
-            c * half as i32 + p
-        } else {
-            0
-        }
-    };
-    _mm512_setr_epi32(
-        lane(0),
-        lane(1),
-        lane(2),
-        lane(3),
-        lane(4),
-        lane(5),
-        lane(6),
-        lane(7),
-        lane(8),
-        lane(9),
-        lane(10),
-        lane(11),
-        lane(12),
-        lane(13),
-        lane(14),
-        lane(15),
-    )
+    let h = half as i32;
+    lanes(|l| if l < 4 * h { (l % 4) * h + l / 4 } else { 0 })
+}
+
+/// The inverse of [`transpose_index`]: lane `c·half + p` of the stored slab reads lane
+/// `p·4 + c` of the packed blocks.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn untranspose_index(half: usize) -> __m512i {
+    let h = half as i32;
+    lanes(|l| if l < 4 * h { (l % h) * 4 + l / h } else { 0 })
 }
 
 /// Calls `emit(j0, group, e)` for every 32-wide block of the row's first `k` columns
@@ -143,30 +137,7 @@ pub(crate) fn pack_row(u: &[u8], nr: usize, half: usize, tile: &mut [i32]) -> bo
         return false;
     }
     let mask = ((1u32 << (4 * half)) - 1) as u16;
-    // Lane `c·half + p` of the stored slab reads lane `p·4 + c` of the packed blocks:
-    // the inverse of `transpose_index`.
-    let lane = |l: i32| {
-        let h = half as i32;
-        if l < 4 * h { (l % h) * 4 + l / h } else { 0 }
-    };
-    let index = _mm512_setr_epi32(
-        lane(0),
-        lane(1),
-        lane(2),
-        lane(3),
-        lane(4),
-        lane(5),
-        lane(6),
-        lane(7),
-        lane(8),
-        lane(9),
-        lane(10),
-        lane(11),
-        lane(12),
-        lane(13),
-        lane(14),
-        lane(15),
-    );
+    let index = untranspose_index(half);
     let shift = pair_shifts();
     for (kot, us) in u.chunks_exact(slab).enumerate() {
         let mut acc = _mm512_setzero_si512();
