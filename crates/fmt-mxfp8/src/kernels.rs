@@ -3,7 +3,9 @@
 //! permutation applied afterwards (TE's unfused `nvte_swizzle_scaling_factors` path),
 //! so one well-tested function owns the swizzle.
 
+use quant_core::block_max::block_abs_max;
 use quant_core::codec::{e4m3, e5m2};
+use quant_core::simd::Level;
 use quant_core::strips::{Strip, column_strips};
 use quant_core::{Element, simd, widened};
 use rayon::prelude::*;
@@ -86,32 +88,6 @@ fn encode_cols(cfg: Cfg, xs: &[f32], mult: &[f32], out: &mut [u8]) {
                 *o = e5m2::encode(if v == 0.0 { 0.0 } else { v * s });
             }
         }
-    }
-}
-
-/// The block max of the ordering keys of `xs` under `rule` (see [`ScaleRule::key`]).
-///
-/// Sixteen independent lanes, folded at the end: a single running `max` (a `fold`) is a
-/// loop-carried reduction that LLVM left scalar here, one compare and branch per element
-/// (the hottest line of the MXFP8 profile); the lane array vectorizes to one vector max
-/// per 16 elements. Integer max is associative, so the result is the same.
-#[inline(always)]
-fn key_max(rule: ScaleRule, xs: &[f32]) -> u32 {
-    #[inline(always)]
-    fn lanes(xs: &[f32], key: impl Fn(f32) -> u32) -> u32 {
-        let mut acc = [0u32; 16];
-        let mut chunks = xs.chunks_exact(16);
-        for c in &mut chunks {
-            for (a, &v) in acc.iter_mut().zip(c) {
-                *a = (*a).max(key(v));
-            }
-        }
-        let tail = chunks.remainder().iter().fold(0u32, |m, &v| m.max(key(v)));
-        acc.iter().fold(tail, |m, &a| m.max(a))
-    }
-    match rule {
-        ScaleRule::Te => lanes(xs, |v| ScaleRule::Te.key(v)),
-        ScaleRule::Ocp => lanes(xs, |v| ScaleRule::Ocp.key(v)),
     }
 }
 
@@ -212,7 +188,18 @@ pub(crate) fn quantize<T: Element>(
             simd::dispatch(
                 level,
                 #[inline(always)]
-                || slab(cfg, two_d, layout, k, [rstride, cstride], &mut job, wide),
+                || {
+                    slab(
+                        level,
+                        cfg,
+                        two_d,
+                        layout,
+                        k,
+                        [rstride, cstride],
+                        &mut job,
+                        wide,
+                    )
+                },
             )
         },
     );
@@ -225,13 +212,14 @@ const STEP: usize = 16;
 const PREFETCH: usize = 4 * STEP * BLOCK;
 
 /// Rowwise 1x32 only (the common case): row by row, [`STEP`] blocks at a time, in three
-/// passes over an L1-resident span: every block's key max, then every block's code and
-/// multiplier, then the encode. Separating the passes keeps the per-block scalar work
+/// passes over an L1-resident span: every block's key max (sixteen blocks folded together,
+/// [`block_abs_max`]), then every block's code and multiplier, then the encode. Separating the passes keeps the per-block scalar work
 /// (the E8M0 code) out of the vector loops, and f32 input is read in place (bf16 is
 /// widened once per span instead of once per block into a stack array the encoder then
 /// re-reads with wider loads).
 #[inline(always)]
 fn rowwise_only<T: Element>(
+    level: Level,
     cfg: Cfg,
     layout: ScaleLayout,
     k: usize,
@@ -251,9 +239,7 @@ fn rowwise_only<T: Element>(
             simd::prefetch(x.get(ahead..ahead + STEP * BLOCK).unwrap_or(&[]));
             let w = widened(xs, &mut span[..xs.len()]);
             let mut keys = [0u32; STEP];
-            for (key, b) in keys.iter_mut().zip(w.chunks_exact(BLOCK)) {
-                *key = key_max(cfg.rule, b);
-            }
+            block_abs_max(level, w, cfg.rule.nan_rule(), &mut keys[..w.len() / BLOCK]);
             let mut codes = [0u8; STEP];
             let mut mults = [0f32; STEP];
             for ((c, m), &key) in codes.iter_mut().zip(mults.iter_mut()).zip(&keys) {
@@ -282,6 +268,7 @@ const TILE_BYTES: usize = 512;
 /// in L2), take the amaxes the blocks need, then encode every requested direction.
 #[inline(always)]
 fn slab<T: Element>(
+    level: Level,
     cfg: Cfg,
     two_d: bool,
     layout: ScaleLayout,
@@ -293,7 +280,7 @@ fn slab<T: Element>(
     let x = job.x;
     let groups = x.len() / (BLOCK * k);
     if let (None, false, Some((rd, rs))) = (job.col.as_ref(), two_d, job.row.as_mut()) {
-        rowwise_only(cfg, layout, k, rstride, x, rd, rs);
+        rowwise_only(level, cfg, layout, k, rstride, x, rd, rs);
         return;
     }
     let mut col_key = [0u32; CHUNK];
@@ -301,6 +288,7 @@ fn slab<T: Element>(
     let mut col_code = [0u8; CHUNK];
     let mut tile_mult = [0f32; CHUNK / BLOCK];
     let mut tile_code = [0u8; CHUNK / BLOCK];
+    let mut row_key = [0u32; CHUNK / BLOCK];
     for g in 0..groups {
         for c0 in (0..k).step_by(CHUNK) {
             let cw = CHUNK.min(k - c0);
@@ -319,8 +307,9 @@ fn slab<T: Element>(
                 let keys = &mut col_key[..nb];
                 keys.fill(0);
                 for row in wide.chunks_exact(cw) {
-                    for (a, b) in keys.iter_mut().zip(row.chunks_exact(BLOCK)) {
-                        *a = (*a).max(key_max(cfg.rule, b));
+                    block_abs_max(level, row, cfg.rule.nan_rule(), &mut row_key[..nb]);
+                    for (a, &b) in keys.iter_mut().zip(&row_key) {
+                        *a = (*a).max(b);
                     }
                 }
                 for ((c, mlt), &a) in tile_code
@@ -351,6 +340,9 @@ fn slab<T: Element>(
                 let i = g * BLOCK + r;
                 let dst = i * k + c0..i * k + c0 + cw;
                 if let Some((rd, rs)) = job.row.as_mut() {
+                    if !two_d {
+                        block_abs_max(level, w, cfg.rule.nan_rule(), &mut row_key[..nb]);
+                    }
                     let out = &mut rd[dst.clone()];
                     for (b, (o, v)) in out
                         .chunks_exact_mut(BLOCK)
@@ -360,7 +352,7 @@ fn slab<T: Element>(
                         let code = if two_d {
                             tile_code[b]
                         } else {
-                            cfg.code(key_max(cfg.rule, v))
+                            cfg.code(row_key[b])
                         };
                         encode_run(
                             cfg,

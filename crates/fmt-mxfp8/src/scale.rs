@@ -37,6 +37,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use quant_core::block_max::NanRule;
 use quant_core::codec::{e4m3, e5m2, e8m0};
 use quant_core::{Element, Error, Result};
 use serde::{Deserialize, Serialize};
@@ -150,8 +151,6 @@ pub enum ScaleRule {
     Ocp,
 }
 
-const F32_INF_BITS: u32 = 0x7F80_0000;
-
 impl ScaleRule {
     /// The ordering key of one element for the block max: `|x|` as its f32 bit pattern
     /// (non-negative floats order like their bits). The TE rule maps NaN to 0, so NaN
@@ -159,17 +158,22 @@ impl ScaleRule {
     /// propagates (`torch.amax` semantics).
     #[inline(always)]
     pub fn key(self, x: f32) -> u32 {
-        let a = x.to_bits() & 0x7FFF_FFFF;
+        self.nan_rule().key(x)
+    }
+
+    /// How the rule's block max treats NaN: ignored (TE) or winning (OCP).
+    ///
+    /// ```
+    /// use fmt_mxfp8::ScaleRule;
+    /// use quant_core::block_max::NanRule;
+    /// assert_eq!(ScaleRule::Te.nan_rule(), NanRule::Ignore);
+    /// assert_eq!(ScaleRule::Ocp.nan_rule(), NanRule::Propagate);
+    /// ```
+    #[inline(always)]
+    pub const fn nan_rule(self) -> NanRule {
         match self {
-            // A select, not a branch, so that block loops vectorize.
-            ScaleRule::Te => {
-                if a > F32_INF_BITS {
-                    0
-                } else {
-                    a
-                }
-            }
-            ScaleRule::Ocp => a,
+            ScaleRule::Te => NanRule::Ignore,
+            ScaleRule::Ocp => NanRule::Propagate,
         }
     }
 

@@ -24,8 +24,10 @@
 //! [`crate::sr`]), the Hadamard sums in index order, 4over6 candidates and tree sums.
 
 use half::bf16;
+use quant_core::block_max::{NanRule, block_abs_max};
 use quant_core::codec::{e2m1, e4m3};
 use quant_core::cpu::{amax_f32, fmax_nan_loses};
+use quant_core::simd::Level;
 use quant_core::strips::{Strip, column_strips};
 use quant_core::{Element, Result, simd};
 use rayon::prelude::*;
@@ -51,6 +53,9 @@ const TILE_BYTES: usize = 512;
 /// Everything about the quantization except the data.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Params<'a> {
+    /// The SIMD level every kernel of the call dispatches to ([`simd::level`] when the
+    /// call began).
+    pub level: Level,
     pub two_d: bool,
     pub e4m3_max: u16,
     pub four_over_six: Option<FourOverSix>,
@@ -156,11 +161,10 @@ pub(crate) fn quantize<T: Element>(
             col,
         })
         .collect();
-    let level = simd::level();
     jobs.into_par_iter()
         .for_each_init(Scratch::new, |scratch, mut job| {
             simd::dispatch(
-                level,
+                p.level,
                 #[inline(always)]
                 || slab(p, k, rstride, &mut job, scratch),
             )
@@ -358,8 +362,10 @@ fn slab<T: Element>(
             for (g, ta) in tile_amax.iter_mut().enumerate().take(groups) {
                 for r in 0..BLOCK {
                     let w = &s.wide[(g * BLOCK + r) * CHUNK..][..cw];
-                    for (a, blk) in ta.iter_mut().zip(w.chunks_exact(BLOCK)) {
-                        *a = fmax_nan_loses(*a, amax_f32(blk));
+                    let mut bits = [0u32; NB];
+                    block_abs_max(p.level, w, NanRule::Ignore, &mut bits[..nb]);
+                    for (a, &b) in ta.iter_mut().zip(&bits) {
+                        *a = fmax_nan_loses(*a, f32::from_bits(b));
                     }
                 }
             }
@@ -472,11 +478,9 @@ fn rowwise_run(
     let amax = match tile {
         Some(t) => *t,
         None => {
-            let mut amax = [0f32; NB];
-            for (a, blk) in amax.iter_mut().zip(w.chunks_exact(BLOCK)) {
-                *a = amax_f32(blk);
-            }
-            amax
+            let mut bits = [0u32; NB];
+            block_abs_max(p.level, w, NanRule::Ignore, &mut bits[..nb]);
+            bits.map(f32::from_bits)
         }
     };
     let mut sdb = [0u8; NB];
@@ -821,6 +825,7 @@ pub(crate) fn amaxes<T: Element>(
     };
     row_chunks.resize_with(m.div_ceil(rows_per_task), || None);
     let p = Params {
+        level,
         two_d: false,
         e4m3_max: 448,
         four_over_six: None,

@@ -379,6 +379,7 @@ impl Nvfp4Quantizer {
             None
         };
         let params = engine::Params {
+            level: quant_core::simd::level(),
             two_d: self.two_d,
             e4m3_max: self.e4m3_max,
             four_over_six: self.four_over_six,

@@ -27,6 +27,7 @@
 #![deny(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 
+pub mod block_max;
 pub mod buffer;
 pub mod codec;
 pub mod cpu;

@@ -1,0 +1,324 @@
+//! The magnitude maximum of every block of a run, many blocks at a time.
+//!
+//! Every block format starts a block with its amax: MXFP8 per 32 values, NVFP4 per 16,
+//! FP8 per 128. One vector per block is cheap; folding that vector's 16 lanes down to
+//! one number is not: four shuffle-and-max steps in a dependency chain, per block, were
+//! the largest single cost of the MXFP8 and NVFP4 quantize profiles. [`block_abs_max`]
+//! instead folds **sixteen blocks together**: their sixteen vectors are halved pairwise
+//! (two permutes and one max per pair), so four levels, 15 maxima in all, leave one
+//! vector whose lane `b` is block `b`'s maximum.
+//!
+//! The result is a magnitude's **bit pattern**: for non-NaN floats the order of `|x|`
+//! bits is the order of the values, so an integer max is the float max, and the NaN
+//! rule is a choice of key ([`NanRule`]).
+//!
+//! ```
+//! use quant_core::block_max::{NanRule, block_abs_max};
+//! use quant_core::simd;
+//!
+//! let xs: Vec<f32> = (0..64).map(|i| i as f32 - 40.0).collect(); // 4 blocks of 16
+//! let mut out = [0u32; 4];
+//! block_abs_max(simd::level(), &xs, NanRule::Ignore, &mut out);
+//! assert_eq!(out.map(f32::from_bits), [40.0, 24.0, 8.0, 23.0]);
+//! ```
+#![allow(unsafe_code)]
+
+use crate::simd::Level;
+
+/// How NaN inputs count in a block maximum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NanRule {
+    /// NaN loses: the maximum of the non-NaN magnitudes, `+0` if there are none (CUDA
+    /// `fmaxf` folded from 0, what TE's amax reductions compute).
+    Ignore,
+    /// NaN wins: the maximum of the magnitude bit patterns, where every NaN pattern
+    /// lies above infinity's (`0x7F80_0000`); a block holding a NaN yields a NaN
+    /// pattern (the OCP MX rule).
+    Propagate,
+}
+
+/// Bits of f32 infinity; magnitude patterns above it are NaN.
+const INF_BITS: u32 = 0x7F80_0000;
+
+impl NanRule {
+    /// The ordering key of one value: its magnitude bits (NaN -> 0 under
+    /// [`NanRule::Ignore`]).
+    ///
+    /// ```
+    /// use quant_core::block_max::NanRule;
+    /// assert_eq!(NanRule::Ignore.key(-2.0), 2f32.to_bits());
+    /// assert_eq!(NanRule::Ignore.key(f32::NAN), 0);
+    /// assert!(NanRule::Propagate.key(f32::NAN) > f32::INFINITY.to_bits());
+    /// ```
+    #[inline(always)]
+    pub fn key(self, x: f32) -> u32 {
+        let a = x.to_bits() & 0x7FFF_FFFF;
+        // A select, not a branch, so that block loops vectorize.
+        if self == NanRule::Ignore && a > INF_BITS {
+            0
+        } else {
+            a
+        }
+    }
+}
+
+/// `out[b]` = the largest [`NanRule::key`] of block `b`, the `b`-th of the
+/// `out.len()` equal blocks of `xs` (a pattern: `f32::from_bits` gives the amax).
+///
+/// At [`Level::Avx512`], with blocks a multiple of 16 values long, sixteen blocks are
+/// folded together (see the module docs); otherwise, and for the last `< 16` blocks,
+/// each block is folded alone with the same integer maxima, so every level gives the
+/// same bits. Call it from inside a [`crate::simd::dispatch`]ed kernel: it is
+/// `#[inline(always)]` and compiles at the caller's width.
+///
+/// Panics if `xs.len()` is not a multiple of `out.len()` (an internal indexing bug of
+/// the caller; the format crates size both from one block length).
+#[inline(always)]
+pub fn block_abs_max(level: Level, xs: &[f32], nan: NanRule, out: &mut [u32]) {
+    if out.is_empty() {
+        return;
+    }
+    assert!(
+        xs.len().is_multiple_of(out.len()),
+        "block_abs_max: {} values do not split into {} equal blocks",
+        xs.len(),
+        out.len()
+    );
+    let n = xs.len() / out.len();
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512
+        && Level::Avx512.is_supported()
+        && n > 0
+        && n.is_multiple_of(x86::LANES)
+    {
+        // SAFETY: the CPU has AVX-512 F (checked just above); `xs` holds `out.len()`
+        // blocks of `n` values, `n` a nonzero multiple of 16 (checked above).
+        unsafe { x86::block_abs_max(xs, n, nan, out) };
+        return;
+    }
+    let _ = level;
+    for (o, b) in out.iter_mut().zip(xs.chunks_exact(n.max(1))) {
+        *o = portable(b, nan);
+    }
+}
+
+/// One block's maximum key with 16 independent lanes folded as a tree: a single running
+/// `max` is a loop-carried chain LLVM leaves scalar; the lane array vectorizes.
+#[inline(always)]
+fn portable(xs: &[f32], nan: NanRule) -> u32 {
+    const LANES: usize = 16;
+    let mut acc = [0u32; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a = (*a).max(nan.key(v));
+        }
+    }
+    let mut w = LANES;
+    while w > 1 {
+        w /= 2;
+        for i in 0..w {
+            acc[i] = acc[i].max(acc[i + w]);
+        }
+    }
+    chunks
+        .remainder()
+        .iter()
+        .fold(acc[0], |m, &v| m.max(nan.key(v)))
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::{
+        __m512i, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps, _mm512_loadu_ps,
+        _mm512_loadu_si512, _mm512_max_epu32, _mm512_max_ps, _mm512_permutex2var_epi32,
+        _mm512_reduce_max_epu32, _mm512_set1_epi32, _mm512_setzero_ps, _mm512_setzero_si512,
+        _mm512_storeu_si512,
+    };
+
+    use super::NanRule;
+
+    /// f32 lanes per vector, and blocks folded together.
+    pub(super) const LANES: usize = 16;
+
+    /// Permute indices of one fold level: the two blocks' lanes `[0, p)` of every
+    /// `2p`-lane group go low, lanes `[p, 2p)` high (a `vpermt2d` index, 32 sources).
+    const fn halves(p: usize) -> ([i32; LANES], [i32; LANES]) {
+        let mut lo = [0i32; LANES];
+        let mut hi = [0i32; LANES];
+        let mut i = 0;
+        while i < LANES {
+            let src = (i / p) * 2 * p + i % p;
+            lo[i] = src as i32;
+            hi[i] = (src + p) as i32;
+            i += 1;
+        }
+        (lo, hi)
+    }
+
+    /// The indices of the four levels (partials per block 8, 4, 2, 1 after the level).
+    const LEVELS: [([i32; LANES], [i32; LANES]); 4] = [halves(8), halves(4), halves(2), halves(1)];
+
+    /// Block `b`'s 16 lane maxima (`n` values from `p`).
+    ///
+    /// # Safety
+    /// `p .. p + n` must be readable; `n` a multiple of 16.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn lanes_max(p: *const f32, n: usize, nan: NanRule) -> __m512i {
+        let abs = _mm512_set1_epi32(0x7FFF_FFFF);
+        match nan {
+            NanRule::Ignore => {
+                // `vmaxps` returns its second operand when either is NaN, so a NaN
+                // value never replaces the (never NaN) accumulator.
+                let mut acc = _mm512_setzero_ps();
+                for j in (0..n).step_by(LANES) {
+                    // SAFETY: `j + 16 <= n` and `p .. p + n` is readable.
+                    let x = _mm512_castps_si512(unsafe { _mm512_loadu_ps(p.add(j)) });
+                    acc = _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(x, abs)), acc);
+                }
+                _mm512_castps_si512(acc)
+            }
+            NanRule::Propagate => {
+                let mut acc = _mm512_setzero_si512();
+                for j in (0..n).step_by(LANES) {
+                    // SAFETY: as above.
+                    let x = unsafe { _mm512_loadu_si512(p.add(j).cast()) };
+                    acc = _mm512_max_epu32(_mm512_and_si512(x, abs), acc);
+                }
+                acc
+            }
+        }
+    }
+
+    /// The maxima of 16 blocks' lane vectors: lane `b` of the result is `max(v[b])`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn fold16(mut v: [__m512i; LANES]) -> __m512i {
+        let mut live = LANES;
+        for (lo, hi) in LEVELS {
+            // SAFETY: each index array is 16 i32 (one unaligned 512-bit load).
+            let (lo, hi) = unsafe {
+                (
+                    _mm512_loadu_si512(lo.as_ptr().cast()),
+                    _mm512_loadu_si512(hi.as_ptr().cast()),
+                )
+            };
+            live /= 2;
+            for i in 0..live {
+                let (a, b) = (v[2 * i], v[2 * i + 1]);
+                v[i] = _mm512_max_epu32(
+                    _mm512_permutex2var_epi32(a, lo, b),
+                    _mm512_permutex2var_epi32(a, hi, b),
+                );
+            }
+        }
+        v[0]
+    }
+
+    /// [`super::block_abs_max`] with AVX-512.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F; `xs.len() == out.len() * n`, `n` a nonzero
+    /// multiple of 16.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn block_abs_max(xs: &[f32], n: usize, nan: NanRule, out: &mut [u32]) {
+        debug_assert_eq!(xs.len(), out.len() * n);
+        let done = out.len() / LANES * LANES;
+        let mut groups = out.chunks_exact_mut(LANES);
+        for (g, o) in (&mut groups).enumerate() {
+            let base = xs[g * LANES * n..].as_ptr();
+            // SAFETY: block `b` of the group is `base + b*n .. + n`, inside `xs`.
+            let v: [__m512i; LANES] =
+                std::array::from_fn(|b| unsafe { lanes_max(base.add(b * n), n, nan) });
+            // SAFETY: `o` is 16 u32 (one unaligned 512-bit store).
+            unsafe { _mm512_storeu_si512(o.as_mut_ptr().cast(), fold16(v)) };
+        }
+        for (b, o) in groups.into_remainder().iter_mut().enumerate() {
+            // SAFETY: block `done + b` lies inside `xs`.
+            let v = unsafe { lanes_max(xs[(done + b) * n..].as_ptr(), n, nan) };
+            *o = _mm512_reduce_max_epu32(v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simd;
+
+    /// A run mixing every special: NaN (both signs, payloads), infinities, signed
+    /// zeros, subnormals, the largest finite values and ordinary numbers.
+    fn values(len: usize, seed: u32) -> Vec<f32> {
+        let special = [
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7FC0_1234),
+            f32::from_bits(0xFF80_0001),
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            f32::from_bits(1),
+            -f32::from_bits(0x007F_FFFF),
+            f32::MAX,
+            -f32::MAX,
+        ];
+        let mut s = seed | 1;
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                if s % 29 == 0 {
+                    special[(s as usize >> 8) % special.len()]
+                } else {
+                    f32::from_bits(s >> 2) * if s & 2 == 0 { 1.0 } else { -1.0 }
+                }
+            })
+            .collect()
+    }
+
+    /// The specification: a sequential fold of the keys of each block.
+    fn sequential(xs: &[f32], n: usize, nan: NanRule) -> Vec<u32> {
+        xs.chunks_exact(n)
+            .map(|b| b.iter().fold(0, |m, &v| m.max(nan.key(v))))
+            .collect()
+    }
+
+    #[test]
+    fn every_level_gives_the_sequential_fold() {
+        for n in [1, 7, 16, 32, 48, 128] {
+            for blocks in [1, 2, 15, 16, 17, 33, 48] {
+                for (seed, nan) in [(3, NanRule::Ignore), (5, NanRule::Propagate)] {
+                    let xs = values(n * blocks, seed + (n * blocks) as u32);
+                    let want = sequential(&xs, n, nan);
+                    simd::for_each_supported_level(|level| {
+                        let mut out = vec![0u32; blocks];
+                        simd::dispatch(level, || block_abs_max(level, &xs, nan, &mut out));
+                        assert_eq!(out, want, "{level}, {blocks} blocks of {n}, {nan:?}");
+                    });
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn nan_rules() {
+        let mut xs = vec![1.0f32; 32];
+        xs[5] = f32::NAN;
+        xs[20] = -3.0;
+        let mut out = [0u32; 2];
+        block_abs_max(simd::level(), &xs, NanRule::Ignore, &mut out);
+        assert_eq!(out.map(f32::from_bits), [1.0, 3.0]);
+        block_abs_max(simd::level(), &xs, NanRule::Propagate, &mut out);
+        assert!(f32::from_bits(out[0]).is_nan());
+        assert_eq!(f32::from_bits(out[1]), 3.0);
+        // All-NaN blocks: +0 when NaN is ignored.
+        let mut one = [7u32];
+        block_abs_max(simd::level(), &[f32::NAN; 16], NanRule::Ignore, &mut one);
+        assert_eq!(one, [0]);
+        block_abs_max(simd::level(), &[], NanRule::Ignore, &mut []);
+    }
+}
