@@ -271,7 +271,7 @@ mod tests {
                 s ^= s << 13;
                 s ^= s >> 17;
                 s ^= s << 5;
-                if s % 29 == 0 {
+                if s.is_multiple_of(29) {
                     special[(s as usize >> 8) % special.len()]
                 } else {
                     f32::from_bits(s >> 2) * if s & 2 == 0 { 1.0 } else { -1.0 }
