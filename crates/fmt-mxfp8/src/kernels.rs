@@ -19,6 +19,8 @@ use crate::scale::{BLOCK, Mxfp8Dtype, ScaleRule, multiplier, scale};
 /// Element type and scale rule: everything the quantize kernels need besides data.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Cfg {
+    /// The SIMD level the call's kernels dispatch to ([`simd::level`] when it began).
+    pub level: Level,
     pub dtype: Mxfp8Dtype,
     pub rule: ScaleRule,
     /// Scale as TE's fast cast kernels do, `fma(x, s, +0)`: the same as `x * s` except
@@ -181,25 +183,13 @@ pub(crate) fn quantize<T: Element>(
         .zip(cols)
         .map(|((x, row), col)| SlabJob { x, row, col })
         .collect();
-    let level = simd::level();
     jobs.into_par_iter().for_each_init(
         || vec![0f32; BLOCK * CHUNK],
         |wide, mut job| {
             simd::dispatch(
-                level,
+                cfg.level,
                 #[inline(always)]
-                || {
-                    slab(
-                        level,
-                        cfg,
-                        two_d,
-                        layout,
-                        k,
-                        [rstride, cstride],
-                        &mut job,
-                        wide,
-                    )
-                },
+                || slab(cfg, two_d, layout, k, [rstride, cstride], &mut job, wide),
             )
         },
     );
@@ -219,7 +209,6 @@ const PREFETCH: usize = 4 * STEP * BLOCK;
 /// re-reads with wider loads).
 #[inline(always)]
 fn rowwise_only<T: Element>(
-    level: Level,
     cfg: Cfg,
     layout: ScaleLayout,
     k: usize,
@@ -239,7 +228,12 @@ fn rowwise_only<T: Element>(
             simd::prefetch(x.get(ahead..ahead + STEP * BLOCK).unwrap_or(&[]));
             let w = widened(xs, &mut span[..xs.len()]);
             let mut keys = [0u32; STEP];
-            block_abs_max(level, w, cfg.rule.nan_rule(), &mut keys[..w.len() / BLOCK]);
+            block_abs_max(
+                cfg.level,
+                w,
+                cfg.rule.nan_rule(),
+                &mut keys[..w.len() / BLOCK],
+            );
             let mut codes = [0u8; STEP];
             let mut mults = [0f32; STEP];
             for ((c, m), &key) in codes.iter_mut().zip(mults.iter_mut()).zip(&keys) {
@@ -268,7 +262,6 @@ const TILE_BYTES: usize = 512;
 /// in L2), take the amaxes the blocks need, then encode every requested direction.
 #[inline(always)]
 fn slab<T: Element>(
-    level: Level,
     cfg: Cfg,
     two_d: bool,
     layout: ScaleLayout,
@@ -280,7 +273,7 @@ fn slab<T: Element>(
     let x = job.x;
     let groups = x.len() / (BLOCK * k);
     if let (None, false, Some((rd, rs))) = (job.col.as_ref(), two_d, job.row.as_mut()) {
-        rowwise_only(level, cfg, layout, k, rstride, x, rd, rs);
+        rowwise_only(cfg, layout, k, rstride, x, rd, rs);
         return;
     }
     let mut col_key = [0u32; CHUNK];
@@ -307,7 +300,7 @@ fn slab<T: Element>(
                 let keys = &mut col_key[..nb];
                 keys.fill(0);
                 for row in wide.chunks_exact(cw) {
-                    block_abs_max(level, row, cfg.rule.nan_rule(), &mut row_key[..nb]);
+                    block_abs_max(cfg.level, row, cfg.rule.nan_rule(), &mut row_key[..nb]);
                     for (a, &b) in keys.iter_mut().zip(&row_key) {
                         *a = (*a).max(b);
                     }
@@ -341,7 +334,7 @@ fn slab<T: Element>(
                 let dst = i * k + c0..i * k + c0 + cw;
                 if let Some((rd, rs)) = job.row.as_mut() {
                     if !two_d {
-                        block_abs_max(level, w, cfg.rule.nan_rule(), &mut row_key[..nb]);
+                        block_abs_max(cfg.level, w, cfg.rule.nan_rule(), &mut row_key[..nb]);
                     }
                     let out = &mut rd[dst.clone()];
                     for (b, (o, v)) in out

@@ -180,6 +180,7 @@ impl Mxfp8Quantizer {
 
     fn cfg(&self, input: DType, m: usize, k: usize) -> Cfg {
         Cfg {
+            level: quant_core::simd::level(),
             dtype: self.dtype,
             rule: self.scale_rule,
             plus_zero: self.flushes_negative_zero(input, m, k),
