@@ -172,18 +172,18 @@ mod x86 {
                 // `vmaxps` returns its second operand when either is NaN, so a NaN
                 // value never replaces the (never NaN) accumulator.
                 let mut acc = _mm512_setzero_ps();
-                for j in (0..n).step_by(LANES) {
-                    // SAFETY: `j + 16 <= n` and `p .. p + n` is readable.
-                    let x = _mm512_castps_si512(unsafe { _mm512_loadu_ps(p.add(j)) });
+                for j in 0..n / LANES {
+                    // SAFETY: `16 * j + 16 <= n` and `p .. p + n` is readable.
+                    let x = _mm512_castps_si512(unsafe { _mm512_loadu_ps(p.add(LANES * j)) });
                     acc = _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(x, abs)), acc);
                 }
                 _mm512_castps_si512(acc)
             }
             NanRule::Propagate => {
                 let mut acc = _mm512_setzero_si512();
-                for j in (0..n).step_by(LANES) {
+                for j in 0..n / LANES {
                     // SAFETY: as above.
-                    let x = unsafe { _mm512_loadu_si512(p.add(j).cast()) };
+                    let x = unsafe { _mm512_loadu_si512(p.add(LANES * j).cast()) };
                     acc = _mm512_max_epu32(_mm512_and_si512(x, abs), acc);
                 }
                 acc
@@ -224,6 +224,27 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn block_abs_max(xs: &[f32], n: usize, nan: NanRule, out: &mut [u32]) {
+        // The block lengths of the formats (NVFP4, MXFP8, FP8 1x128) get loops of a
+        // constant trip count; a one-vector block then has no loop at all.
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            match n {
+                16 => groups::<16>(xs, nan, out),
+                32 => groups::<32>(xs, nan, out),
+                128 => groups::<128>(xs, nan, out),
+                _ => groups::<0>(xs, nan, out),
+            }
+        }
+    }
+
+    /// [`block_abs_max`] for blocks of `N` values (`0`: of `xs.len() / out.len()`).
+    ///
+    /// # Safety
+    /// As [`block_abs_max`]'s.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn groups<const N: usize>(xs: &[f32], nan: NanRule, out: &mut [u32]) {
+        let n = if N > 0 { N } else { xs.len() / out.len() };
         debug_assert_eq!(xs.len(), out.len() * n);
         let done = out.len() / LANES * LANES;
         let mut groups = out.chunks_exact_mut(LANES);
