@@ -123,7 +123,7 @@ pub(crate) fn run_slab<T: Element>(
                 for r in 0..rows {
                     prefetch(r);
                     for (a, b) in amax.iter_mut().zip(seg(r).chunks(BLOCK)) {
-                        *a = fmax_ignore_nan(*a, amax_run(b, wide));
+                        *a = fmax_ignore_nan(*a, amax_run(b));
                     }
                 }
                 for (s, &a) in tile_scale.iter_mut().zip(&amax[..nb]) {
