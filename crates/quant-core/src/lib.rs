@@ -12,6 +12,7 @@
 //! | prototype | [`TensorProto`] | shape + dtype + quantizer, no data: buffers and bytes up front |
 //! | registry | [`Registry`] | format name -> rebuild from options and buffers |
 //! | codecs | [`codec`] | bit-exact E4M3, E5M2, E8M0, E2M1 |
+//! | CPU kernels | [`simd`], [`cpu`], [`block_max`] | run-time SIMD dispatch, amax, block maxima |
 //! | files | [`io`] | the native safetensors layout, validated on load |
 //!
 //! Buffers are described before they exist ([`BufferDesc`]), so frameworks can plan
