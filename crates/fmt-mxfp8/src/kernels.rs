@@ -202,11 +202,11 @@ const STEP: usize = 16;
 const PREFETCH: usize = 4 * STEP * BLOCK;
 
 /// Rowwise 1x32 only (the common case): row by row, [`STEP`] blocks at a time, in three
-/// passes over an L1-resident span: every block's key max (sixteen blocks folded together,
-/// [`block_abs_max`]), then every block's code and multiplier, then the encode. Separating the passes keeps the per-block scalar work
-/// (the E8M0 code) out of the vector loops, and f32 input is read in place (bf16 is
-/// widened once per span instead of once per block into a stack array the encoder then
-/// re-reads with wider loads).
+/// passes over an L1-resident span: every block's key max (sixteen blocks folded
+/// together, [`block_abs_max`]), then every block's code and multiplier, then the encode.
+/// Separating the passes keeps the per-block scalar work (the E8M0 code) out of the
+/// vector loops, and f32 input is read in place (bf16 is widened once per span instead
+/// of once per block into a stack array the encoder then re-reads with wider loads).
 #[inline(always)]
 fn rowwise_only<T: Element>(
     cfg: Cfg,
