@@ -102,29 +102,16 @@ pub fn block_abs_max(level: Level, xs: &[f32], nan: NanRule, out: &mut [u32]) {
     }
 }
 
-/// One block's maximum key with 16 independent lanes folded as a tree: a single running
-/// `max` is a loop-carried chain LLVM leaves scalar; the lane array vectorizes.
+/// One block's maximum key, folded in 16 lanes ([`crate::cpu::lane_fold`]).
 #[inline(always)]
 fn portable(xs: &[f32], nan: NanRule) -> u32 {
-    const LANES: usize = 16;
-    let mut acc = [0u32; LANES];
-    let mut chunks = xs.chunks_exact(LANES);
-    for c in &mut chunks {
-        for (a, &v) in acc.iter_mut().zip(c) {
-            *a = (*a).max(nan.key(v));
-        }
-    }
-    let mut w = LANES;
-    while w > 1 {
-        w /= 2;
-        for i in 0..w {
-            acc[i] = acc[i].max(acc[i + w]);
-        }
-    }
-    chunks
-        .remainder()
-        .iter()
-        .fold(acc[0], |m, &v| m.max(nan.key(v)))
+    crate::cpu::lane_fold(
+        xs,
+        0u32,
+        #[inline(always)]
+        |m, v| m.max(nan.key(v)),
+        u32::max,
+    )
 }
 
 #[cfg(target_arch = "x86_64")]

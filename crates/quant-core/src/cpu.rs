@@ -33,29 +33,48 @@ pub fn fmax_nan_loses(m: f32, a: f32) -> f32 {
 /// ```
 #[inline(always)]
 pub fn amax_f32(xs: &[f32]) -> f32 {
+    // Same result as a sequential fold: the lanes hold no NaN, and max over non-NaN
+    // values is associative.
+    lane_fold(
+        xs,
+        0.0,
+        #[inline(always)]
+        |m, v| fmax_nan_loses(m, v.abs()),
+        fmax_nan_loses,
+    )
+}
+
+/// Folds `xs` with `step` in 16 independent lanes, then merges the lanes with `merge`
+/// as a tree (halves, quarters, ...) and folds the remainder into the result.
+///
+/// The lanes are what vectorize: a single running accumulator is a loop-carried chain
+/// that LLVM leaves scalar, and a lane-by-lane final fold was a 16-step chain, a
+/// quarter of a 128-element block's cost. The result equals the sequential fold when
+/// `merge` is associative and commutative over what `step` produces (a max that ignores
+/// NaN, an integer max).
+#[inline(always)]
+pub(crate) fn lane_fold<A: Copy>(
+    xs: &[f32],
+    init: A,
+    step: impl Fn(A, f32) -> A,
+    merge: impl Fn(A, A) -> A,
+) -> A {
     const LANES: usize = 16;
-    let mut acc = [0f32; LANES];
+    let mut acc = [init; LANES];
     let mut chunks = xs.chunks_exact(LANES);
     for c in &mut chunks {
         for (a, &v) in acc.iter_mut().zip(c) {
-            *a = fmax_nan_loses(*a, v.abs());
+            *a = step(*a, v);
         }
     }
-    // Fold the lanes as a tree (halves, quarters, ...): log2(16) vector steps where a
-    // lane-by-lane fold was a 16-step scalar chain, a quarter of a 128-element block's
-    // cost. Same result: the lanes hold no NaN, and max over non-NaN values is
-    // associative.
     let mut w = LANES;
     while w > 1 {
         w /= 2;
         for i in 0..w {
-            acc[i] = fmax_nan_loses(acc[i], acc[i + w]);
+            acc[i] = merge(acc[i], acc[i + w]);
         }
     }
-    chunks
-        .remainder()
-        .iter()
-        .fold(acc[0], |m, v| fmax_nan_loses(m, v.abs()))
+    chunks.remainder().iter().fold(acc[0], |m, &v| step(m, v))
 }
 
 /// `max |x|` of any input element type, ignoring NaN (f32 read in place, 16-bit types
