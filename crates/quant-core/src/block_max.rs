@@ -85,19 +85,20 @@ pub fn block_abs_max(level: Level, xs: &[f32], nan: NanRule, out: &mut [u32]) {
         out.len()
     );
     let n = xs.len() / out.len();
+    if n == 0 {
+        // Empty blocks: the maximum of nothing is the fold's start, +0.
+        out.fill(0);
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512
-        && Level::Avx512.is_supported()
-        && n > 0
-        && n.is_multiple_of(x86::LANES)
-    {
+    if level == Level::Avx512 && Level::Avx512.is_supported() && n.is_multiple_of(x86::LANES) {
         // SAFETY: the CPU has AVX-512 F (checked just above); `xs` holds `out.len()`
         // blocks of `n` values, `n` a nonzero multiple of 16 (checked above).
         unsafe { x86::block_abs_max(xs, n, nan, out) };
         return;
     }
     let _ = level;
-    for (o, b) in out.iter_mut().zip(xs.chunks_exact(n.max(1))) {
+    for (o, b) in out.iter_mut().zip(xs.chunks_exact(n)) {
         *o = portable(b, nan);
     }
 }
@@ -328,5 +329,8 @@ mod tests {
         block_abs_max(simd::level(), &[f32::NAN; 16], NanRule::Ignore, &mut one);
         assert_eq!(one, [0]);
         block_abs_max(simd::level(), &[], NanRule::Ignore, &mut []);
+        let mut empty = [9u32; 3];
+        block_abs_max(simd::level(), &[], NanRule::Propagate, &mut empty);
+        assert_eq!(empty, [0; 3]);
     }
 }
