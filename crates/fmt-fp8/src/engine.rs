@@ -20,9 +20,7 @@
 use quant_core::Element;
 use quant_core::strips::Strip;
 
-use crate::kernels::{
-    WIDE, Wide, amax_cols, amax_encode_block, amax_run, encode_cols, encode_scaled,
-};
+use crate::kernels::{WIDE, Wide, amax_cols, amax_encode_block, encode_cols, encode_scaled};
 use crate::scale::{Fp8Dtype, fmax_ignore_nan};
 use crate::transpose::store_transposed;
 
@@ -122,8 +120,10 @@ pub(crate) fn run_slab<T: Element>(
                 let mut amax = [0f32; CHUNK / BLOCK];
                 for r in 0..rows {
                     prefetch(r);
+                    // `cpu::amax` reads 16-bit input as integers, 32 lanes at a time,
+                    // instead of widening it.
                     for (a, b) in amax.iter_mut().zip(seg(r).chunks(BLOCK)) {
-                        *a = fmax_ignore_nan(*a, amax_run(b));
+                        *a = fmax_ignore_nan(*a, quant_core::cpu::amax(b));
                     }
                 }
                 for (s, &a) in tile_scale.iter_mut().zip(&amax[..nb]) {

@@ -96,14 +96,6 @@ pub(crate) fn amax_cols<T: Element>(src: &[T], acc: &mut [f32], buf: &mut Wide) 
     }
 }
 
-/// `max |src|` (NaN ignored) of one short run of elements (at most [`BLOCK`]):
-/// [`quant_core::cpu::amax`], which reads 16-bit input as integers, 32 lanes at a time,
-/// instead of widening it (the widening was the top of the 128x128 profile).
-#[inline(always)]
-pub(crate) fn amax_run<T: Element>(src: &[T]) -> f32 {
-    quant_core::cpu::amax(src)
-}
-
 /// `dst[i] = T(decode(src[i]) * scale_inv)`: the dequantize loop.
 #[inline(always)]
 pub(crate) fn decode_scaled<T: Element>(
