@@ -16,11 +16,19 @@
 //!
 //! The chunk (128 rows x 512 columns, at most 256 KiB of f32) stays in L2 between the two
 //! passes, so memory is read once.
+//!
+//! One case needs no slab: 1x128 with rowwise output only. Each row is then walked whole,
+//! sixteen blocks at a time, their amaxes taken together by
+//! [`quant_core::block_max::block_abs_max`] (`rowwise_1d`).
 
 use quant_core::Element;
+use quant_core::block_max::{NanRule, block_abs_max};
+use quant_core::simd::Level;
 use quant_core::strips::Strip;
 
-use crate::kernels::{WIDE, Wide, amax_cols, amax_encode_block, encode_cols, encode_scaled};
+use crate::kernels::{
+    WIDE, Wide, amax_cols, amax_encode_block, encode_cols, encode_f32, encode_scaled,
+};
 use crate::scale::{Fp8Dtype, fmax_ignore_nan};
 use crate::transpose::store_transposed;
 
@@ -32,6 +40,9 @@ const BLOCK: usize = 128;
 pub(crate) const CHUNK: usize = 512;
 /// Rows ahead whose run of the chunk is prefetched.
 const AHEAD: usize = 2;
+/// Blocks whose amaxes the rowwise-only 1x128 walk takes together (one
+/// [`block_abs_max`] fold of sixteen blocks).
+const STEP: usize = 16;
 
 /// How a slab is scaled.
 #[derive(Clone, Copy, Debug)]
@@ -69,11 +80,13 @@ pub(crate) struct SlabJob<'a, T> {
     pub col_s: Option<ColScales<'a>>,
 }
 
-/// Per-worker scratch: a chunk of codes, a transposed block and the widening span.
+/// Per-worker scratch: a chunk of codes, a transposed block and the widening spans.
 pub(crate) struct Scratch {
     codes: Vec<u8>,
     tposed: Vec<u8>,
     wide: Box<Wide>,
+    /// [`STEP`] blocks of one row, widened (the rowwise-only 1x128 walk).
+    span: Vec<f32>,
 }
 
 impl Scratch {
@@ -82,6 +95,62 @@ impl Scratch {
             codes: vec![0; SLAB * CHUNK],
             tposed: vec![0; SLAB * BLOCK],
             wide: Box::new(WIDE),
+            span: vec![0.0; STEP * BLOCK],
+        }
+    }
+}
+
+/// 1x128 blocks, rowwise output only: each row is walked whole, [`STEP`] blocks at a
+/// time. The span is widened once, the amaxes of its whole blocks come from one
+/// [`block_abs_max`] fold (a ragged last block folds alone), then every block is
+/// encoded with its scale. Nothing is shared between rows, so there is no chunk to
+/// keep in L2 and no second pass.
+///
+/// Same results as the slab walk's `amax_encode_block`: `block_abs_max` under
+/// [`NanRule::Ignore`] is `fmaxf` folded from 0, and the encoder is the same.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn rowwise_1d<T: Element>(
+    level: Level,
+    dt: Fp8Dtype,
+    scale_of: impl Fn(f32) -> f32,
+    k: usize,
+    x: &[T],
+    rd: &mut [u8],
+    st: &mut Strip<'_, f32>,
+    span: &mut [f32],
+) {
+    for (r, (xr, out)) in x.chunks_exact(k).zip(rd.chunks_exact_mut(k)).enumerate() {
+        for (si, (xs, os)) in xr
+            .chunks(STEP * BLOCK)
+            .zip(out.chunks_mut(STEP * BLOCK))
+            .enumerate()
+        {
+            let w = quant_core::widened(xs, &mut span[..xs.len()]);
+            let whole = w.len() / BLOCK;
+            let mut keys = [0u32; STEP];
+            block_abs_max(
+                level,
+                &w[..whole * BLOCK],
+                NanRule::Ignore,
+                &mut keys[..whole],
+            );
+            if w.len() % BLOCK != 0 {
+                keys[whole] = quant_core::cpu::amax_f32(&w[whole * BLOCK..]).to_bits();
+            }
+            let mut scales = [0f32; STEP];
+            for (s, &key) in scales.iter_mut().zip(&keys) {
+                *s = scale_of(f32::from_bits(key));
+            }
+            for (b, ((o, v), &s)) in os
+                .chunks_mut(BLOCK)
+                .zip(w.chunks(BLOCK))
+                .zip(&scales)
+                .enumerate()
+            {
+                encode_f32(dt, v, s, o);
+                st.row_mut(si * STEP + b)[r] = 1.0 / s;
+            }
         }
     }
 }
@@ -89,6 +158,7 @@ impl Scratch {
 /// Quantizes one slab (`k` columns). `scale_of(amax)` is the block scale rule.
 #[inline(always)]
 pub(crate) fn run_slab<T: Element>(
+    level: Level,
     dt: Fp8Dtype,
     mode: Mode,
     scale_of: impl Fn(f32) -> f32,
@@ -96,6 +166,12 @@ pub(crate) fn run_slab<T: Element>(
     job: &mut SlabJob<'_, T>,
     scratch: &mut Scratch,
 ) {
+    if let (Mode::OneD, None, Some(rd), Some(RowScales::OneD(st))) =
+        (mode, &job.col, job.row.as_deref_mut(), job.row_s.as_mut())
+    {
+        rowwise_1d(level, dt, scale_of, k, job.x, rd, st, &mut scratch.span);
+        return;
+    }
     let x = job.x;
     let rows = x.len() / k;
     let wide = &mut *scratch.wide;
@@ -307,7 +383,7 @@ pub(crate) fn run<T: Element>(
             simd::dispatch(
                 level,
                 #[inline(always)]
-                || run_slab(dt, mode, &scale_of, k, &mut job, scratch),
+                || run_slab(level, dt, mode, &scale_of, k, &mut job, scratch),
             )
         });
     Ok(())

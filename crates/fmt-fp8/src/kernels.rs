@@ -10,7 +10,8 @@
 //! Every function here is `#[inline(always)]`: the recipes call them inside
 //! [`quant_core::simd::dispatch`], once per row slab or tile, so they are compiled at the
 //! dispatched vector width (SSE2, AVX2 or AVX-512). The results are the same bits at every
-//! width (no fused multiply-add, no reassociation); `tests/simd_levels.rs` checks it.
+//! width (no fused multiply-add, no reassociation); `crates/quantfmt/tests/simd_levels.rs`
+//! checks it.
 
 use quant_core::codec::{e4m3, e5m2};
 use quant_core::cpu::{BLOCK, amax_f32, fmax_nan_loses};

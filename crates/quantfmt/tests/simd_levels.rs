@@ -1,0 +1,161 @@
+//! FP8 and MXFP8 at every SIMD level this CPU can run (levels it lacks are skipped with
+//! a note): the bytes of every buffer must not depend on the level, and the rowwise-only
+//! walks (whole rows, sixteen blocks folded together) must give the same bytes as the
+//! slab walks that serve the other usages. NVFP4 and int4tiled have their own level
+//! tests against their scalar specifications (`fmt-nvfp4/tests/simd_levels.rs`,
+//! `fmt-int4tiled/tests/simd_levels.rs`); the golden tests pin the bytes themselves.
+//!
+//! Shapes are ragged on purpose: a single element, rows shorter than one block, `k`
+//! past one 2048-value span with a partial last block, partial 128-row slabs and
+//! 32-row groups. The input carries every special value (NaN, ±inf, ±0, subnormals,
+//! values past the FP8 range) and whole special blocks.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "support/special_input.rs"]
+mod special_input;
+
+use quant_core::simd::{self, Level};
+use quantfmt::{DType, Direction, FormatSpec, HostTensor, Quantizer, Shape, Storage, Usage};
+
+const SPECS: [&str; 9] = [
+    "fp8",
+    "fp8:e5m2,pow2",
+    "fp8-block:1x128",
+    "fp8-block:1x128,e5m2,fp32-scales,eps=1e-3",
+    "fp8-block:128x128",
+    "mxfp8",
+    "mxfp8:ocp,swizzled",
+    "mxfp8:e5m2,2d",
+    "mxfp8:2d,ocp",
+];
+
+/// `[m, k]` pairs; MXFP8 needs both dimensions to be multiples of 32 and skips the rest.
+const SHAPES: [[usize; 2]; 6] = [
+    [1, 1],
+    [3, 130],
+    [130, 2200],
+    [64, 4192],
+    [160, 96],
+    [257, 384],
+];
+
+/// Every buffer of `t`, by name.
+fn bytes(t: &dyn Storage) -> Vec<(String, Vec<u8>)> {
+    t.buffers()
+        .iter()
+        .map(|b| (b.name().to_string(), b.bytes().to_vec()))
+        .collect()
+}
+
+fn assert_same(what: &str, got: &[(String, Vec<u8>)], want: &[(String, Vec<u8>)]) {
+    assert_eq!(got.len(), want.len(), "{what}: buffer count");
+    for ((gn, g), (wn, w)) in got.iter().zip(want) {
+        assert_eq!(gn, wn, "{what}: buffer order");
+        assert_eq!(g.len(), w.len(), "{what}: {gn} length");
+        if let Some(i) = g.iter().zip(w).position(|(a, b)| a != b) {
+            panic!(
+                "{what}: {gn} differs at byte {i}: {:#04x}, expected {:#04x}",
+                g[i], w[i]
+            );
+        }
+    }
+}
+
+/// The buffers of `all` that `got` has too (the rowwise ones of a BOTH tensor, say).
+fn same_names(all: &[(String, Vec<u8>)], got: &[(String, Vec<u8>)]) -> Vec<(String, Vec<u8>)> {
+    got.iter()
+        .map(|(n, _)| {
+            all.iter()
+                .find(|(m, _)| m == n)
+                .unwrap_or_else(|| panic!("buffer {n} is missing from the BOTH tensor"))
+                .clone()
+        })
+        .collect()
+}
+
+#[test]
+fn quantize_bytes_are_level_independent_and_usage_independent() {
+    let mut checked = 0usize;
+    for spec in SPECS {
+        let spec: FormatSpec = spec.parse().unwrap();
+        for &[m, k] in &SHAPES {
+            let both = spec.boxed(Usage::BOTH).unwrap();
+            if both.check_shape(&Shape::new(&[m, k]).unwrap()).is_err() {
+                continue;
+            }
+            let base = special_input::input(&[m, k], (m * 7919 + k) as u64);
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                let tensor = |v: &[f32]| {
+                    HostTensor::f32(v, &[m, k])
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap()
+                };
+                let x = tensor(&base);
+                // TE maps an input -0.0 to +0 on some MXFP8 paths and not on others
+                // (`Mxfp8Quantizer::flushes_negative_zero`): usages are compared on the
+                // input without -0.0 (after the narrowing, which makes new ones), levels
+                // on the input as it is.
+                let unsigned: Vec<f32> = x
+                    .to_f32_vec()
+                    .iter()
+                    .map(|&v| if v == 0.0 { 0.0 } else { v })
+                    .collect();
+                let x0 = tensor(&unsigned);
+                let scalar = |q: &dyn Quantizer, x: &HostTensor<'_>| {
+                    simd::with_level(Level::Scalar, || bytes(&*q.quantize(x).unwrap())).unwrap()
+                };
+                let whole = scalar(&*both, &x0);
+                for usage in [Usage::ROWWISE, Usage::COLUMNWISE, Usage::BOTH] {
+                    let q = spec.boxed(usage).unwrap();
+                    let what = format!("{} [{m}, {k}] {dtype} {usage}", q.spec());
+                    let alone = scalar(&*q, &x0);
+                    assert_same(
+                        &format!("{what} against BOTH"),
+                        &alone,
+                        &same_names(&whole, &alone),
+                    );
+                    let want = scalar(&*q, &x);
+                    simd::for_each_supported_level(|level| {
+                        let got = bytes(&*q.quantize(&x).unwrap());
+                        assert_same(&format!("{what} at {level}"), &got, &want);
+                        checked += 1;
+                    });
+                }
+            }
+        }
+    }
+    assert!(checked > 300, "{checked}");
+}
+
+#[test]
+fn dequantize_bytes_are_level_independent() {
+    let [m, k] = [130, 2200];
+    let base = special_input::input(&[m, k], 5);
+    let x = HostTensor::f32(&base, &[m, k]).unwrap();
+    for spec in SPECS {
+        let q = spec
+            .parse::<FormatSpec>()
+            .unwrap()
+            .quantizer(Usage::BOTH)
+            .unwrap();
+        if q.check_shape(&Shape::new(&[m, k]).unwrap()).is_err() {
+            continue;
+        }
+        let t = q.quantize(&x).unwrap();
+        for dir in [Direction::Rowwise, Direction::Columnwise] {
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                let want =
+                    simd::with_level(Level::Scalar, || t.dequantize(dir, dtype).unwrap()).unwrap();
+                simd::for_each_supported_level(|level| {
+                    let got = t.dequantize(dir, dtype).unwrap();
+                    assert_eq!(
+                        got.as_bytes(),
+                        want.as_bytes(),
+                        "{spec} {dir} {dtype} at {level}"
+                    );
+                });
+            }
+        }
+    }
+}
