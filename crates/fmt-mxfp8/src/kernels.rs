@@ -7,7 +7,7 @@ use quant_core::block_max::block_abs_max;
 use quant_core::codec::{e4m3, e5m2};
 use quant_core::simd::Level;
 use quant_core::strips::{Strip, column_strips};
-use quant_core::{Element, simd, widened};
+use quant_core::{Element, narrowed, simd, widened};
 use rayon::prelude::*;
 
 use crate::layout::{
@@ -426,6 +426,9 @@ pub(crate) fn tiles_to_columnwise(
     }
 }
 
+/// Values per step of rowwise dequantization (sixteen blocks).
+const SPAN: usize = 16 * BLOCK;
+
 /// Rowwise dequantization: `x = T(2^(e-127) * float(q))` (TE `dequantize_mxfp8.cuh`).
 /// `scales` is the whole scale buffer in `layout`; its length was checked.
 pub(crate) fn dequantize_rowwise<T: Element>(
@@ -447,20 +450,27 @@ pub(crate) fn dequantize_rowwise<T: Element>(
                 level,
                 #[inline(always)]
                 || {
-                    let mut w = [0f32; BLOCK];
+                    // Spans of sixteen blocks: the narrowing to 16-bit output runs once
+                    // per span (one call, not one per block), f32 output is decoded in
+                    // place.
+                    let mut w = [0f32; SPAN];
                     for (r, (o, q)) in o.chunks_exact_mut(k).zip(q.chunks_exact(k)).enumerate() {
                         let i = t * rows_per_task + r;
-                        for (kb, (ob, qb)) in o
-                            .chunks_exact_mut(BLOCK)
-                            .zip(q.chunks_exact(BLOCK))
-                            .enumerate()
-                        {
-                            let code = scales
-                                .get(rowwise_scale_index(layout, m, k, i, kb))
-                                .copied()
-                                .unwrap_or(0xFF);
-                            decode_run(dtype, scale(code), qb, &mut w);
-                            T::narrow_slice(&w, ob);
+                        for (si, (os, qs)) in o.chunks_mut(SPAN).zip(q.chunks(SPAN)).enumerate() {
+                            narrowed(os, &mut w[..qs.len()], |w| {
+                                for (b, (wb, qb)) in w
+                                    .chunks_exact_mut(BLOCK)
+                                    .zip(qs.chunks_exact(BLOCK))
+                                    .enumerate()
+                                {
+                                    let kb = si * (SPAN / BLOCK) + b;
+                                    let code = scales
+                                        .get(rowwise_scale_index(layout, m, k, i, kb))
+                                        .copied()
+                                        .unwrap_or(0xFF);
+                                    decode_run(dtype, scale(code), qb, wb);
+                                }
+                            });
                         }
                     }
                 },

@@ -70,7 +70,12 @@ pub(crate) fn rowwise<T: Element>(op: &Operand<'_>, m: usize, k: usize, out: &mu
                         let row = t * rows_per_task + r;
                         #[cfg(target_arch = "x86_64")]
                         if level == simd::Level::Avx512
-                            && crate::x86::decode_row(d, |b| op.factor(row, b, stride), o)
+                            && crate::x86::decode_row(
+                                d,
+                                #[inline(always)]
+                                |b| op.factor(row, b, stride),
+                                o,
+                            )
                         {
                             continue;
                         }

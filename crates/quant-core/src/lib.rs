@@ -28,6 +28,7 @@
 #![deny(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 
+mod bf16_narrow;
 pub mod block_max;
 pub mod buffer;
 pub mod codec;

@@ -1,0 +1,155 @@
+//! f32 -> bf16 narrowing with the CPU's own instruction, where it is exact.
+//!
+//! Every dequantize to bf16 ends in a round-to-nearest-even narrowing. Written portably
+//! ([`crate::dtype::bf16_bits`]) that is about a dozen vector operations per 16 values
+//! plus a pack, the largest part of the bf16 dequantize profiles. AVX-512 BF16's
+//! `vcvtne2ps2bf16` narrows 32 values in one instruction with the same rounding and the
+//! same NaN rule (the quiet bit set, the sign and top payload bits kept: Intel SDM,
+//! `convert_fp32_to_bfloat16`), with one exception: it treats **subnormal** inputs as
+//! zero, where bf16 (which shares f32's exponent range) has subnormals of its own. So a
+//! step of 32 values first asks `vfpclassps` whether any of them is subnormal and, if
+//! one is, narrows that step with the portable formula instead. Subnormal f32 outputs
+//! are rare in dequantization (they need a tiny scale), and the test below compares the
+//! two paths on every class of input anyway.
+//!
+//! Used only when the active SIMD level is [`Level::Avx512`] and the CPU has
+//! `avx512bf16`, so `QUANTFMT_SIMD=avx2` and [`crate::simd::with_level`] still reach
+//! the portable loop (and give the same bits).
+#![allow(unsafe_code)]
+
+#[cfg(target_arch = "x86_64")]
+use crate::simd::Level;
+
+/// Narrows `src` into `dst` (bf16 bit patterns, the same length) with the hardware
+/// instruction; `false` (nothing written) where it is not available. Same bits as
+/// [`crate::dtype::bf16_bits`] on every input.
+#[inline]
+pub(crate) fn narrow(src: &[f32], dst: &mut [u16]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::level() == Level::Avx512 && std::is_x86_feature_detected!("avx512bf16") {
+        // SAFETY: the CPU has AVX-512 F, BW, DQ (`Level::Avx512`) and BF16 (checked).
+        unsafe { x86::narrow(src, dst) };
+        return true;
+    }
+    let _ = (src, dst);
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::{
+        __m512i, _mm512_cvtne2ps_pbh, _mm512_fpclass_ps_mask, _mm512_loadu_ps, _mm512_storeu_si512,
+    };
+
+    use crate::dtype::bf16_bits;
+
+    /// `vfpclassps` category bit of subnormal (denormal) values.
+    const SUBNORMAL: i32 = 0x20;
+
+    /// [`super::narrow`] over `min(src.len(), dst.len())` values.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+    pub(super) fn narrow(src: &[f32], dst: &mut [u16]) {
+        let n = src.len().min(dst.len());
+        let (src, dst) = (&src[..n], &mut dst[..n]);
+        let mut s = src.chunks_exact(32);
+        let mut d = dst.chunks_exact_mut(32);
+        for (s, d) in (&mut s).zip(&mut d) {
+            // SAFETY: `s` is 32 f32 (two unaligned 512-bit loads).
+            let (lo, hi) = unsafe {
+                (
+                    _mm512_loadu_ps(s.as_ptr()),
+                    _mm512_loadu_ps(s[16..].as_ptr()),
+                )
+            };
+            let subnormal =
+                _mm512_fpclass_ps_mask::<SUBNORMAL>(lo) | _mm512_fpclass_ps_mask::<SUBNORMAL>(hi);
+            if subnormal == 0 {
+                // Lanes 0..16 from the second operand (`lo`), 16..32 from the first.
+                // SAFETY: both are 512-bit plain vector types; every bit pattern is
+                // valid for either.
+                let v: __m512i = unsafe { std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo)) };
+                // SAFETY: `d` is 32 u16 = 64 bytes (one unaligned 512-bit store).
+                unsafe { _mm512_storeu_si512(d.as_mut_ptr().cast(), v) };
+            } else {
+                for (o, &x) in d.iter_mut().zip(s) {
+                    *o = bf16_bits(x);
+                }
+            }
+        }
+        for (o, &x) in d.into_remainder().iter_mut().zip(s.remainder()) {
+            *o = bf16_bits(x);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::bf16_bits;
+
+    /// Every rounding case (each low half-word pattern class, ties both ways), every
+    /// exponent, both signs, NaN payloads (quiet and signalling), infinities, zeros,
+    /// subnormals placed at every offset of a 32-value step, and a strided sweep of all
+    /// f32 patterns.
+    #[test]
+    fn hardware_narrowing_equals_the_portable_formula() {
+        let mut xs: Vec<f32> = Vec::new();
+        for hi in (0u32..=0xFFFF).step_by(1) {
+            for lo in [0u32, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF] {
+                xs.push(f32::from_bits(hi << 16 | lo));
+            }
+        }
+        let mut s = 0x9E37_79B9u32;
+        for _ in 0..300_000 {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            xs.push(f32::from_bits(s));
+        }
+        // One subnormal in an otherwise normal step, at every offset.
+        for at in 0..32 {
+            let mut step = [1.5f32; 32];
+            step[at] = f32::from_bits(0x0001_8000);
+            xs.extend_from_slice(&step);
+        }
+        for len in [xs.len(), xs.len() - 7, 31, 1, 0] {
+            let src = &xs[..len];
+            let want: Vec<u16> = src.iter().map(|&x| bf16_bits(x)).collect();
+            let mut got = vec![0u16; len];
+            if !narrow(src, &mut got) {
+                eprintln!("note: no AVX-512 BF16 on this CPU (or level forced lower): skipped");
+                return;
+            }
+            if let Some(i) = got.iter().zip(&want).position(|(a, b)| a != b) {
+                panic!(
+                    "{:#010x}: hardware {:#06x}, portable {:#06x}",
+                    src[i].to_bits(),
+                    got[i],
+                    want[i]
+                );
+            }
+        }
+    }
+
+    /// All 2^32 f32 patterns (about 20 s in release):
+    /// `cargo test --release -p quant-core bf16_narrow -- --ignored`.
+    #[test]
+    #[ignore = "exhaustive; run on demand in release"]
+    fn hardware_narrowing_equals_the_portable_formula_everywhere() {
+        const STEP: usize = 1 << 20;
+        let mut src = vec![0f32; STEP];
+        let mut got = vec![0u16; STEP];
+        for base in (0..1u64 << 32).step_by(STEP) {
+            for (i, x) in src.iter_mut().enumerate() {
+                *x = f32::from_bits((base + i as u64) as u32);
+            }
+            if !narrow(&src, &mut got) {
+                eprintln!("note: no AVX-512 BF16 on this CPU (or level forced lower): skipped");
+                return;
+            }
+            for (x, g) in src.iter().zip(&got) {
+                assert_eq!(*g, bf16_bits(*x), "{:#010x}", x.to_bits());
+            }
+        }
+    }
+}
