@@ -12,10 +12,9 @@
 use std::arch::x86_64::{
     __m512, __m512i, _mm_loadl_epi64, _mm_unpacklo_epi8, _mm256_storeu_si256, _mm512_add_epi32,
     _mm512_and_si512, _mm512_castps_si512, _mm512_cmpgt_epu32_mask, _mm512_cvtepi32_epi16,
-    _mm512_cvtepu8_epi32, _mm512_cvtne2ps_pbh, _mm512_fpclass_ps_mask, _mm512_loadu_ps,
-    _mm512_mask_blend_epi32, _mm512_mul_ps, _mm512_or_si512, _mm512_permutexvar_ps,
-    _mm512_set1_epi32, _mm512_set1_ps, _mm512_setr_epi32, _mm512_srli_epi32, _mm512_srlv_epi32,
-    _mm512_storeu_ps, _mm512_storeu_si512,
+    _mm512_cvtepu8_epi32, _mm512_loadu_ps, _mm512_mask_blend_epi32, _mm512_mul_ps, _mm512_or_si512,
+    _mm512_permutexvar_ps, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setr_epi32, _mm512_srli_epi32,
+    _mm512_srlv_epi32, _mm512_storeu_ps, _mm512_storeu_si512,
 };
 
 use quant_core::codec::e2m1;
@@ -118,11 +117,9 @@ fn decode_row_bf16(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [u16])
     });
 }
 
-/// [`decode_row_bf16`] two blocks per step, narrowed by `vcvtne2ps2bf16`: the same
-/// rounding and NaN rule as [`bf16_bits`] except that the instruction flushes subnormal
-/// inputs to zero, so a step holding a subnormal value (`vfpclassps`) narrows with
-/// [`bf16_bits`] instead (see `quant_core`'s `bf16_narrow` module, which checks the
-/// instruction against the formula on all 2^32 inputs).
+/// [`decode_row_bf16`] two blocks per step, narrowed by `vcvtne2ps2bf16`
+/// ([`quant_core::bf16_narrow::x86::narrow32`]: the same bits as [`bf16_bits`]; a step
+/// holding a subnormal value narrows with [`bf16_bits`] instead).
 ///
 /// Enables every feature of the dispatched AVX-512 level besides BF16: the caller's
 /// `factor` closure inherits those, and a callee that lacks one of its features cannot
@@ -131,7 +128,6 @@ fn decode_row_bf16(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [u16])
     enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt,avx512f,avx512bw,avx512cd,avx512dq,avx512vl,avx512bf16"
 )]
 fn decode_row_bf16_hw(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [u16]) {
-    const SUBNORMAL: i32 = 0x20;
     let narrow16 = |v: __m512| _mm512_cvtepi32_epi16(bf16_bits(_mm512_castps_si512(v)));
     // Even blocks wait in `pending` for their odd neighbour. (One loop with one call of
     // `factor`, so that it inlines: two call sites per pair kept it out of line.)
@@ -140,21 +136,14 @@ fn decode_row_bf16_hw(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [u1
         None => pending = Some(v),
         Some(lo) => {
             let o = &mut out[(b - 1) * BLOCK..(b + 1) * BLOCK];
-            let subnormal =
-                _mm512_fpclass_ps_mask::<SUBNORMAL>(lo) | _mm512_fpclass_ps_mask::<SUBNORMAL>(v);
-            if subnormal == 0 {
-                // SAFETY: `o` is 32 u16 = 64 bytes (one unaligned 512-bit store); the
-                // BF16 vector is 32 u16 lanes, `lo`'s block in the low half.
-                unsafe {
-                    let w: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(v, lo));
-                    _mm512_storeu_si512(o.as_mut_ptr().cast(), w);
-                }
-            } else {
+            match quant_core::bf16_narrow::x86::narrow32(lo, v) {
+                // SAFETY: `o` is 32 u16 = 64 bytes (one unaligned 512-bit store).
+                Some(w) => unsafe { _mm512_storeu_si512(o.as_mut_ptr().cast(), w) },
                 // SAFETY: `o` is 32 u16 (two unaligned 256-bit stores).
-                unsafe {
+                None => unsafe {
                     _mm256_storeu_si256(o.as_mut_ptr().cast(), narrow16(lo));
                     _mm256_storeu_si256(o[BLOCK..].as_mut_ptr().cast(), narrow16(v));
-                }
+                },
             }
         }
     });

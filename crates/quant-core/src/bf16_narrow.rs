@@ -35,16 +35,42 @@ pub(crate) fn narrow(src: &[f32], dst: &mut [u16]) -> bool {
     false
 }
 
+/// The AVX-512 step that both this module's slice narrowing and format kernels that narrow in registers use.
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub mod x86 {
     use std::arch::x86_64::{
-        __m512i, _mm512_cvtne2ps_pbh, _mm512_fpclass_ps_mask, _mm512_loadu_ps, _mm512_storeu_si512,
+        __m512, __m512i, _mm512_cvtne2ps_pbh, _mm512_fpclass_ps_mask, _mm512_loadu_ps,
+        _mm512_storeu_si512,
     };
 
     use crate::dtype::bf16_bits;
 
     /// `vfpclassps` category bit of subnormal (denormal) values.
     const SUBNORMAL: i32 = 0x20;
+
+    /// 32 values (`lo` then `hi`) narrowed to bf16 bit patterns, lane `i` of the result
+    /// holding value `i`; `None` when one of them is subnormal, which the instruction
+    /// would flush to zero (narrow that step with [`crate::dtype::bf16_bits`] instead).
+    /// Otherwise the same bits as `bf16_bits` (round to nearest even, NaN quieted).
+    ///
+    /// Call it from a function that enables these features (it then inlines).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F, BW, DQ and BF16 (a caller without those features
+    /// enabled needs `unsafe` and a run-time check).
+    ///
+    /// Checked against `bf16_bits` through the slice narrowing by this module's tests
+    /// (rustdoc does not collect examples on this `#[target_feature]` item).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+    pub fn narrow32(lo: __m512, hi: __m512) -> Option<__m512i> {
+        let subnormal =
+            _mm512_fpclass_ps_mask::<SUBNORMAL>(lo) | _mm512_fpclass_ps_mask::<SUBNORMAL>(hi);
+        // Lanes 0..16 from the second operand (`lo`), 16..32 from the first.
+        // SAFETY: both are 512-bit plain vector types; every bit pattern is valid for
+        // either.
+        (subnormal == 0).then(|| unsafe { std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo)) })
+    }
 
     /// [`super::narrow`] over `min(src.len(), dst.len())` values.
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
@@ -61,18 +87,13 @@ mod x86 {
                     _mm512_loadu_ps(s[16..].as_ptr()),
                 )
             };
-            let subnormal =
-                _mm512_fpclass_ps_mask::<SUBNORMAL>(lo) | _mm512_fpclass_ps_mask::<SUBNORMAL>(hi);
-            if subnormal == 0 {
-                // Lanes 0..16 from the second operand (`lo`), 16..32 from the first.
-                // SAFETY: both are 512-bit plain vector types; every bit pattern is
-                // valid for either.
-                let v: __m512i = unsafe { std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo)) };
+            match narrow32(lo, hi) {
                 // SAFETY: `d` is 32 u16 = 64 bytes (one unaligned 512-bit store).
-                unsafe { _mm512_storeu_si512(d.as_mut_ptr().cast(), v) };
-            } else {
-                for (o, &x) in d.iter_mut().zip(s) {
-                    *o = bf16_bits(x);
+                Some(v) => unsafe { _mm512_storeu_si512(d.as_mut_ptr().cast(), v) },
+                None => {
+                    for (o, &x) in d.iter_mut().zip(s) {
+                        *o = bf16_bits(x);
+                    }
                 }
             }
         }

@@ -12,7 +12,7 @@
 //! | prototype | [`TensorProto`] | shape + dtype + quantizer, no data: buffers and bytes up front |
 //! | registry | [`Registry`] | format name -> rebuild from options and buffers |
 //! | codecs | [`codec`] | bit-exact E4M3, E5M2, E8M0, E2M1 |
-//! | CPU kernels | [`simd`], [`cpu`], [`block_max`] | run-time SIMD dispatch, amax, block maxima |
+//! | CPU kernels | [`simd`], [`cpu`], [`block_max`], [`bf16_narrow`] | run-time SIMD dispatch, amax, block maxima, bf16 narrowing |
 //! | files | [`io`] | the native safetensors layout, validated on load |
 //!
 //! Buffers are described before they exist ([`BufferDesc`]), so frameworks can plan
@@ -28,7 +28,7 @@
 #![deny(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 
-mod bf16_narrow;
+pub mod bf16_narrow;
 pub mod block_max;
 pub mod buffer;
 pub mod codec;
