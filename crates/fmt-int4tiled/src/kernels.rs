@@ -1,14 +1,35 @@
 //! Fast pack and dequantize: no division, no per-nibble loop.
 //!
-//! **Quantize.** torchao divides every element by the group's scale. Here
-//! `q = f32(f64(t) * f64(1 / scale))` instead, and that is exact: `t` has at most 24
-//! significant bits (8 on the bf16 path) and the scale 8, so a quotient that is not
-//! itself an f32 rounding boundary (a 25-bit midpoint) lies at least `2^-34` (relative)
-//! away from every boundary; no such quotient can be a midpoint (its odd part would
-//! need more bits than `t` has); and the f64 product is within `2^-52` of the quotient.
-//! So it rounds to the same f32 as the IEEE division (below 2^-126, where the f32 grid
-//! is coarser, the nibble is 0 either way). `tests/simd_levels.rs` compares with the
-//! division on every bf16 value and on random f32 groups.
+//! **Quantize.** torchao divides every element by the group's scale. Here a multiply by
+//! the scale's reciprocal stands in for the division, in one of three forms:
+//!
+//! * **bf16 path, f32 reciprocal.** `rb(t * r)` with `r = f32(1 / scale)` equals
+//!   `rb(t / scale)` wherever `r` is a normal f32 (`2^-126 <= scale < 2^126`). `t` and
+//!   the scale are bf16 values (8 significant bits), so the quotient `Q = t / scale` is
+//!   never a bf16 rounding midpoint (its odd part would need 9 bits, more than `t` has),
+//!   and it is at least `2^-17` (relative) away from every midpoint: scaled into
+//!   `[256, 512)`, `Q` is an integer over the scale's 8-bit significand `b`, so its
+//!   distance from an odd integer is at least `1/b`. Two f32 roundings (the reciprocal
+//!   and the product) move it less than `2^-23`, so the bf16 rounding and the nibble are
+//!   the same. (Quotients below `2^-126` give nibble 0 either way.) A test checks every
+//!   bf16 numerator against a sweep of scales, and an ignored test checks all 2^31 pairs.
+//! * **f32 path, f32 reciprocal, checked.** `t` has 24 significant bits, so `t * r` can
+//!   differ from the IEEE quotient by up to two ulps (`2^-19` below 16). That changes a
+//!   nibble only when the quotient lies within that distance of a half-integer
+//!   boundary. Each quotient's distance from the nearest boundary comes for free from
+//!   the rounding to an integer. A group in which any quotient comes within `2^-16` of a
+//!   boundary is redone in the exact form below. For quotients spread evenly over
+//!   `[0, 15]` that is a `2^-15` chance per element, about one group of 128 in 250.
+//! * **Exact, for any scale.** `q = f32(f64(t) * f64(1 / scale))`: `t` has at most 24
+//!   significant bits and the scale 8, so a quotient that is not itself an f32 rounding
+//!   boundary (a 25-bit midpoint) lies at least `2^-34` (relative) away from every
+//!   boundary; no such quotient can be a midpoint (its odd part would need more bits
+//!   than `t` has); and the f64 product is within `2^-52` of the quotient. So it rounds
+//!   to the same f32 as the IEEE division (below 2^-126, where the f32 grid is coarser,
+//!   the nibble is 0 either way).
+//!
+//! `tests/simd_levels.rs` compares the kernels with the division on every bf16 value and
+//! on random f32 groups; this module's tests cover the boundary cases of each form.
 //!
 //! **Pack.** Lane `t` of an n-tile holds, per 32-wide k block, one word whose nibble `q`
 //! (`q < 4`) is `u[8q + 2(t%4)]` and nibble `q + 4` is `u[8q + 2(t%4) + 1]`. Read the
@@ -35,8 +56,71 @@ use crate::layout::{K_TILE, LANES, N_TILE};
 use crate::qparams::{GroupParams, QParamsPath, group_params, min_max, rb, to_nibble};
 
 /// Nibbles of one group: `u = to_nibble(op((x - min_val) / scale))`, division-free.
+///
+/// Where the scale's reciprocal is a normal f32 ([`f32_reciprocal`]), one f32 multiply
+/// by it stands in for the division (module docs: exact on the bf16 path, checked on the
+/// f32 path); otherwise, and for the rare f32 group that lands near a rounding boundary,
+/// the exact f64 product.
 #[inline(always)]
 fn group_nibbles(path: QParamsPath, xs: &[f32], p: &GroupParams, u: &mut [u8]) {
+    match (path, f32_reciprocal(p.scale)) {
+        (QParamsPath::Bf16, Some(r)) => {
+            for (o, &x) in u.iter_mut().zip(xs) {
+                *o = to_nibble(rb(rb(x - p.min_val) * r));
+            }
+        }
+        (QParamsPath::F32, Some(r)) => {
+            let mut near = false;
+            for (o, &x) in u.iter_mut().zip(xs) {
+                let (nib, close) = nibble_and_margin((x - p.min_val) * r);
+                *o = nib;
+                near |= close;
+            }
+            if near {
+                group_nibbles_f64(path, xs, p, u);
+            }
+        }
+        _ => group_nibbles_f64(path, xs, p, u),
+    }
+}
+
+/// `1 / scale` rounded to f32, where that is a normal number: `2^-126 <= scale < 2^126`
+/// (`None` otherwise: a subnormal eps, an eps near `f32::MAX`, an infinite scale).
+#[inline(always)]
+fn f32_reciprocal(scale: f32) -> Option<f32> {
+    const TWO_126: f32 = f32::from_bits(253 << 23);
+    (f32::MIN_POSITIVE..TWO_126)
+        .contains(&scale)
+        .then(|| 1.0 / scale)
+}
+
+/// How far (absolute) a quotient computed as `t * (1/scale)` may be from the IEEE `t /
+/// scale` below 16, with room to spare: both are within two f32 ulps (`2^-19` at most)
+/// of each other there, so only a quotient this close to a half-integer can round to
+/// another nibble.
+const NEAR_HALF: f32 = 1.0 / 65_536.0;
+
+/// [`to_nibble`] of `q`, and whether `q` lies within [`NEAR_HALF`] of a nibble boundary
+/// (a half-integer in `[0.5, 14.5]`), where a neighbouring quotient could round the
+/// other way. Outside `[0, 15]` the clamp decides the nibble and no boundary is near.
+#[inline(always)]
+fn nibble_and_margin(q: f32) -> (u8, bool) {
+    const TWO23: f32 = 8_388_608.0;
+    let c = if q > 0.0 {
+        if q < 15.0 { q } else { 15.0 }
+    } else {
+        0.0
+    };
+    let big = c + TWO23;
+    // `big - 2^23` is `c` rounded to an integer, and the difference from `c` is exact.
+    let off = c - (big - TWO23);
+    ((big.to_bits() & 0xF) as u8, off.abs() >= 0.5 - NEAR_HALF)
+}
+
+/// The exact form of [`group_nibbles`], for any scale: `f32(f64(t) * f64(1/scale))` is
+/// the IEEE quotient (module docs).
+#[inline(always)]
+fn group_nibbles_f64(path: QParamsPath, xs: &[f32], p: &GroupParams, u: &mut [u8]) {
     let r = 1.0f64 / f64::from(p.scale);
     match path {
         QParamsPath::Bf16 => {
@@ -343,6 +427,108 @@ mod tests {
                     | u32::from(u[8 * q + 2 * c + 1]) << (4 * q + 16)
             })
         })
+    }
+
+    /// Every bf16 scale whose reciprocal [`group_nibbles`] multiplies by, every `step`-th.
+    fn fast_scales(step: usize) -> impl Iterator<Item = f32> {
+        (0..0x7F80u16)
+            .step_by(step)
+            .chain([0x0080, 0x3F80, 0x4040, 0x7E7F, 0x7E80])
+            .map(|b| bf16::from_bits(b).to_f32())
+            .filter(|&s| f32_reciprocal(s).is_some())
+    }
+
+    /// The bf16 path's `rb(t * (1/s))` against `rb(t / s)` for every bf16 `t` (both
+    /// signs, zeros, infinities, NaN) and the scales of `fast_scales(step)`.
+    fn check_bf16_quotients(step: usize) {
+        for s in fast_scales(step) {
+            let r = f32_reciprocal(s).unwrap();
+            for b in 0..=u16::MAX {
+                let t = bf16::from_bits(b).to_f32();
+                assert_eq!(
+                    to_nibble(rb(t * r)),
+                    to_nibble(rb(t / s)),
+                    "t = {t:e}, scale = {s:e}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_reciprocal_gives_the_division_nibble() {
+        check_bf16_quotients(97);
+    }
+
+    /// All 2^15 scales x 2^16 numerators; run with `cargo test --release -- --ignored`.
+    #[test]
+    #[ignore]
+    fn bf16_reciprocal_gives_the_division_nibble_exhaustively() {
+        check_bf16_quotients(1);
+    }
+
+    #[test]
+    fn reciprocal_range() {
+        assert_eq!(f32_reciprocal(1.0), Some(1.0));
+        assert_eq!(f32_reciprocal(f32::MIN_POSITIVE), Some(2f32.powi(126)));
+        for s in [
+            1e-40,
+            0.0,
+            2f32.powi(126),
+            f32::MAX,
+            f32::INFINITY,
+            f32::NAN,
+        ] {
+            assert_eq!(f32_reciprocal(s), None, "{s:e}");
+        }
+    }
+
+    /// f32 numerators within a few ulps of `h * scale` for every nibble boundary `h`: the
+    /// reciprocal alone rounds some of them to the wrong nibble; every such quotient is
+    /// flagged, and the group's nibbles equal the division's.
+    #[test]
+    fn f32_quotients_near_a_boundary_take_the_exact_path() {
+        let mut wrong_without_fallback = 0;
+        for s in fast_scales(211).filter(|s| (1e-30..1e30).contains(s)) {
+            let r = f32_reciprocal(s).unwrap();
+            let mut xs = Vec::new();
+            for h in (0..15).map(|n| n as f32 + 0.5) {
+                let t0 = h * s; // exact: 5 + 8 significant bits
+                for k in -4i32..=4 {
+                    let t = f32::from_bits(t0.to_bits().wrapping_add_signed(k));
+                    let (fast, near) = nibble_and_margin(t * r);
+                    let exact = to_nibble(t / s);
+                    if fast != exact {
+                        wrong_without_fallback += 1;
+                        assert!(near, "t = {t:e}, scale = {s:e} not flagged");
+                    }
+                    xs.push(t);
+                }
+            }
+            let p = GroupParams {
+                scale: s,
+                min_val: 0.0,
+                ..GroupParams::default()
+            };
+            let mut u = vec![0u8; xs.len()];
+            group_nibbles(QParamsPath::F32, &xs, &p, &mut u);
+            let want: Vec<u8> = xs.iter().map(|&x| to_nibble(x / s)).collect();
+            assert_eq!(u, want, "scale = {s:e}");
+        }
+        assert!(
+            wrong_without_fallback > 0,
+            "the sweep never needed the fallback"
+        );
+    }
+
+    #[test]
+    fn margin_flags_only_near_half_integers() {
+        assert_eq!(nibble_and_margin(7.5), (8, true));
+        assert_eq!(nibble_and_margin(8.5), (8, true));
+        assert_eq!(nibble_and_margin(8.5 - 2.0 * NEAR_HALF), (8, false));
+        assert_eq!(nibble_and_margin(3.2), (3, false));
+        for q in [-1.0, -0.0, 0.0, 15.0, 15.5, 1e30, f32::INFINITY, f32::NAN] {
+            assert_eq!(nibble_and_margin(q), (to_nibble(q), false), "{q}");
+        }
     }
 
     #[test]
