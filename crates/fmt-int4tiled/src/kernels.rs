@@ -57,16 +57,21 @@ use crate::qparams::{GroupParams, QParamsPath, group_params, min_max, rb, to_nib
 
 /// Nibbles of one group: `u = to_nibble(op((x - min_val) / scale))`, division-free.
 ///
-/// Where the scale's reciprocal is a normal f32 ([`f32_reciprocal`]), one f32 multiply
-/// by it stands in for the division (module docs: exact on the bf16 path, checked on the
-/// f32 path); otherwise, and for the rare f32 group that lands near a rounding boundary,
-/// the exact f64 product.
+/// Where the scale's reciprocal is a normal f32 ([`f32_reciprocal`]) and `min_val` is
+/// finite, one f32 multiply by it stands in for the division (module docs: exact on the
+/// bf16 path, checked on the f32 path); otherwise, and for the rare f32 group that lands
+/// near a rounding boundary, the exact f64 product.
 #[inline(always)]
 fn group_nibbles(path: QParamsPath, xs: &[f32], p: &GroupParams, u: &mut [u8]) {
-    match (path, f32_reciprocal(p.scale)) {
+    let fast = if p.min_val.is_finite() {
+        f32_reciprocal(p.scale)
+    } else {
+        None
+    };
+    match (path, fast) {
         (QParamsPath::Bf16, Some(r)) => {
             for (o, &x) in u.iter_mut().zip(xs) {
-                *o = to_nibble(rb(rb(x - p.min_val) * r));
+                *o = to_nibble(rb_no_nan(rb_no_nan(x - p.min_val) * r));
             }
         }
         (QParamsPath::F32, Some(r)) => {
@@ -82,6 +87,17 @@ fn group_nibbles(path: QParamsPath, xs: &[f32], p: &GroupParams, u: &mut [u8]) {
         }
         _ => group_nibbles_f64(path, xs, p, u),
     }
+}
+
+/// [`rb`] of a value that is not NaN (infinities are fine): the rounding without the NaN
+/// select. On the fast path nothing is NaN: a group holding a NaN or an infinity has a
+/// NaN or infinite scale, and a huge eps can make `min_val` infinite; both take the
+/// exact path, so `x - min_val` is finite (or overflows to infinity) and so is every
+/// product after it.
+#[inline(always)]
+fn rb_no_nan(x: f32) -> f32 {
+    let b = x.to_bits();
+    f32::from_bits(b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000)
 }
 
 /// `1 / scale` rounded to f32, where that is a normal number: `2^-126 <= scale < 2^126`
@@ -518,6 +534,58 @@ mod tests {
             wrong_without_fallback > 0,
             "the sweep never needed the fallback"
         );
+    }
+
+    /// Every branch of [`group_nibbles`] (fast, fallback, exact) against the scalar
+    /// specification, [`crate::qparams::quantize_group`]: eps from subnormal to huge
+    /// (a reciprocal out of range; `scale * 8` overflowing into an infinite `min_val`),
+    /// groups with NaN, infinities, zeros and spreads from tiny to near `f32::MAX`.
+    #[test]
+    fn group_nibbles_equal_the_specification_for_any_eps() {
+        use crate::qparams::quantize_group;
+        let mut st = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            st
+        };
+        let eps = [
+            1e-45,
+            1e-40,
+            f32::MIN_POSITIVE,
+            1e-6,
+            1.0,
+            5e37,
+            1e38,
+            f32::MAX,
+        ];
+        for round in 0..400 {
+            let spread = [1e-30f32, 1e-3, 1.0, 1e3, 1e30, 1e38][round % 6];
+            let mut xs: Vec<f32> = (0..64)
+                .map(|_| {
+                    let v = ((next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * spread;
+                    bf16::from_f32(v).to_f32()
+                })
+                .collect();
+            match round % 10 {
+                7 => xs[5] = f32::NAN,
+                8 => xs[9] = f32::INFINITY,
+                9 => xs.fill(0.0),
+                _ => {}
+            }
+            for path in [QParamsPath::Bf16, QParamsPath::F32] {
+                for &e in &eps {
+                    let mut want = vec![0u8; xs.len()];
+                    quantize_group(path, &xs, e, &mut want);
+                    let (mn, mx) = min_max(&xs);
+                    let p = group_params(path, mn, mx, e);
+                    let mut got = vec![0u8; xs.len()];
+                    group_nibbles(path, &xs, &p, &mut got);
+                    assert_eq!(got, want, "{path:?}, eps {e:e}, round {round}");
+                }
+            }
+        }
     }
 
     #[test]
