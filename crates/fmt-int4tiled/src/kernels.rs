@@ -53,7 +53,9 @@ use quant_core::{DType, Element, widened};
 
 use crate::format::Geometry;
 use crate::layout::{K_TILE, LANES, N_TILE};
-use crate::qparams::{GroupParams, QParamsPath, group_params, min_max, rb, to_nibble};
+use crate::qparams::{
+    GroupParams, QParamsPath, group_params, min_max, nibble_and_margin, rb, to_nibble,
+};
 
 /// Nibbles of one group: `u = to_nibble(op((x - min_val) / scale))`, division-free.
 ///
@@ -108,29 +110,6 @@ fn f32_reciprocal(scale: f32) -> Option<f32> {
     (f32::MIN_POSITIVE..TWO_126)
         .contains(&scale)
         .then(|| 1.0 / scale)
-}
-
-/// How far (absolute) a quotient computed as `t * (1/scale)` may be from the IEEE `t /
-/// scale` below 16, with room to spare: both are within two f32 ulps (`2^-19` at most)
-/// of each other there, so only a quotient this close to a half-integer can round to
-/// another nibble.
-const NEAR_HALF: f32 = 1.0 / 65_536.0;
-
-/// [`to_nibble`] of `q`, and whether `q` lies within [`NEAR_HALF`] of a nibble boundary
-/// (a half-integer in `[0.5, 14.5]`), where a neighbouring quotient could round the
-/// other way. Outside `[0, 15]` the clamp decides the nibble and no boundary is near.
-#[inline(always)]
-fn nibble_and_margin(q: f32) -> (u8, bool) {
-    const TWO23: f32 = 8_388_608.0;
-    let c = if q > 0.0 {
-        if q < 15.0 { q } else { 15.0 }
-    } else {
-        0.0
-    };
-    let big = c + TWO23;
-    // `big - 2^23` is `c` rounded to an integer, and the difference from `c` is exact.
-    let off = c - (big - TWO23);
-    ((big.to_bits() & 0xF) as u8, off.abs() >= 0.5 - NEAR_HALF)
 }
 
 /// The exact form of [`group_nibbles`], for any scale: `f32(f64(t) * f64(1/scale))` is
@@ -433,6 +412,15 @@ fn round_odd_sum(p: f32, z: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::qparams::NEAR_HALF;
+
+    /// Marsaglia's xorshift64: reproducible test data without a dependency.
+    fn xorshift(s: &mut u64) -> u64 {
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        *s
+    }
 
     /// Word `c`'s nibble `q < 4` is `u[8q + 2c]` and nibble `q + 4` is `u[8q + 2c + 1]`
     /// (the tinygemm lane layout, spelled out one nibble at a time).
@@ -544,12 +532,6 @@ mod tests {
     fn group_nibbles_equal_the_specification_for_any_eps() {
         use crate::qparams::quantize_group;
         let mut st = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = || {
-            st ^= st << 13;
-            st ^= st >> 7;
-            st ^= st << 17;
-            st
-        };
         let eps = [
             1e-45,
             1e-40,
@@ -564,7 +546,7 @@ mod tests {
             let spread = [1e-30f32, 1e-3, 1.0, 1e3, 1e30, 1e38][round % 6];
             let mut xs: Vec<f32> = (0..64)
                 .map(|_| {
-                    let v = ((next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * spread;
+                    let v = ((xorshift(&mut st) >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * spread;
                     bf16::from_f32(v).to_f32()
                 })
                 .collect();
@@ -603,12 +585,7 @@ mod tests {
     fn pack32_matches_the_layout_and_round_trips() {
         let mut s = 0x9E37_79B9_7F4A_7C15u64;
         for _ in 0..2000 {
-            let u: [u8; 32] = std::array::from_fn(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 60) as u8
-            });
+            let u: [u8; 32] = std::array::from_fn(|_| (xorshift(&mut s) >> 60) as u8);
             let w = pack32(&u);
             assert_eq!(w, pack32_naive(&u));
             assert_eq!(unpack32(w), u.map(u16::from));
