@@ -377,9 +377,47 @@ pub fn for_each_supported_level(mut f: impl FnMut(Level)) -> Vec<Level> {
     ran
 }
 
+/// Runs `f` at [`Level::Scalar`], then at every level this CPU supports (as
+/// [`for_each_supported_level`]), and returns the first level whose result differs from
+/// the scalar one; `None` when all agree. For tests of dispatch-level equality. The
+/// scalar level is always supported; were it not, `Some(Level::Scalar)` would report it.
+///
+/// ```
+/// use quant_core::simd;
+/// let xs: Vec<f32> = (0..1000).map(|i| i as f32 * 0.25).collect();
+/// let sum_sq = || {
+///     simd::dispatch(simd::level(), #[inline(always)] || {
+///         xs.iter().map(|x| x * x).collect::<Vec<f32>>()
+///     })
+/// };
+/// assert_eq!(simd::level_differing_from_scalar(sum_sq), None);
+/// ```
+pub fn level_differing_from_scalar<R: PartialEq>(mut f: impl FnMut() -> R) -> Option<Level> {
+    let Some(want) = with_level(Level::Scalar, &mut f) else {
+        return Some(Level::Scalar);
+    };
+    let mut first = None;
+    for_each_supported_level(|level| {
+        if first.is_none() && f() != want {
+            first = Some(level);
+        }
+    });
+    first
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn level_differing_from_scalar_names_the_first_other_level() {
+        let other = Level::ALL
+            .into_iter()
+            .find(|&l| l != Level::Scalar && l.is_supported());
+        // `level()` is the forced level: it differs from the scalar run at every other level.
+        assert_eq!(level_differing_from_scalar(level), other);
+        assert_eq!(level_differing_from_scalar(|| 7), None);
+    }
 
     #[test]
     fn levels_parse_and_order() {
