@@ -642,13 +642,13 @@ impl Format for Int4TiledQuantizer {
                     .enumerate()
                     .map(move |(t, o)| (e, t * rows_per_task, o))
             })
-            .for_each_init(Vec::new, |tables, (e, n0, o)| {
+            .for_each_init(kernels::RowTables::default, |scratch, (e, n0, o)| {
                 let words = &packed[e * geo.expert_words()..][..geo.expert_words()];
                 let sz = &sz[e * geo.expert_scale_and_zero()..][..geo.expert_scale_and_zero()];
                 simd::dispatch(
                     level,
                     #[inline(always)]
-                    || kernels::dequantize_rows(level, &geo, words, sz, n0, o, tables),
+                    || kernels::dequantize_rows(level, &geo, words, sz, n0, o, scratch),
                 )
             });
         Ok(())

@@ -314,11 +314,28 @@ pub(crate) fn quantize_tile<T: Element>(
     }
 }
 
+/// Per-task scratch of [`dequantize_rows`]: one row's group tables, first as the f32
+/// values of [`group_values`], then narrowed to `T` in one call (a call per group of 16
+/// cost as much as the lookups themselves).
+pub(crate) struct RowTables<T> {
+    wide: Vec<f32>,
+    tables: Vec<[T; 16]>,
+}
+
+impl<T> Default for RowTables<T> {
+    fn default() -> Self {
+        Self {
+            wide: Vec::new(),
+            tables: Vec::new(),
+        }
+    }
+}
+
 /// Dequantizes rows `n0..n0+out.len()/k` of one expert (`words`, `sz` are the expert's)
-/// into `out` (`[rows, k]`). `tables` is scratch.
+/// into `out` (`[rows, k]`). `scratch` is reused across calls.
 ///
 /// A group's outputs take at most 16 values (one per nibble), so each row first computes
-/// its groups' tables with the exact arithmetic of [`group_table`]; then every output is
+/// its groups' tables with the exact arithmetic of [`group_values`]; then every output is
 /// a lookup of its nibble. At AVX-512 the lookup is [`crate::x86`] (a few register
 /// operations per 32 outputs); elsewhere each 32-wide block is unpacked into u16 lanes
 /// ([`unpack32`]) and looked up one by one. Only the logical `k` is read: `k` is a
@@ -331,21 +348,25 @@ pub(crate) fn dequantize_rows<T: Element>(
     sz: &[bf16],
     n0: usize,
     out: &mut [T],
-    tables: &mut Vec<[T; 16]>,
+    scratch: &mut RowTables<T>,
 ) {
     let _ = level; // only the x86-64 build has a kernel to choose
     let (k, g) = (geo.k, geo.group_size);
     let half = geo.inner_k_tiles / 2;
+    let groups = k / g;
+    scratch.wide.resize(groups * 16, 0.0);
+    scratch.tables.resize(groups, [T::from_f32(0.0); 16]);
     for (r, row) in out.chunks_exact_mut(k).enumerate() {
         let n = n0 + r;
         let (nt, nr) = (n / N_TILE, n % N_TILE);
         let tile = &words[nt * geo.k_padded..(nt + 1) * geo.k_padded];
-        // A plain loop, not `extend(map)`: it must inline into the dispatched function.
-        tables.resize(k / g, [T::from_f32(0.0); 16]);
-        for (gi, t) in tables.iter_mut().enumerate() {
+        // Plain loops, not `extend(map)`: they must inline into the dispatched function.
+        for (gi, w) in scratch.wide.chunks_exact_mut(16).enumerate() {
             let at = (gi * geo.n_padded + n) * 2;
-            *t = group_table::<T>(sz[at].to_f32(), sz[at + 1].to_f32());
+            group_values::<T>(sz[at].to_f32(), sz[at + 1].to_f32(), w);
         }
+        T::narrow_slice(&scratch.wide, bytemuck::cast_slice_mut(&mut scratch.tables));
+        let tables = &scratch.tables;
         let lanes = RowWords { tile, nr, half };
         #[cfg(target_arch = "x86_64")]
         if level == Level::Avx512 && crate::x86::lookup_row(tables, g, lanes, row) {
@@ -360,11 +381,11 @@ pub(crate) fn dequantize_rows<T: Element>(
     }
 }
 
-/// The 16 outputs of a group with scale `s` and zero `z`: `T((u - 8) * s + z)` rounded
-/// once (see the module docs).
+/// The 16 outputs of a group with scale `s` and zero `z`, as f32 values whose rounding
+/// to `T` (round-to-nearest-even) is `T((u - 8) * s + z)` rounded once (see the module
+/// docs): the exact sum for f32, its round-to-odd for narrower `T`.
 #[inline(always)]
-fn group_table<T: Element>(s: f32, z: f32) -> [T; 16] {
-    let mut w = [0f32; 16];
+fn group_values<T: Element>(s: f32, z: f32, w: &mut [f32]) {
     match T::DTYPE {
         DType::F32 => {
             for (u, w) in w.iter_mut().enumerate() {
@@ -377,9 +398,6 @@ fn group_table<T: Element>(s: f32, z: f32) -> [T; 16] {
             }
         }
     }
-    let mut t = [T::from_f32(0.0); 16];
-    T::narrow_slice(&w, &mut t);
-    t
 }
 
 /// The exact `p + z` rounded to f32 with round-to-odd (non-finite sums as IEEE gives
