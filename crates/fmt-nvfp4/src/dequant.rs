@@ -24,25 +24,58 @@ use crate::scale::{self, BLOCK};
 
 /// The stored bytes of one direction.
 pub(crate) struct Operand<'a> {
-    pub data: &'a [u8],
-    pub scales: &'a [u8],
-    pub amax: &'a [f32],
-    pub swizzled: bool,
-    pub e4m3_max: u16,
+    data: &'a [u8],
+    scales: &'a [u8],
+    amax: &'a [f32],
+    swizzled: bool,
+    factors: Factors,
 }
 
-impl Operand<'_> {
+/// How a block's dequantize factor is found. Per block, the E4M3 decode, two products and
+/// the division in [`scale::dequant_rcp`] cost as much as decoding the block's 16 values,
+/// so the constant is computed once and, under a tensor amax, so is every factor.
+enum Factors {
+    /// One amax for the tensor: the factor of each of the 256 scale bytes.
+    Table(Box<[f32; 256]>),
+    /// An amax per row: computed per block with the hoisted `f32(1 / (6 * E4M3_MAX))`.
+    PerRow { rcp: f32 },
+}
+
+impl<'a> Operand<'a> {
+    /// A view of one stored direction; `amax` holds one value (per-tensor) or one per
+    /// stored row.
+    pub fn new(
+        data: &'a [u8],
+        scales: &'a [u8],
+        amax: &'a [f32],
+        swizzled: bool,
+        e4m3_max: u16,
+    ) -> Self {
+        let rcp = scale::dequant_rcp(e4m3_max);
+        let factors = match amax {
+            [a] => Factors::Table(Box::new(std::array::from_fn(|sdb| {
+                scale::dequant_factor_with(sdb as u8, *a, rcp)
+            }))),
+            _ => Factors::PerRow { rcp },
+        };
+        Self {
+            data,
+            scales,
+            amax,
+            swizzled,
+            factors,
+        }
+    }
+
     /// Dequantize factor of block `(row, block)` of a stored operand with `stride`-wide
-    /// scales.
+    /// scales: [`scale::dequant_factor`] of its scale byte and amax.
     #[inline(always)]
     fn factor(&self, row: usize, block: usize, stride: usize) -> f32 {
         let sdb = self.scales[scale_index(row, block, stride, self.swizzled)];
-        let amax = if self.amax.len() == 1 {
-            self.amax[0]
-        } else {
-            self.amax[row]
-        };
-        scale::dequant_factor(sdb, amax, self.e4m3_max)
+        match &self.factors {
+            Factors::Table(t) => t[usize::from(sdb)],
+            Factors::PerRow { rcp } => scale::dequant_factor_with(sdb, self.amax[row], *rcp),
+        }
     }
 }
 

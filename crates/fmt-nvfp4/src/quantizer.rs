@@ -742,13 +742,13 @@ impl Format for Nvfp4Quantizer {
             Direction::Rowwise => ("rowwise_data", "rowwise_scale_inv", "amax_rowwise"),
             Direction::Columnwise => ("columnwise_data", "columnwise_scale_inv", "amax_columnwise"),
         };
-        let view = dequant::Operand {
-            data: buffer_by_name(bufs, data)?.bytes(),
-            scales: buffer_by_name(bufs, scales)?.bytes(),
-            amax: buffer_by_name(bufs, amax)?.as_slice::<f32>()?,
-            swizzled: self.swizzled,
-            e4m3_max: self.e4m3_max,
-        };
+        let view = dequant::Operand::new(
+            buffer_by_name(bufs, data)?.bytes(),
+            buffer_by_name(bufs, scales)?.bytes(),
+            buffer_by_name(bufs, amax)?.as_slice::<f32>()?,
+            self.swizzled,
+            self.e4m3_max,
+        );
         match dir {
             Direction::Rowwise => dequant::rowwise(&view, m, k, out),
             Direction::Columnwise => dequant::columnwise(&view, m, k, self.rht, out),

@@ -93,11 +93,24 @@ pub fn dequant_rcp(e4m3_max: u16) -> f32 {
 /// result.
 #[inline(always)]
 pub fn dequant_factor(sdb: u8, amax: f32, e4m3_max: u16) -> f32 {
-    let f = (e4m3::decode(sdb) * amax) * dequant_rcp(e4m3_max);
+    dequant_factor_with(sdb, amax, dequant_rcp(e4m3_max))
+}
+
+/// [`dequant_factor`] with its constant `rcp = dequant_rcp(e4m3_max)` computed by the
+/// caller (once per tensor rather than once per block).
+///
+/// ```
+/// use fmt_nvfp4::scale::{dequant_factor, dequant_factor_with, dequant_rcp};
+/// let rcp = dequant_rcp(448);
+/// assert_eq!(dequant_factor_with(0x38, 2688.0, rcp), dequant_factor(0x38, 2688.0, 448));
+/// ```
+#[inline(always)]
+pub fn dequant_factor_with(sdb: u8, amax: f32, rcp: f32) -> f32 {
+    let f = (e4m3::decode(sdb) * amax) * rcp;
     if f.is_finite() || !amax.is_finite() {
         f
     } else {
-        ((f64::from(e4m3::decode(sdb)) * f64::from(amax)) * f64::from(dequant_rcp(e4m3_max))) as f32
+        ((f64::from(e4m3::decode(sdb)) * f64::from(amax)) * f64::from(rcp)) as f32
     }
 }
 
