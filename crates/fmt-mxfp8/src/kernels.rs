@@ -3,7 +3,8 @@
 //! permutation applied afterwards (TE's unfused `nvte_swizzle_scaling_factors` path),
 //! so one well-tested function owns the swizzle.
 
-use quant_core::block_max::block_abs_max;
+use quant_core::block_max::{block_abs_max, block_abs_max_bf16};
+use quant_core::codec::pow2;
 use quant_core::codec::{e4m3, e5m2};
 use quant_core::simd::Level;
 use quant_core::strips::{Strip, column_strips};
@@ -226,33 +227,80 @@ fn rowwise_only<T: Element>(
         {
             let ahead = i * k + si * STEP * BLOCK + PREFETCH;
             simd::prefetch(x.get(ahead..ahead + STEP * BLOCK).unwrap_or(&[]));
-            let w = widened(xs, &mut span[..xs.len()]);
-            let mut keys = [0u32; STEP];
-            block_abs_max(
-                cfg.level,
-                w,
-                cfg.rule.nan_rule(),
-                &mut keys[..w.len() / BLOCK],
-            );
             let mut codes = [0u8; STEP];
-            let mut mults = [0f32; STEP];
-            for ((c, m), &key) in codes.iter_mut().zip(mults.iter_mut()).zip(&keys) {
-                *c = cfg.code(key);
-                *m = multiplier(*c);
+            if !span_bf16_pow2(cfg, xs, &mut codes, os) {
+                let w = widened(xs, &mut span[..xs.len()]);
+                let mut keys = [0u32; STEP];
+                block_abs_max(
+                    cfg.level,
+                    w,
+                    cfg.rule.nan_rule(),
+                    &mut keys[..w.len() / BLOCK],
+                );
+                let mut mults = [0f32; STEP];
+                for ((c, m), &key) in codes.iter_mut().zip(mults.iter_mut()).zip(&keys) {
+                    *c = cfg.code(key);
+                    *m = multiplier(*c);
+                }
+                for ((o, v), &m) in os
+                    .chunks_exact_mut(BLOCK)
+                    .zip(w.chunks_exact(BLOCK))
+                    .zip(&mults)
+                {
+                    encode_run(cfg, v, m, o);
+                }
             }
-            for ((o, v), &m) in os
-                .chunks_exact_mut(BLOCK)
-                .zip(w.chunks_exact(BLOCK))
-                .zip(&mults)
-            {
-                encode_run(cfg, v, m, o);
-            }
-            let kb0 = si * STEP;
-            for (b, &code) in codes.iter().take(xs.len() / BLOCK).enumerate() {
-                rs[rowwise_scale_at(layout, i, kb0 + b, rstride)] = code;
+            let (kb0, nb) = (si * STEP, xs.len() / BLOCK);
+            match layout {
+                // The row's scales are contiguous; in a swizzled tile, runs of four.
+                ScaleLayout::Compact => {
+                    let at = rowwise_scale_at(layout, i, kb0, rstride);
+                    rs[at..at + nb].copy_from_slice(&codes[..nb]);
+                }
+                ScaleLayout::Swizzled => {
+                    for (q, four) in codes[..nb].chunks(4).enumerate() {
+                        let at = rowwise_scale_at(layout, i, kb0 + 4 * q, rstride);
+                        rs[at..at + four.len()].copy_from_slice(four);
+                    }
+                }
             }
         }
     }
+}
+
+/// One span of [`rowwise_only`] straight from bf16 bits, where the CPU has AVX-512: the
+/// block maxima on the 16-bit keys ([`block_abs_max_bf16`]) and the encode in 16-bit
+/// lanes ([`pow2::encode_blocks`]: an E8M0 scale only moves the exponent, so no f32
+/// value is formed). The same codes as the f32 route, bit for bit (both are tested
+/// against it). Returns `false`, leaving `codes` and `out` to the f32 route, for other
+/// inputs and levels and for a span with a block scale below 2^-119 (E4M3; 2^-111 for
+/// E5M2), where the 16-bit encoder is not exact.
+#[inline(always)]
+fn span_bf16_pow2<T: Element>(cfg: Cfg, xs: &[T], codes: &mut [u8; STEP], out: &mut [u8]) -> bool {
+    if cfg.level != Level::Avx512 || T::DTYPE != quant_core::DType::BF16 {
+        return false;
+    }
+    let Ok(bits) = bytemuck::try_cast_slice::<T, u16>(xs) else {
+        return false;
+    };
+    let nb = bits.len() / BLOCK;
+    let mut keys = [0u32; STEP];
+    block_abs_max_bf16(cfg.level, bits, cfg.rule.nan_rule(), &mut keys[..nb]);
+    let mut ks = [0i32; STEP];
+    for ((c, k), &key) in codes.iter_mut().zip(ks.iter_mut()).zip(&keys) {
+        *c = cfg.code(key);
+        // The multiplier is 2^(127 - code) ([`multiplier`]).
+        *k = 127 - i32::from(*c);
+    }
+    pow2::encode_blocks(
+        cfg.level,
+        cfg.dtype.pow2_codec(),
+        bits,
+        BLOCK,
+        &ks[..nb],
+        cfg.plus_zero,
+        out,
+    )
 }
 
 /// Bytes of one 128x4 swizzle tile.

@@ -38,6 +38,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use quant_core::block_max::NanRule;
+use quant_core::codec::pow2::Fp8;
 use quant_core::codec::{e4m3, e5m2, e8m0};
 use quant_core::{Element, Error, Result};
 use serde::{Deserialize, Serialize};
@@ -98,6 +99,21 @@ impl Mxfp8Dtype {
         match self {
             Mxfp8Dtype::E4M3 => e4m3::encode(x),
             Mxfp8Dtype::E5M2 => e5m2::encode(x),
+        }
+    }
+
+    /// The element type as the bf16 power-of-two encoder sees it
+    /// ([`quant_core::codec::pow2`]).
+    ///
+    /// ```
+    /// use fmt_mxfp8::Mxfp8Dtype;
+    /// use quant_core::codec::pow2::Fp8;
+    /// assert_eq!(Mxfp8Dtype::E5M2.pow2_codec(), Fp8::E5M2);
+    /// ```
+    pub const fn pow2_codec(self) -> Fp8 {
+        match self {
+            Mxfp8Dtype::E4M3 => Fp8::E4M3,
+            Mxfp8Dtype::E5M2 => Fp8::E5M2,
         }
     }
 

@@ -115,13 +115,66 @@ fn portable(xs: &[f32], nan: NanRule) -> u32 {
     )
 }
 
+/// [`block_abs_max`] of bf16 values given as their bits (`xs[i]` is
+/// `bf16::to_bits`): the same keys, as f32 patterns, as [`block_abs_max`] of the
+/// widened values, without widening them. At [`Level::Avx512`] with blocks a multiple of
+/// 32 values, each block is one 32-lane maximum per vector (16-bit lanes), then sixteen
+/// blocks fold together as in [`block_abs_max`].
+///
+/// ```
+/// use half::bf16;
+/// use quant_core::block_max::{NanRule, block_abs_max_bf16};
+/// use quant_core::simd;
+///
+/// let xs: Vec<u16> = (0..64).map(|i| bf16::from_f32(i as f32 - 40.0).to_bits()).collect();
+/// let mut out = [0u32; 2];
+/// block_abs_max_bf16(simd::level(), &xs, NanRule::Ignore, &mut out);
+/// assert_eq!(out.map(f32::from_bits), [40.0, 23.0]);
+/// ```
+///
+/// Panics if `xs.len()` is not a multiple of `out.len()` (as [`block_abs_max`]).
+#[inline(always)]
+pub fn block_abs_max_bf16(level: Level, xs: &[u16], nan: NanRule, out: &mut [u32]) {
+    if out.is_empty() {
+        return;
+    }
+    assert!(
+        xs.len().is_multiple_of(out.len()),
+        "block_abs_max_bf16: {} values do not split into {} equal blocks",
+        xs.len(),
+        out.len()
+    );
+    let n = xs.len() / out.len();
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512
+        && Level::Avx512.is_supported()
+        && n > 0
+        && n.is_multiple_of(2 * x86::LANES)
+    {
+        // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512`, checked just above);
+        // `xs` holds `out.len()` blocks of `n` values, `n` a nonzero multiple of 32.
+        unsafe { x86::block_abs_max_bf16(xs, n, nan, out) };
+        return;
+    }
+    let _ = level;
+    for (o, b) in out.iter_mut().zip(xs.chunks(n.max(1))) {
+        *o = b.iter().fold(0, |m, &v| {
+            m.max(nan.key(f32::from_bits(u32::from(v) << 16)))
+        });
+    }
+    if n == 0 {
+        out.fill(0);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::{
-        __m512i, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps, _mm512_loadu_ps,
-        _mm512_loadu_si512, _mm512_max_epu32, _mm512_max_ps, _mm512_permutex2var_epi32,
-        _mm512_reduce_max_epu32, _mm512_set1_epi32, _mm512_setzero_ps, _mm512_setzero_si512,
-        _mm512_storeu_si512,
+        __m512i, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps,
+        _mm512_cmple_epu16_mask, _mm512_loadu_ps, _mm512_loadu_si512, _mm512_mask_max_epu16,
+        _mm512_max_epu16, _mm512_max_epu32, _mm512_max_ps, _mm512_permutex2var_epi32,
+        _mm512_reduce_max_epu32, _mm512_set1_epi16, _mm512_set1_epi32, _mm512_setzero_ps,
+        _mm512_setzero_si512, _mm512_slli_epi32, _mm512_storeu_si512,
     };
 
     use super::NanRule;
@@ -250,6 +303,63 @@ mod x86 {
             *o = _mm512_reduce_max_epu32(v);
         }
     }
+
+    /// Block `b`'s maxima of bf16 keys, folded to 16 u32 lanes holding f32 key patterns
+    /// (`n` values from `p`).
+    ///
+    /// # Safety
+    /// `p .. p + n` must be readable; `n` a multiple of 32; the CPU has AVX-512 BW.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn lanes_max_bf16(p: *const u16, n: usize, nan: NanRule) -> __m512i {
+        let abs = _mm512_set1_epi16(0x7FFF);
+        let inf = _mm512_set1_epi16(0x7F80);
+        let mut acc = _mm512_setzero_si512();
+        for j in 0..n / (2 * LANES) {
+            // SAFETY: `32 * j + 32 <= n` and `p .. p + n` is readable.
+            let x = unsafe { _mm512_loadu_si512(p.add(2 * LANES * j).cast()) };
+            let mag = _mm512_and_si512(x, abs);
+            acc = match nan {
+                // A NaN lane (magnitude above infinity's) leaves the accumulator as is.
+                NanRule::Ignore => {
+                    _mm512_mask_max_epu16(acc, _mm512_cmple_epu16_mask(mag, inf), acc, mag)
+                }
+                NanRule::Propagate => _mm512_max_epu16(acc, mag),
+            };
+        }
+        // Each u32 lane: the larger of its two u16 halves, in the high half (the f32
+        // pattern of the widened magnitude).
+        _mm512_max_epu32(
+            _mm512_slli_epi32::<16>(acc),
+            _mm512_and_si512(acc, _mm512_set1_epi32(0xFFFF_0000u32 as i32)),
+        )
+    }
+
+    /// [`super::block_abs_max_bf16`] with AVX-512.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and BW; `xs.len() == out.len() * n`, `n` a nonzero
+    /// multiple of 32.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn block_abs_max_bf16(xs: &[u16], n: usize, nan: NanRule, out: &mut [u32]) {
+        debug_assert_eq!(xs.len(), out.len() * n);
+        let done = out.len() / LANES * LANES;
+        let mut groups = out.chunks_exact_mut(LANES);
+        for (g, o) in (&mut groups).enumerate() {
+            let base = xs[g * LANES * n..].as_ptr();
+            // SAFETY: block `b` of the group is `base + b*n .. + n`, inside `xs`.
+            let v: [__m512i; LANES] =
+                std::array::from_fn(|b| unsafe { lanes_max_bf16(base.add(b * n), n, nan) });
+            // SAFETY: `o` is 16 u32 (one unaligned 512-bit store).
+            unsafe { _mm512_storeu_si512(o.as_mut_ptr().cast(), fold16(v)) };
+        }
+        for (b, o) in groups.into_remainder().iter_mut().enumerate() {
+            // SAFETY: block `done + b` lies inside `xs`.
+            let v = unsafe { lanes_max_bf16(xs[(done + b) * n..].as_ptr(), n, nan) };
+            *o = _mm512_reduce_max_epu32(v);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -306,6 +416,36 @@ mod tests {
                     simd::for_each_supported_level(|level| {
                         let mut out = vec![0u32; blocks];
                         simd::dispatch(level, || block_abs_max(level, &xs, nan, &mut out));
+                        assert_eq!(out, want, "{level}, {blocks} blocks of {n}, {nan:?}");
+                    });
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_bits_give_the_keys_of_the_widened_values() {
+        for n in [0, 1, 16, 32, 64, 96, 128] {
+            for blocks in [1, 2, 15, 16, 17, 33] {
+                for (seed, nan) in [(7, NanRule::Ignore), (9, NanRule::Propagate)] {
+                    // Every special survives the truncation to bf16 (NaN payloads in
+                    // the high bits, infinities, zeros, subnormals).
+                    let bits: Vec<u16> = values(n * blocks, seed + (n * blocks) as u32)
+                        .iter()
+                        .map(|v| (v.to_bits() >> 16) as u16)
+                        .collect();
+                    let wide: Vec<f32> = bits
+                        .iter()
+                        .map(|&b| f32::from_bits(u32::from(b) << 16))
+                        .collect();
+                    let want = if n == 0 {
+                        vec![0; blocks]
+                    } else {
+                        sequential(&wide, n, nan)
+                    };
+                    simd::for_each_supported_level(|level| {
+                        let mut out = vec![7u32; blocks];
+                        simd::dispatch(level, || block_abs_max_bf16(level, &bits, nan, &mut out));
                         assert_eq!(out, want, "{level}, {blocks} blocks of {n}, {nan:?}");
                     });
                 }

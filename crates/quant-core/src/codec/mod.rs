@@ -20,6 +20,7 @@ pub mod e4m3;
 pub mod e5m2;
 pub mod e8m0;
 mod fp8;
+pub mod pow2;
 
 /// Correctly rounded `1/x` in f32 (IEEE division, as `__frcp_rn` and `1.0f/x` compute it).
 #[inline]

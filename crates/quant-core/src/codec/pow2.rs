@@ -1,0 +1,473 @@
+//! FP8 codes of bf16 values under a power-of-two scale, computed on the bf16 bits.
+//!
+//! MXFP8 (E8M0 scales) and FP8 blockwise scaling with power-of-two scales (TE's
+//! default) encode `fp8(x * 2^k)`. When `x` is a bf16 value, multiplying by `2^k` only
+//! moves its exponent, so the FP8 code follows from the 16 input bits and `k` by
+//! integer arithmetic in 16-bit lanes: 32 values per AVX-512 vector, where the f32
+//! route (widen, multiply, encode) takes 16 per vector and about twice the operations.
+//!
+//! Per value, with `e` the bf16 exponent field and `m` its 7 mantissa bits:
+//!
+//! * `e1 = max(e - 1, 0)` and `v = |bits| - (e1 << 7)`: the 8-bit significand, `0x80 | m`
+//!   for a normal input and `m` for a subnormal one (which has the exponent of `e = 1`);
+//! * the code's significand is `v` shifted right by `s = max(7 - MBITS, D - e1)` with
+//!   `D = 134 - BIAS - MBITS - k` (the normal shift, or a longer one below the target's
+//!   smallest normal), rounded to nearest even as `(v + 2^(s-1) - 1 + lsb) >> s`. Shifts
+//!   are capped at 9, which leaves 0 for every `v < 2^8`, as any longer shift would;
+//! * the code's exponent part is `max(e1 - (127 - BIAS - k), 0) << MBITS`; adding the
+//!   rounded significand (which still holds the implicit bit) gives the code, a rounding
+//!   carry rolling into the exponent as it must, and `min(code, max_code)` saturates;
+//! * infinity saturates, NaN gives `0x7F`, and the sign is copied (a zero input gives `+0`
+//!   when `plus_zero`, as TE's `fma(x, s, +0)` does).
+//!
+//! This equals the f32 encoders' `encode(f32(x) * 2^k)` for every bf16 `x` and every `k`
+//! in `-127 ..= 126 - BIAS` ([`Fp8::pow2_exact`]); the tests check all 2^16 inputs at
+//! every such `k`. Above that range a subnormal input can reach the target's normal
+//! range with an unnormalized significand: callers take the f32 route there (a block
+//! whose amax is tiny).
+//!
+//! ```
+//! use quant_core::codec::{e4m3, pow2::Fp8};
+//! let x = half::bf16::from_f32(-3.3);
+//! let k = 5; // scale 2^5
+//! assert_eq!(Fp8::E4M3.encode(x.to_bits(), k, false), e4m3::encode(x.to_f32() * 32.0));
+//! ```
+#![allow(unsafe_code)]
+
+use crate::codec::{e4m3, e5m2};
+use crate::simd::Level;
+
+/// An FP8 element type as the bf16 encoder sees it: mantissa bits, exponent bias and the
+/// largest finite code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fp8 {
+    mbits: u32,
+    bias: i32,
+    max_code: u8,
+}
+
+impl Fp8 {
+    /// E4M3 (`e4m3fn`): 3 mantissa bits, bias 7, max 448 (`0x7E`).
+    pub const E4M3: Fp8 = Fp8 {
+        mbits: 3,
+        bias: 7,
+        max_code: e4m3::MAX_CODE,
+    };
+    /// E5M2: 2 mantissa bits, bias 15, max 57344 (`0x7B`).
+    pub const E5M2: Fp8 = Fp8 {
+        mbits: 2,
+        bias: 15,
+        max_code: e5m2::MAX_CODE,
+    };
+
+    /// Whether [`Fp8::encode`] equals `encode(f32(x) * 2^k)` for every bf16 `x`:
+    /// `-127 <= k <= 126 - BIAS` (module docs).
+    ///
+    /// ```
+    /// use quant_core::codec::pow2::Fp8;
+    /// assert!(Fp8::E4M3.pow2_exact(119) && !Fp8::E4M3.pow2_exact(120));
+    /// assert!(Fp8::E5M2.pow2_exact(-127) && !Fp8::E5M2.pow2_exact(-128));
+    /// ```
+    #[inline(always)]
+    pub const fn pow2_exact(self, k: i32) -> bool {
+        k >= -127 && k <= 126 - self.bias
+    }
+
+    /// `D` of the module docs: the shift is `max(7 - MBITS, D - e1)`.
+    #[inline(always)]
+    const fn shift_base(self, k: i32) -> i32 {
+        134 - self.bias - self.mbits as i32 - k
+    }
+
+    /// `127 - BIAS - k`: `e1` minus this is the code's exponent field (when positive).
+    #[inline(always)]
+    const fn exp_offset(self, k: i32) -> i32 {
+        127 - self.bias - k
+    }
+
+    /// The code of `bf16::from_bits(bits) * 2^k` (round to nearest even, saturating,
+    /// NaN to `0x7F`; a zero input gives `+0` when `plus_zero`), by the integer steps of
+    /// the module docs. The scalar specification of the vector kernel;
+    /// `k` must satisfy [`Fp8::pow2_exact`] (debug-asserted).
+    ///
+    /// ```
+    /// use quant_core::codec::pow2::Fp8;
+    /// let bits = half::bf16::from_f32(1.0).to_bits();
+    /// assert_eq!(Fp8::E4M3.encode(bits, 0, false), 0x38); // 1.0
+    /// assert_eq!(Fp8::E4M3.encode(bits, 9, false), 0x7E); // 512 saturates to 448
+    /// assert_eq!(Fp8::E4M3.encode(0x8000, 0, true), 0x00); // -0 -> +0
+    /// ```
+    #[inline(always)]
+    pub fn encode(self, bits: u16, k: i32, plus_zero: bool) -> u8 {
+        debug_assert!(self.pow2_exact(k), "k = {k} outside the exact range");
+        let mag = i32::from(bits & 0x7FFF);
+        let e1 = ((mag >> 7) - 1).max(0);
+        let v = mag - (e1 << 7);
+        let s = (self.shift_base(k) - e1).clamp(7 - self.mbits as i32, 9);
+        let half_m1 = (1 << (s - 1)) - 1;
+        let q = (v + half_m1 + ((v >> s) & 1)) >> s;
+        let base = (e1 - self.exp_offset(k)).max(0) << self.mbits;
+        let code = if mag >= 0x7F80 {
+            i32::from(self.max_code)
+        } else {
+            (base + q).min(i32::from(self.max_code))
+        };
+        let sign = if plus_zero && mag == 0 {
+            0
+        } else {
+            i32::from(bits >> 8) & 0x80
+        };
+        if mag > 0x7F80 {
+            0x7F
+        } else {
+            (code | sign) as u8
+        }
+    }
+}
+
+/// `dst[i] = fp8.encode(src[i], ks[i / block], plus_zero)` with AVX-512, 32 values per
+/// step. Returns `false` and writes nothing unless `level` is [`Level::Avx512`] and the
+/// CPU has it, `block` is a nonzero multiple of 32, `src` and `dst` hold `ks.len()`
+/// blocks, and every `k` satisfies [`Fp8::pow2_exact`]; the caller then takes its f32
+/// route. `#[inline(always)]`: call it from a [`crate::simd::dispatch`]ed kernel.
+///
+/// ```
+/// use quant_core::codec::pow2::{Fp8, encode_blocks};
+/// use quant_core::simd;
+/// let src: Vec<u16> = (0..64u16).map(|i| half::bf16::from_f32(i as f32 - 30.0).to_bits()).collect();
+/// let ks = [-2, 3];
+/// let mut dst = [0u8; 64];
+/// if encode_blocks(simd::level(), Fp8::E4M3, &src, 32, &ks, false, &mut dst) {
+///     for (i, (&d, &s)) in dst.iter().zip(&src).enumerate() {
+///         assert_eq!(d, Fp8::E4M3.encode(s, ks[i / 32], false));
+///     }
+/// }
+/// ```
+#[inline(always)]
+pub fn encode_blocks(
+    level: Level,
+    fp8: Fp8,
+    src: &[u16],
+    block: usize,
+    ks: &[i32],
+    plus_zero: bool,
+    dst: &mut [u8],
+) -> bool {
+    let fits = block > 0
+        && block.is_multiple_of(32)
+        && src.len() == ks.len() * block
+        && dst.len() == src.len()
+        // A fold, not `all`: no early exit, so it vectorizes.
+        && ks.iter().fold(true, |ok, &k| ok & fp8.pow2_exact(k));
+    if !fits || level != Level::Avx512 || !Level::Avx512.is_supported() {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both); the
+        // lengths and exponents were checked above.
+        unsafe { x86::encode_blocks(fp8, src, block, ks, plus_zero, dst) };
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = plus_zero;
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::{
+        __m512i, _mm256_storeu_si256, _mm512_add_epi16, _mm512_and_si512, _mm512_cmpge_epu16_mask,
+        _mm512_cmpgt_epu16_mask, _mm512_cvtepi16_epi8, _mm512_loadu_si512, _mm512_mask_mov_epi16,
+        _mm512_maskz_mov_epi16, _mm512_max_epi16, _mm512_min_epi16, _mm512_packus_epi16,
+        _mm512_permutexvar_epi16, _mm512_permutexvar_epi64, _mm512_set1_epi16, _mm512_setr_epi64,
+        _mm512_slli_epi16, _mm512_sllv_epi16, _mm512_srli_epi16, _mm512_srlv_epi16,
+        _mm512_storeu_si512, _mm512_sub_epi16, _mm512_subs_epu16, _mm512_ternarylogic_epi32,
+        _mm512_test_epi16_mask,
+    };
+
+    use super::Fp8;
+
+    /// `2^(s-1) - 1` at index `s` (the rounding addend of a shift by `s`, `s <= 9`).
+    const HALF_M1: [i16; 32] = {
+        let mut t = [0i16; 32];
+        let mut s = 1;
+        while s < 32 {
+            t[s] = if s <= 9 { (1 << (s - 1)) - 1 } else { 0 };
+            s += 1;
+        }
+        t
+    };
+
+    /// [`super::encode_blocks`] after its checks.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and BW; `src.len() == dst.len() == ks.len() * block`,
+    /// `block` a multiple of 32; every `k` satisfies [`Fp8::pow2_exact`].
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn encode_blocks(
+        fp8: Fp8,
+        src: &[u16],
+        block: usize,
+        ks: &[i32],
+        plus_zero: bool,
+        dst: &mut [u8],
+    ) {
+        // SAFETY: `HALF_M1` is 32 i16 = 64 bytes (one unaligned 512-bit load).
+        let half_m1 = unsafe { _mm512_loadu_si512(HALF_M1.as_ptr().cast()) };
+        let c = Consts {
+            half_m1,
+            abs: _mm512_set1_epi16(0x7FFF),
+            one: _mm512_set1_epi16(1),
+            inf: _mm512_set1_epi16(0x7F80),
+            s_min: _mm512_set1_epi16(7 - fp8.mbits as i16),
+            s_max: _mm512_set1_epi16(9),
+            max_code: _mm512_set1_epi16(i16::from(fp8.max_code)),
+            nan_code: _mm512_set1_epi16(0x7F),
+            sign: _mm512_set1_epi16(0x80),
+        };
+        // Per 32-value chunk, its block's `D` and exponent offset, broadcast.
+        let chunk_consts = |chunk: usize| {
+            // `k` is within -127..=126-BIAS, so both fit an i16 with room to spare.
+            let k = ks[chunk * 32 / block];
+            (
+                _mm512_set1_epi16(fp8.shift_base(k) as i16),
+                _mm512_set1_epi16(fp8.exp_offset(k) as i16),
+            )
+        };
+        // Chunk `j`'s 32 codes as u16 lanes.
+        let codes = |j: usize| {
+            let (d, off) = chunk_consts(j);
+            // SAFETY: `32 * j + 32 <= src.len()` (callers pass chunks below
+            // `src.len() / 32`); one unaligned 512-bit load.
+            let x = unsafe { _mm512_loadu_si512(src.as_ptr().add(32 * j).cast()) };
+            encode32(fp8, &c, x, d, off, plus_zero)
+        };
+        let chunks = src.len() / 32;
+        // Two chunks per store: `vpackuswb` (the codes are below 256) interleaves their
+        // 128-bit lanes, one `vpermq` restores the order.
+        let order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
+        for p in 0..chunks / 2 {
+            let bytes = _mm512_permutexvar_epi64(
+                order,
+                _mm512_packus_epi16(codes(2 * p), codes(2 * p + 1)),
+            );
+            // SAFETY: `64 * p + 64 <= dst.len() == src.len()`; one unaligned 512-bit store.
+            unsafe { _mm512_storeu_si512(dst.as_mut_ptr().add(64 * p).cast(), bytes) };
+        }
+        if chunks % 2 == 1 {
+            let j = chunks - 1;
+            // SAFETY: `32 * j + 32 == dst.len()`; one unaligned 256-bit store.
+            unsafe {
+                _mm256_storeu_si256(
+                    dst.as_mut_ptr().add(32 * j).cast(),
+                    _mm512_cvtepi16_epi8(codes(j)),
+                )
+            };
+        }
+    }
+
+    /// The call's constant vectors.
+    struct Consts {
+        half_m1: __m512i,
+        abs: __m512i,
+        one: __m512i,
+        inf: __m512i,
+        s_min: __m512i,
+        s_max: __m512i,
+        max_code: __m512i,
+        nan_code: __m512i,
+        sign: __m512i,
+    }
+
+    /// [`Fp8::encode`] on 32 lanes, codes in u16 lanes (`d`, `off`: [`Fp8::shift_base`] and
+    /// [`Fp8::exp_offset`] of the block's `k`, broadcast).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn encode32(
+        fp8: Fp8,
+        c: &Consts,
+        x: __m512i,
+        d: __m512i,
+        off: __m512i,
+        plus_zero: bool,
+    ) -> __m512i {
+        let mag = _mm512_and_si512(x, c.abs);
+        let e1 = _mm512_subs_epu16(_mm512_srli_epi16::<7>(mag), c.one);
+        let v = _mm512_sub_epi16(mag, _mm512_slli_epi16::<7>(e1));
+        let s = _mm512_min_epi16(_mm512_max_epi16(_mm512_sub_epi16(d, e1), c.s_min), c.s_max);
+        let lsb = _mm512_and_si512(_mm512_srlv_epi16(v, s), c.one);
+        let rounded = _mm512_add_epi16(
+            _mm512_add_epi16(v, _mm512_permutexvar_epi16(s, c.half_m1)),
+            lsb,
+        );
+        let q = _mm512_srlv_epi16(rounded, s);
+        let base = _mm512_subs_epu16(e1, off);
+        let base = _mm512_sllv_epi16(base, _mm512_set1_epi16(fp8.mbits as i16));
+        let code = _mm512_min_epi16(_mm512_add_epi16(base, q), c.max_code);
+        // Infinity saturates; NaN is handled after the sign.
+        let code = _mm512_mask_mov_epi16(code, _mm512_cmpge_epu16_mask(mag, c.inf), c.max_code);
+        let sign = _mm512_srli_epi16::<8>(x);
+        let sign = if plus_zero {
+            _mm512_maskz_mov_epi16(_mm512_test_epi16_mask(mag, mag), sign)
+        } else {
+            sign
+        };
+        // code | (sign & 0x80)
+        let code = _mm512_ternarylogic_epi32::<0xF8>(code, sign, c.sign);
+        _mm512_mask_mov_epi16(code, _mm512_cmpgt_epu16_mask(mag, c.inf), c.nan_code)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::pow2 as p2;
+
+    /// `2^k` as an f32 (`k >= -149`).
+    fn pow2(k: i32) -> f32 {
+        crate::codec::pow2(k)
+    }
+
+    fn reference(fp8: Fp8, bits: u16, k: i32, plus_zero: bool) -> u8 {
+        let x = half::bf16::from_bits(bits).to_f32();
+        let y = if plus_zero && x == 0.0 {
+            0.0
+        } else {
+            x * pow2(k)
+        };
+        if fp8 == Fp8::E4M3 {
+            e4m3::encode(y)
+        } else {
+            e5m2::encode(y)
+        }
+    }
+
+    /// Exponents the fast tests visit: both ends of the exact range, the middle, and a
+    /// stride through the rest (every exponent in the ignored exhaustive test).
+    fn some_ks(fp8: Fp8) -> Vec<i32> {
+        (-127..=126 - fp8.bias)
+            .filter(|k| k % 13 == 0 || *k < -118 || *k > 110 - fp8.bias || (-12..=12).contains(k))
+            .collect()
+    }
+
+    fn check(fp8: Fp8, ks: &[i32]) {
+        for &k in ks {
+            for plus_zero in [false, true] {
+                for bits in 0..=u16::MAX {
+                    let want = reference(fp8, bits, k, plus_zero);
+                    let got = fp8.encode(bits, k, plus_zero);
+                    assert_eq!(
+                        got, want,
+                        "{fp8:?} bits {bits:#06x} k {k} plus_zero {plus_zero}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn scalar_equals_the_f32_route_on_every_input() {
+        for fp8 in [Fp8::E4M3, Fp8::E5M2] {
+            check(fp8, &some_ks(fp8));
+        }
+    }
+
+    #[test]
+    #[ignore = "every exponent: about a minute in debug; run with --release --ignored"]
+    fn scalar_equals_the_f32_route_exhaustively() {
+        for fp8 in [Fp8::E4M3, Fp8::E5M2] {
+            check(fp8, &(-127..=126 - fp8.bias).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn vector_equals_scalar_on_every_input() {
+        let level = crate::simd::level();
+        if level != Level::Avx512 {
+            eprintln!("skipped: this CPU has no AVX-512 (the vector kernel is not built to run)");
+            return;
+        }
+        let src: Vec<u16> = (0..=u16::MAX).collect();
+        for fp8 in [Fp8::E4M3, Fp8::E5M2] {
+            for &k in &some_ks(fp8) {
+                for plus_zero in [false, true] {
+                    // One exponent for all 2^16 inputs, then one per 32-value block.
+                    let ks = vec![k; 1];
+                    let mut dst = vec![0u8; src.len()];
+                    assert!(p2::encode_blocks(
+                        level,
+                        fp8,
+                        &src,
+                        src.len(),
+                        &ks,
+                        plus_zero,
+                        &mut dst
+                    ));
+                    for (&s, &d) in src.iter().zip(&dst) {
+                        assert_eq!(d, fp8.encode(s, k, plus_zero), "{fp8:?} {s:#06x} k {k}");
+                    }
+                }
+            }
+            // An odd number of 32-value blocks (the last one stored alone), each with
+            // its own exponent.
+            let src = &src[32..];
+            let ks: Vec<i32> = (0..src.len() / 32)
+                .map(|b| -127 + (b as i32 * 7) % (254 - fp8.bias))
+                .collect();
+            let mut dst = vec![0u8; src.len()];
+            assert!(p2::encode_blocks(level, fp8, src, 32, &ks, false, &mut dst));
+            for (i, (&s, &d)) in src.iter().zip(&dst).enumerate() {
+                assert_eq!(d, fp8.encode(s, ks[i / 32], false));
+            }
+        }
+    }
+
+    #[test]
+    fn encode_blocks_refuses_what_it_cannot_do() {
+        let src = [0u16; 64];
+        let mut dst = [0u8; 64];
+        let lvl = Level::Avx512;
+        // Wrong block size, lengths, or an exponent outside the exact range.
+        assert!(!encode_blocks(
+            lvl,
+            Fp8::E4M3,
+            &src,
+            16,
+            &[0; 4],
+            false,
+            &mut dst
+        ));
+        assert!(!encode_blocks(
+            lvl,
+            Fp8::E4M3,
+            &src,
+            32,
+            &[0; 3],
+            false,
+            &mut dst
+        ));
+        assert!(!encode_blocks(
+            lvl,
+            Fp8::E4M3,
+            &src,
+            32,
+            &[0, 120],
+            false,
+            &mut dst
+        ));
+        assert!(!encode_blocks(
+            Level::Scalar,
+            Fp8::E4M3,
+            &src,
+            32,
+            &[0, 0],
+            false,
+            &mut dst
+        ));
+        assert!(dst.iter().all(|&d| d == 0));
+    }
+}
