@@ -17,7 +17,7 @@ mod special_input;
 use quant_core::simd::{self, Level};
 use quantfmt::{DType, Direction, FormatSpec, HostTensor, Quantizer, Shape, Storage, Usage};
 
-const SPECS: [&str; 9] = [
+const SPECS: [&str; 10] = [
     "fp8",
     "fp8:e5m2,pow2",
     "fp8-block:1x128",
@@ -25,6 +25,7 @@ const SPECS: [&str; 9] = [
     "fp8-block:128x128",
     "mxfp8",
     "mxfp8:ocp,swizzled",
+    "mxfp8:e5m2",
     "mxfp8:e5m2,2d",
     "mxfp8:2d,ocp",
 ];
@@ -152,6 +153,72 @@ fn dequantize_bytes_are_level_independent() {
                     "{spec} {dir} {dtype}: bytes differ from the scalar level's"
                 );
             }
+        }
+    }
+}
+
+/// bf16 blocks at the edges of the 16-bit power-of-two encoder
+/// (`quant_core::codec::pow2`): block maxima from bf16 subnormals (the scales whose
+/// exponent is outside the encoder's exact range, where the span takes the f32 route)
+/// up to values near `f32::MAX`, each block a spread of magnitudes below its max with
+/// both signs, zeros of both signs and the odd NaN and infinity. Every level must give
+/// the scalar level's bytes, for both element types, both scale rules and both
+/// `-0.0` treatments (K a multiple of 128 flushes it, K = 96 does not).
+#[test]
+fn bf16_power_of_two_encoder_edges_are_level_independent() {
+    let tiny = f32::from_bits(1 << 16); // the smallest bf16 subnormal, 2^-133
+    let maxima: Vec<f32> = (0..64)
+        .map(|i| match i {
+            0..=11 => tiny * (1 << i) as f32,
+            12..=23 => 2f32.powi(-126 + (i - 12) * 2),
+            24..=55 => 2f32.powi(-100 + (i - 24) * 7) * 1.37,
+            _ => 3.0e38 / (1 << (i - 56)) as f32,
+        })
+        .collect();
+    for &k in &[96usize, 256] {
+        let m = (maxima.len() * 32 / k + 1).next_multiple_of(32);
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let v: Vec<f32> = (0..m * k)
+            .map(|i| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let max = maxima[(i / 32) % maxima.len()];
+                match (i % 32, s % 97) {
+                    (0, _) => max,
+                    (_, 0) => -0.0,
+                    (_, 1) => 0.0,
+                    (_, 2) if i % 3 == 0 => f32::NAN,
+                    (_, 3) if i % 5 == 0 => f32::NEG_INFINITY,
+                    _ => {
+                        let f = (s >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
+                        let sign = if s & 1 == 1 { -1.0 } else { 1.0 };
+                        sign * max * f.powi(((s >> 8) % 9) as i32)
+                    }
+                }
+            })
+            .collect();
+        let x = HostTensor::f32(&v, &[m, k])
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        for spec in [
+            "mxfp8",
+            "mxfp8:e5m2",
+            "mxfp8:ocp",
+            "mxfp8:e5m2,ocp,swizzled",
+        ] {
+            let q = spec
+                .parse::<FormatSpec>()
+                .unwrap()
+                .boxed(Usage::ROWWISE)
+                .unwrap();
+            let want =
+                simd::with_level(Level::Scalar, || bytes(&*q.quantize(&x).unwrap())).unwrap();
+            simd::for_each_supported_level(|level| {
+                let got = bytes(&*q.quantize(&x).unwrap());
+                assert_same(&format!("{spec} [{m}, {k}] bf16 at {level}"), &got, &want);
+            });
         }
     }
 }
