@@ -22,7 +22,8 @@
 //! [`quant_core::block_max::block_abs_max`] (`rowwise_1d`).
 
 use quant_core::Element;
-use quant_core::block_max::{NanRule, block_abs_max};
+use quant_core::block_max::{NanRule, block_abs_max, block_abs_max_bf16};
+use quant_core::codec::pow2;
 use quant_core::simd::Level;
 use quant_core::strips::Strip;
 
@@ -126,32 +127,82 @@ fn rowwise_1d<T: Element>(
             .zip(out.chunks_mut(STEP * BLOCK))
             .enumerate()
         {
-            let w = quant_core::widened(xs, &mut span[..xs.len()]);
-            let whole = w.len() / BLOCK;
+            let whole = xs.len() / BLOCK;
             let mut keys = [0u32; STEP];
-            block_abs_max(
-                level,
-                &w[..whole * BLOCK],
-                NanRule::Ignore,
-                &mut keys[..whole],
-            );
-            if w.len() % BLOCK != 0 {
-                keys[whole] = quant_core::cpu::amax_f32(&w[whole * BLOCK..]).to_bits();
+            let bits = quant_core::dtype::bf16_slice_bits(xs).filter(|_| level == Level::Avx512);
+            // bf16 at AVX-512: the maxima straight from the bits (no widening yet).
+            let w = match bits {
+                Some(b) => {
+                    let (head, tail) = b.split_at(whole * BLOCK);
+                    block_abs_max_bf16(level, head, NanRule::Ignore, &mut keys[..whole]);
+                    if !tail.is_empty() {
+                        block_abs_max_bf16(level, tail, NanRule::Ignore, &mut keys[whole..=whole]);
+                    }
+                    None
+                }
+                None => Some(quant_core::widened(xs, &mut span[..xs.len()])),
+            };
+            if let Some(w) = w {
+                block_abs_max(
+                    level,
+                    &w[..whole * BLOCK],
+                    NanRule::Ignore,
+                    &mut keys[..whole],
+                );
+                if w.len() % BLOCK != 0 {
+                    keys[whole] = quant_core::cpu::amax_f32(&w[whole * BLOCK..]).to_bits();
+                }
             }
             let mut scales = [0f32; STEP];
             for (s, &key) in scales.iter_mut().zip(&keys) {
                 *s = scale_of(f32::from_bits(key));
             }
-            for (b, ((o, v), &s)) in os
+            // Power-of-two scales (the default) on bf16: the whole blocks in 16-bit
+            // lanes. Otherwise, and for a ragged last block, the f32 route.
+            let fast = bits.is_some_and(|b| {
+                let mut ks = [0i32; STEP];
+                let pow2 = scales[..whole]
+                    .iter()
+                    .zip(&mut ks)
+                    .fold(true, |ok, (&s, k)| {
+                        *k = pow2_exponent(s);
+                        ok & (*k != i32::MIN)
+                    });
+                pow2 && pow2::encode_blocks(
+                    level,
+                    dt.pow2_codec(),
+                    &b[..whole * BLOCK],
+                    BLOCK,
+                    &ks[..whole],
+                    false,
+                    &mut os[..whole * BLOCK],
+                )
+            });
+            let done = if fast { whole * BLOCK } else { 0 };
+            let w = quant_core::widened(&xs[done..], &mut span[..xs.len() - done]);
+            for ((o, v), &s) in os[done..]
                 .chunks_mut(BLOCK)
                 .zip(w.chunks(BLOCK))
-                .zip(&scales)
-                .enumerate()
+                .zip(&scales[done / BLOCK..])
             {
                 encode_f32(dt, v, s, o);
+            }
+            for (b, &s) in scales[..xs.len().div_ceil(BLOCK)].iter().enumerate() {
                 st.row_mut(si * STEP + b)[r] = 1.0 / s;
             }
         }
+    }
+}
+
+/// `k` where `s == 2^k` is a normal f32 power of two, else `i32::MIN`.
+#[inline(always)]
+fn pow2_exponent(s: f32) -> i32 {
+    let b = s.to_bits();
+    let e = (b >> 23) as i32; // sign bit included: a negative scale is never a match
+    if b & 0x007F_FFFF == 0 && (1..255).contains(&e) {
+        e - 127
+    } else {
+        i32::MIN
     }
 }
 

@@ -43,6 +43,21 @@ impl Fp8Dtype {
         }
     }
 
+    /// The element type as the bf16 power-of-two encoder sees it
+    /// ([`quant_core::codec::pow2`]).
+    ///
+    /// ```
+    /// use fmt_fp8::Fp8Dtype;
+    /// use quant_core::codec::pow2::Fp8;
+    /// assert_eq!(Fp8Dtype::E4M3.pow2_codec(), Fp8::E4M3);
+    /// ```
+    pub const fn pow2_codec(self) -> quant_core::codec::pow2::Fp8 {
+        match self {
+            Fp8Dtype::E4M3 => quant_core::codec::pow2::Fp8::E4M3,
+            Fp8Dtype::E5M2 => quant_core::codec::pow2::Fp8::E5M2,
+        }
+    }
+
     /// The 256-entry decoding table.
     #[inline(always)]
     pub fn decode_table(self) -> &'static [f32; 256] {

@@ -277,12 +277,12 @@ fn rowwise_only<T: Element>(
 /// E5M2), where the 16-bit encoder is not exact.
 #[inline(always)]
 fn span_bf16_pow2<T: Element>(cfg: Cfg, xs: &[T], codes: &mut [u8; STEP], out: &mut [u8]) -> bool {
-    if cfg.level != Level::Avx512 || T::DTYPE != quant_core::DType::BF16 {
-        return false;
-    }
-    let Ok(bits) = bytemuck::try_cast_slice::<T, u16>(xs) else {
+    let Some(bits) = quant_core::dtype::bf16_slice_bits(xs) else {
         return false;
     };
+    if cfg.level != Level::Avx512 {
+        return false;
+    }
     let nb = bits.len() / BLOCK;
     let mut keys = [0u32; STEP];
     block_abs_max_bf16(cfg.level, bits, cfg.rule.nan_rule(), &mut keys[..nb]);

@@ -276,6 +276,24 @@ pub fn widened<'a, T: Element>(src: &'a [T], scratch: &'a mut [f32]) -> &'a [f32
     }
 }
 
+/// The bit patterns of a bf16 slice (`None` when `T` is not bf16): kernels that work on
+/// bf16 bits directly (16-bit lanes, [`crate::codec::pow2`]) take their input this way.
+///
+/// ```
+/// use half::bf16;
+/// let xs = [bf16::from_f32(1.0), bf16::from_f32(-2.0)];
+/// assert_eq!(quant_core::dtype::bf16_slice_bits(&xs), Some(&[0x3F80u16, 0xC000][..]));
+/// assert_eq!(quant_core::dtype::bf16_slice_bits(&[1.0f32]), None);
+/// ```
+#[inline(always)]
+pub fn bf16_slice_bits<T: Element>(xs: &[T]) -> Option<&[u16]> {
+    if T::DTYPE == DType::BF16 {
+        bytemuck::try_cast_slice::<T, u16>(xs).ok()
+    } else {
+        None
+    }
+}
+
 /// Writes f32 values into `dst` through `fill`: `fill` writes `dst` itself when it is
 /// f32 (no copy), otherwise `scratch` (same length), which is then narrowed into `dst`
 /// (round to nearest even). The output-side twin of [`widened`]: decode loops produce
