@@ -206,6 +206,59 @@ fn pow2_exponent(s: f32) -> i32 {
     }
 }
 
+/// The 16-bit route of one chunk's encode ([`pow2::encode_blocks`]): the exponents of
+/// its power-of-two scales, one per 128-wide tile (2-D) or one for the whole run
+/// (per-tensor). `None` where a scale is not a power of two or the run is ragged.
+struct Pow2Plan {
+    ks: [i32; CHUNK / BLOCK],
+    blocks: usize,
+    block: usize,
+}
+
+impl Pow2Plan {
+    #[inline(always)]
+    fn new(level: Level, mode: Mode, tile_scale: &[f32], cw: usize) -> Option<Self> {
+        if level != Level::Avx512 {
+            return None;
+        }
+        let mut ks = [0i32; CHUNK / BLOCK];
+        let (blocks, block) = match mode {
+            Mode::TwoD if cw.is_multiple_of(BLOCK) => {
+                for (k, &s) in ks.iter_mut().zip(tile_scale) {
+                    *k = pow2_exponent(s);
+                }
+                (tile_scale.len(), BLOCK)
+            }
+            Mode::Tensor(s) if cw.is_multiple_of(32) => {
+                ks[0] = pow2_exponent(s);
+                (1, cw)
+            }
+            _ => return None,
+        };
+        ks[..blocks]
+            .iter()
+            .all(|&k| k != i32::MIN)
+            .then_some(Self { ks, blocks, block })
+    }
+
+    /// Encodes one row's run of the chunk; `false` (nothing written) unless `xr` is
+    /// bf16 and the encoder takes every exponent.
+    #[inline(always)]
+    fn encode<T: Element>(&self, level: Level, dt: Fp8Dtype, xr: &[T], out: &mut [u8]) -> bool {
+        quant_core::dtype::bf16_slice_bits(xr).is_some_and(|bits| {
+            pow2::encode_blocks(
+                level,
+                dt.pow2_codec(),
+                bits,
+                self.block,
+                &self.ks[..self.blocks],
+                false,
+                out,
+            )
+        })
+    }
+}
+
 /// Quantizes one slab (`k` columns). `scale_of(amax)` is the block scale rule.
 #[inline(always)]
 pub(crate) fn run_slab<T: Element>(
@@ -272,6 +325,11 @@ pub(crate) fn run_slab<T: Element>(
             }
             _ => true,
         };
+        // Power-of-two scales with bf16 input at AVX-512: a row's run of the chunk is
+        // encoded in 16-bit lanes (one exponent per tile, or one for the tensor).
+        let plan = Pow2Plan::new(level, mode, &tile_scale[..nb], cw);
+        let pow2_encode =
+            |xr: &[T], out: &mut [u8]| plan.as_ref().is_some_and(|p| p.encode(level, dt, xr, out));
         // Pass 2: encode (the chunk is now in L2 unless this is its first touch).
         let codes = &mut scratch.codes[..rows * cw];
         for r in 0..rows {
@@ -282,6 +340,7 @@ pub(crate) fn run_slab<T: Element>(
             if let Some(rd) = job.row.as_deref_mut() {
                 let out = &mut rd[r * k + c0..r * k + c0 + cw];
                 match mode {
+                    Mode::Tensor(_) | Mode::TwoD if pow2_encode(xr, out) => {}
                     Mode::Tensor(s) => encode_scaled(dt, xr, s, out, wide),
                     Mode::TwoD => {
                         for ((o, b), &s) in
@@ -306,6 +365,7 @@ pub(crate) fn run_slab<T: Element>(
                 match mode {
                     // Same codes as rowwise: transposed from the rowwise output below.
                     Mode::Tensor(_) | Mode::TwoD if job.row.is_some() => {}
+                    Mode::Tensor(_) | Mode::TwoD if pow2_encode(xr, cr) => {}
                     Mode::Tensor(s) => encode_scaled(dt, xr, s, cr, wide),
                     Mode::TwoD => {
                         for ((o, b), &s) in

@@ -158,13 +158,13 @@ fn dequantize_bytes_are_level_independent() {
 }
 
 /// bf16 blocks at the edges of the 16-bit power-of-two encoder
-/// (`quant_core::codec::pow2`, used by MXFP8 and FP8 1x128 with power-of-two scales): block maxima from bf16 subnormals (the scales whose
+/// (`quant_core::codec::pow2`, used by MXFP8 and by FP8 with power-of-two scales): block maxima from bf16 subnormals (the scales whose
 /// exponent is outside the encoder's exact range, where the span takes the f32 route)
 /// up to values near `f32::MAX`, each block a spread of magnitudes below its max with
 /// both signs, zeros of both signs and the odd NaN and infinity. Every level must give
 /// the scalar level's bytes, for both element types, both MXFP8 scale rules and both
 /// `-0.0` treatments (K a multiple of 128 flushes it, K = 96 does not), and for FP8
-/// 1x128 with whole and ragged blocks.
+/// 1x128 (whole and ragged blocks), 128x128 and per-tensor.
 #[test]
 fn bf16_power_of_two_encoder_edges_are_level_independent() {
     let tiny = f32::from_bits(1 << 16); // the smallest bf16 subnormal, 2^-133
@@ -211,6 +211,8 @@ fn bf16_power_of_two_encoder_edges_are_level_independent() {
             "fp8-block:1x128",
             "fp8-block:1x128,e5m2",
             "fp8-block:1x128,fp32-scales",
+            "fp8-block:128x128",
+            "fp8:pow2",
         ] {
             let q = spec
                 .parse::<FormatSpec>()
