@@ -47,6 +47,7 @@
 //! (at AVX-512 a register permute per 32 outputs, [`crate::x86`]).
 
 use half::bf16;
+use quant_core::dtype::bf16_slice_bits;
 use quant_core::simd::Level;
 use quant_core::strips::Strip;
 use quant_core::{DType, Element, widened};
@@ -54,7 +55,7 @@ use quant_core::{DType, Element, widened};
 use crate::format::Geometry;
 use crate::layout::{K_TILE, LANES, N_TILE};
 use crate::qparams::{
-    GroupParams, QParamsPath, group_params, min_max, nibble_and_margin, rb, to_nibble,
+    GroupParams, QParamsPath, group_params, min_max, min_max_bf16, nibble_and_margin, rb, to_nibble,
 };
 
 /// Nibbles of one group: `u = to_nibble(op((x - min_val) / scale))`, division-free.
@@ -64,7 +65,7 @@ use crate::qparams::{
 /// bf16 path, checked on the f32 path); otherwise, and for the rare f32 group that lands
 /// near a rounding boundary, the exact f64 product.
 #[inline(always)]
-fn group_nibbles(path: QParamsPath, xs: &[f32], p: &GroupParams, u: &mut [u8]) {
+fn group_nibbles<T: Element>(path: QParamsPath, xs: &[T], p: &GroupParams, u: &mut [u8]) {
     let fast = if p.min_val.is_finite() {
         f32_reciprocal(p.scale)
     } else {
@@ -73,13 +74,13 @@ fn group_nibbles(path: QParamsPath, xs: &[f32], p: &GroupParams, u: &mut [u8]) {
     match (path, fast) {
         (QParamsPath::Bf16, Some(r)) => {
             for (o, &x) in u.iter_mut().zip(xs) {
-                *o = to_nibble(rb_no_nan(rb_no_nan(x - p.min_val) * r));
+                *o = to_nibble(rb_no_nan(rb_no_nan(x.to_f32() - p.min_val) * r));
             }
         }
         (QParamsPath::F32, Some(r)) => {
             let mut near = false;
             for (o, &x) in u.iter_mut().zip(xs) {
-                let (nib, close) = nibble_and_margin((x - p.min_val) * r);
+                let (nib, close) = nibble_and_margin((x.to_f32() - p.min_val) * r);
                 *o = nib;
                 near |= close;
             }
@@ -115,18 +116,18 @@ fn f32_reciprocal(scale: f32) -> Option<f32> {
 /// The exact form of [`group_nibbles`], for any scale: `f32(f64(t) * f64(1/scale))` is
 /// the IEEE quotient (module docs).
 #[inline(always)]
-fn group_nibbles_f64(path: QParamsPath, xs: &[f32], p: &GroupParams, u: &mut [u8]) {
+fn group_nibbles_f64<T: Element>(path: QParamsPath, xs: &[T], p: &GroupParams, u: &mut [u8]) {
     let r = 1.0f64 / f64::from(p.scale);
     match path {
         QParamsPath::Bf16 => {
             for (o, &x) in u.iter_mut().zip(xs) {
-                let t = rb(x - p.min_val);
+                let t = rb(x.to_f32() - p.min_val);
                 *o = to_nibble(rb((f64::from(t) * r) as f32));
             }
         }
         QParamsPath::F32 => {
             for (o, &x) in u.iter_mut().zip(xs) {
-                *o = to_nibble((f64::from(x - p.min_val) * r) as f32);
+                *o = to_nibble((f64::from(x.to_f32() - p.min_val) * r) as f32);
             }
         }
     }
@@ -285,20 +286,38 @@ pub(crate) fn quantize_tile<T: Element>(
         for g0 in (0..real).step_by(BATCH) {
             let nb = BATCH.min(real - g0);
             let src = &x[n * geo.k + g0 * g..n * geo.k + (g0 + nb) * g];
-            let w = widened(src, &mut s.wide[..nb * g]);
             let mut ranges = [(0f32, 0f32); BATCH];
-            for (r, wg) in ranges.iter_mut().zip(w.chunks_exact(g)) {
-                *r = min_max(wg);
-            }
+            // bf16 is read as it is: its extremes from the bits, its nibbles widened in
+            // registers. Other 16-bit input is widened once into the scratch.
+            let bits = bf16_slice_bits(src);
+            let w: &[f32] = match bits {
+                Some(b) => {
+                    for (r, bg) in ranges.iter_mut().zip(b.chunks_exact(g)) {
+                        *r = min_max_bf16(bg);
+                    }
+                    &[]
+                }
+                None => {
+                    let w = widened(src, &mut s.wide[..nb * g]);
+                    for (r, wg) in ranges.iter_mut().zip(w.chunks_exact(g)) {
+                        *r = min_max(wg);
+                    }
+                    w
+                }
+            };
             // A plain loop, not `array::map`: its closure stayed out of line, compiled
             // outside the dispatched function.
             let mut params = [GroupParams::default(); BATCH];
             for (p, &(mn, mx)) in params.iter_mut().zip(&ranges) {
                 *p = group_params(path, mn, mx, eps);
             }
-            for (i, (p, wg)) in params[..nb].iter().zip(w.chunks_exact(g)).enumerate() {
+            for (i, p) in params[..nb].iter().enumerate() {
                 let gi = g0 + i;
-                group_nibbles(path, wg, p, &mut s.u[gi * g..(gi + 1) * g]);
+                let u = &mut s.u[gi * g..(gi + 1) * g];
+                match bits {
+                    Some(_) => group_nibbles(path, &src[i * g..(i + 1) * g], p, u),
+                    None => group_nibbles(path, &w[i * g..(i + 1) * g], p, u),
+                }
                 let row = sz.row_mut(gi);
                 row[nr * 2] = p.scale_bf16;
                 row[nr * 2 + 1] = p.zero_bf16;

@@ -150,6 +150,58 @@ pub fn min_max(xs: &[f32]) -> (f32, f32) {
     }
 }
 
+/// [`min_max`] of bf16 values given as bits, without widening them.
+///
+/// Each bf16 pattern maps to an i16 that orders like its value (`b ^ ((b >> 15) &
+/// 0x7FFF)`: sign-magnitude to two's complement), so 32 lanes of integer min/max do the
+/// work of 16 lanes of float compares on widened input. NaN patterns map above `+inf`'s
+/// key or below `-inf`'s, so one look at the two extremes finds them. As in [`min_max`],
+/// the sign of a zero extreme may differ from a sequential fold.
+///
+/// ```
+/// use half::bf16;
+/// use fmt_int4tiled::qparams::{min_max, min_max_bf16};
+/// let xs = [1.5f32, -3.0, 0.25, 7.0];
+/// let bits: Vec<u16> = xs.iter().map(|&x| bf16::from_f32(x).to_bits()).collect();
+/// assert_eq!(min_max_bf16(&bits), min_max(&xs));
+/// ```
+#[inline(always)]
+pub fn min_max_bf16(bits: &[u16]) -> (f32, f32) {
+    const L: usize = 32;
+    const POS_INF: i16 = 0x7F80;
+    const NEG_INF: i16 = (0xFF80u16 ^ 0x7FFF) as i16;
+    let key = |b: u16| (b ^ (((b as i16) >> 15) as u16 & 0x7FFF)) as i16;
+    let mut mn = [i16::MAX; L];
+    let mut mx = [i16::MIN; L];
+    let mut chunks = bits.chunks_exact(L);
+    for c in &mut chunks {
+        for ((lo, hi), &b) in mn.iter_mut().zip(mx.iter_mut()).zip(c) {
+            let k = key(b);
+            *lo = (*lo).min(k);
+            *hi = (*hi).max(k);
+        }
+    }
+    let (mut lo, mut hi) = (i16::MAX, i16::MIN);
+    for &b in chunks.remainder() {
+        lo = lo.min(key(b));
+        hi = hi.max(key(b));
+    }
+    let lo = mn.into_iter().fold(lo, i16::min);
+    let hi = mx.into_iter().fold(hi, i16::max);
+    if bits.is_empty() {
+        return min_max(&[]);
+    }
+    if hi > POS_INF || lo < NEG_INF {
+        return (f32::NAN, f32::NAN);
+    }
+    // The key map is its own inverse.
+    let value = |k: i16| {
+        let b = k as u16;
+        f32::from_bits(u32::from(b ^ (((k >> 15) as u16) & 0x7FFF)) << 16)
+    };
+    (value(lo), value(hi))
+}
+
 /// `torch.clamp(x, min=eps)`: NaN stays NaN.
 #[inline(always)]
 pub(crate) fn clamp_min(x: f32, eps: f32) -> f32 {
@@ -180,11 +232,10 @@ pub(crate) const NEAR_HALF: f32 = 1.0 / 65_536.0;
 #[inline(always)]
 pub(crate) fn nibble_and_margin(q: f32) -> (u8, bool) {
     const TWO23: f32 = 8_388_608.0;
-    let c = if q > 0.0 {
-        if q < 15.0 { q } else { 15.0 }
-    } else {
-        0.0
-    };
+    // Two selects in sequence, each the pattern of one `vmaxps` / `vminps` (a nested
+    // select compiled to two compares, an add and a blend). NaN fails `q > 0`: 0.
+    let a = if q > 0.0 { q } else { 0.0 };
+    let c = if a < 15.0 { a } else { 15.0 };
     let big = c + TWO23;
     // `big - 2^23` is `c` rounded to an integer, and the difference from `c` is exact.
     let off = c - (big - TWO23);
@@ -291,6 +342,46 @@ mod tests {
         let (s, z) = quantize_group(QParamsPath::F32, &xs, EPS_V2, &mut u);
         assert!(s.is_infinite() && z.is_infinite());
         assert!(u.iter().all(|&v| v == 0));
+    }
+
+    #[test]
+    fn min_max_bf16_equals_min_max_of_the_widened_values() {
+        let mut st = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            st
+        };
+        let specials = [
+            0x7FC0u16, 0xFFC1, 0x7F80, 0xFF80, 0x0000, 0x8000, 0x0001, 0x8001, 0x7F7F, 0xFF7F,
+        ];
+        for len in [0usize, 1, 5, 31, 32, 33, 64, 128, 200] {
+            for round in 0..300 {
+                let bits: Vec<u16> = (0..len)
+                    .map(|i| {
+                        let r = next();
+                        if (round % 3 == 0 && i % 17 == 3) || r % 61 == 0 {
+                            specials[(r >> 20) as usize % specials.len()]
+                        } else {
+                            (r >> 8) as u16
+                        }
+                    })
+                    .collect();
+                let wide: Vec<f32> = bits
+                    .iter()
+                    .map(|&b| f32::from_bits(u32::from(b) << 16))
+                    .collect();
+                let (a, b) = min_max_bf16(&bits);
+                let (c, d) = min_max(&wide);
+                // Equal as values (NaN with NaN); a zero extreme's sign may differ.
+                let same = |x: f32, y: f32| (x.is_nan() && y.is_nan()) || x == y;
+                assert!(
+                    same(a, c) && same(b, d),
+                    "{bits:04x?}: ({a}, {b}) vs ({c}, {d})"
+                );
+            }
+        }
     }
 
     #[test]

@@ -208,6 +208,7 @@ const PREFETCH: usize = 4 * STEP * BLOCK;
 /// Separating the passes keeps the per-block scalar work (the E8M0 code) out of the
 /// vector loops, and f32 input is read in place (bf16 is widened once per span instead
 /// of once per block into a stack array the encoder then re-reads with wider loads).
+/// bf16 input at AVX-512 is not widened at all ([`span_bf16_pow2`]).
 #[inline(always)]
 fn rowwise_only<T: Element>(
     cfg: Cfg,
