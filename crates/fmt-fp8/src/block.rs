@@ -26,7 +26,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{self, Mode};
-use crate::kernels::{WIDE, decode_scaled};
+use crate::kernels::{WIDE, decode_pow2, decode_scaled};
 use crate::per_tensor::decode_transposed;
 use crate::scale::{AmaxEpsilon, Fp8Dtype, compute_scale_from_amax};
 use crate::transpose::transpose_bytes;
@@ -349,7 +349,9 @@ impl Format for Fp8BlockQuantizer {
                                             BlockScaling::OneD => s[kb * sr[1] + i],
                                             BlockScaling::TwoD => s[mb * sr[1] + kb],
                                         };
-                                        decode_scaled(dt, qb, si, ob, &mut wide);
+                                        if !decode_pow2(level, dt, qb, si, ob) {
+                                            decode_scaled(dt, qb, si, ob, &mut wide);
+                                        }
                                     }
                                 }
                             },

@@ -28,7 +28,7 @@ use quant_core::simd::Level;
 use quant_core::strips::Strip;
 
 use crate::kernels::{
-    WIDE, Wide, amax_cols, amax_encode_block, encode_cols, encode_f32, encode_scaled,
+    WIDE, Wide, amax_cols, amax_encode_block, encode_cols, encode_f32, encode_scaled, pow2_exponent,
 };
 use crate::scale::{Fp8Dtype, fmax_ignore_nan};
 use crate::transpose::store_transposed;
@@ -191,18 +191,6 @@ fn rowwise_1d<T: Element>(
                 st.row_mut(si * STEP + b)[r] = 1.0 / s;
             }
         }
-    }
-}
-
-/// `k` where `s == 2^k` is a normal f32 power of two, else `i32::MIN`.
-#[inline(always)]
-fn pow2_exponent(s: f32) -> i32 {
-    let b = s.to_bits();
-    let e = (b >> 23) as i32; // sign bit included: a negative scale is never a match
-    if b & 0x007F_FFFF == 0 && (1..255).contains(&e) {
-        e - 127
-    } else {
-        i32::MIN
     }
 }
 

@@ -13,8 +13,9 @@
 //! width (no fused multiply-add, no reassociation); `crates/quantfmt/tests/simd_levels.rs`
 //! checks it.
 
-use quant_core::codec::{e4m3, e5m2};
+use quant_core::codec::{e4m3, e5m2, pow2};
 use quant_core::cpu::{BLOCK, amax_f32, fmax_nan_loses};
+use quant_core::simd::Level;
 use quant_core::{Element, narrowed, widened};
 
 use crate::scale::Fp8Dtype;
@@ -120,6 +121,36 @@ pub(crate) fn decode_scaled<T: Element>(
             }
         });
     }
+}
+
+/// `k` where `s == 2^k` is a normal f32 power of two, else `i32::MIN`.
+#[inline(always)]
+pub(crate) fn pow2_exponent(s: f32) -> i32 {
+    let b = s.to_bits();
+    let e = (b >> 23) as i32; // sign bit included: a negative scale is never a match
+    if b & 0x007F_FFFF == 0 && (1..255).contains(&e) {
+        e - 127
+    } else {
+        i32::MIN
+    }
+}
+
+/// [`decode_scaled`] in 16-bit lanes where it applies: bf16 output, a power-of-two
+/// `scale_inv` (the default block scales), a run of whole 32-value vectors and AVX-512
+/// ([`pow2::decode_blocks`]: the same bits, no f32 formed). `false`, with nothing
+/// written, elsewhere.
+#[inline(always)]
+pub(crate) fn decode_pow2<T: Element>(
+    level: Level,
+    dt: Fp8Dtype,
+    src: &[u8],
+    scale_inv: f32,
+    dst: &mut [T],
+) -> bool {
+    let j = pow2_exponent(scale_inv);
+    j != i32::MIN
+        && quant_core::dtype::bf16_slice_bits_mut(dst)
+            .is_some_and(|d| pow2::decode_blocks(level, dt.pow2_codec(), src, src.len(), &[j], d))
 }
 
 /// `dst[j] = T(decode(src[j]) * scale_inv[j])`: one row under per-column scales.

@@ -294,6 +294,25 @@ pub fn bf16_slice_bits<T: Element>(xs: &[T]) -> Option<&[u16]> {
     }
 }
 
+/// [`bf16_slice_bits`] for output: the bit patterns of a mutable bf16 slice.
+///
+/// ```
+/// use half::bf16;
+/// let mut out = [bf16::ZERO; 2];
+/// if let Some(bits) = quant_core::dtype::bf16_slice_bits_mut(&mut out) {
+///     bits[1] = 0x3F80;
+/// }
+/// assert_eq!(out[1], bf16::ONE);
+/// ```
+#[inline(always)]
+pub fn bf16_slice_bits_mut<T: Element>(xs: &mut [T]) -> Option<&mut [u16]> {
+    if T::DTYPE == DType::BF16 {
+        bytemuck::try_cast_slice_mut::<T, u16>(xs).ok()
+    } else {
+        None
+    }
+}
+
 /// Writes f32 values into `dst` through `fill`: `fill` writes `dst` itself when it is
 /// f32 (no copy), otherwise `scratch` (same length), which is then narrowed into `dst`
 /// (round to nearest even). The output-side twin of [`widened`]: decode loops produce

@@ -44,6 +44,10 @@ pub struct Fp8 {
     mbits: u32,
     bias: i32,
     max_code: u8,
+    /// Exponent of the largest finite value (E4M3 8, E5M2 15).
+    emax: i32,
+    /// The lowest NaN magnitude code (`0x7F`, `0x7D`); E5M2's `0x7C` is infinity.
+    nan_from: u8,
 }
 
 impl Fp8 {
@@ -52,12 +56,16 @@ impl Fp8 {
         mbits: 3,
         bias: 7,
         max_code: e4m3::MAX_CODE,
+        emax: 8,
+        nan_from: 0x7F,
     };
     /// E5M2: 2 mantissa bits, bias 15, max 57344 (`0x7B`).
     pub const E5M2: Fp8 = Fp8 {
         mbits: 2,
         bias: 15,
         max_code: e5m2::MAX_CODE,
+        emax: 15,
+        nan_from: 0x7D,
     };
 
     /// Whether [`Fp8::encode`] equals `encode(f32(x) * 2^k)` for every bf16 `x`:
@@ -123,6 +131,59 @@ impl Fp8 {
             (code | sign) as u8
         }
     }
+
+    /// Whether [`Fp8::decode_bf16`] is exact for the scale `2^j`: every nonzero code
+    /// times `2^j` stays a normal bf16 (`-127 + BIAS + MBITS <= j <= 127 - EMAX`).
+    ///
+    /// ```
+    /// use quant_core::codec::pow2::Fp8;
+    /// assert!(Fp8::E4M3.decode_exact(-117) && !Fp8::E4M3.decode_exact(-118));
+    /// assert!(Fp8::E4M3.decode_exact(119) && !Fp8::E4M3.decode_exact(120));
+    /// ```
+    #[inline(always)]
+    pub const fn decode_exact(self, j: i32) -> bool {
+        j >= -127 + self.bias + self.mbits as i32 && j <= 127 - self.emax
+    }
+
+    /// The bf16 bits of `decode(code) * 2^j` (exact for [`Fp8::decode_exact`] `j`,
+    /// debug-asserted), computed on the code's bits: a normal code's magnitude shifted
+    /// into place plus the rebiased exponent, a subnormal code's value from a table,
+    /// zero kept, infinity (E5M2) and NaN as the f32 route gives them (`0x7F80`,
+    /// `0x7FC0`), the sign copied. The scalar specification of the vector kernel.
+    ///
+    /// ```
+    /// use quant_core::codec::pow2::Fp8;
+    /// assert_eq!(Fp8::E4M3.decode_bf16(0x38, 3), half::bf16::from_f32(8.0).to_bits()); // 1.0 * 2^3
+    /// assert_eq!(Fp8::E4M3.decode_bf16(0x81, 0), half::bf16::from_f32(-0.001953125).to_bits());
+    /// ```
+    #[inline(always)]
+    pub fn decode_bf16(self, code: u8, j: i32) -> u16 {
+        debug_assert!(self.decode_exact(j), "j = {j} outside the exact range");
+        let mag = code & 0x7F;
+        let body = if mag >= self.nan_from {
+            0x7FC0
+        } else if self.nan_from == 0x7D && mag == 0x7C {
+            0x7F80
+        } else if mag == 0 {
+            0
+        } else if u32::from(mag) < 1 << self.mbits {
+            self.subnormal_bits(mag).wrapping_add((j as u16) << 7)
+        } else {
+            (u16::from(mag) << (7 - self.mbits)).wrapping_add(((127 - self.bias + j) as u16) << 7)
+        };
+        body | (u16::from(code & 0x80) << 8)
+    }
+
+    /// The bf16 bits of subnormal code `m` (`0 < m < 2^MBITS`): `m * 2^(1 - BIAS - MBITS)`,
+    /// a normal bf16 value.
+    #[inline(always)]
+    const fn subnormal_bits(self, m: u8) -> u16 {
+        // `m` has at most 3 significant bits: normalize by its leading one.
+        let lead = 7 - m.leading_zeros() as i32; // exponent of the leading bit
+        let frac = (m as u16) << (7 - lead) & 0x7F;
+        let e = 127 + 1 - self.bias - self.mbits as i32 + lead;
+        ((e as u16) << 7) | frac
+    }
 }
 
 /// `dst[i] = fp8.encode(src[i], ks[i / block], plus_zero)` with AVX-512, 32 values per
@@ -176,11 +237,57 @@ pub fn encode_blocks(
     }
 }
 
+/// `dst[i] = fp8.decode_bf16(src[i], js[i / block])` with AVX-512, 32 values per step:
+/// dequantization to bf16 under power-of-two scales without forming f32 values. Returns
+/// `false` and writes nothing unless `level` is [`Level::Avx512`] and the CPU has it,
+/// `block` is a nonzero multiple of 32, `src` and `dst` hold `js.len()` blocks, and
+/// every `j` satisfies [`Fp8::decode_exact`]; the caller then takes its f32 route.
+///
+/// ```
+/// use quant_core::codec::pow2::{Fp8, decode_blocks};
+/// use quant_core::simd;
+/// let src: Vec<u8> = (0..64).collect();
+/// let mut dst = [0u16; 64];
+/// if decode_blocks(simd::level(), Fp8::E4M3, &src, 32, &[-3, 5], &mut dst) {
+///     assert_eq!(dst[40], Fp8::E4M3.decode_bf16(40, 5));
+/// }
+/// ```
+#[inline(always)]
+pub fn decode_blocks(
+    level: Level,
+    fp8: Fp8,
+    src: &[u8],
+    block: usize,
+    js: &[i32],
+    dst: &mut [u16],
+) -> bool {
+    let fits = block > 0
+        && block.is_multiple_of(32)
+        && src.len() == js.len() * block
+        && dst.len() == src.len()
+        // A fold, not `all`: no early exit, so it vectorizes.
+        && js.iter().fold(true, |ok, &j| ok & fp8.decode_exact(j));
+    if !fits || level != Level::Avx512 || !Level::Avx512.is_supported() {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both); the
+        // lengths and exponents were checked above.
+        unsafe { x86::decode_blocks(fp8, src, block, js, dst) };
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::{
-        __m512i, _mm256_storeu_si256, _mm512_add_epi16, _mm512_and_si512, _mm512_cmpge_epu16_mask,
-        _mm512_cmpgt_epu16_mask, _mm512_cvtepi16_epi8, _mm512_loadu_si512, _mm512_mask_mov_epi16,
+        __m512i, _mm256_loadu_si256, _mm256_storeu_si256, _mm512_add_epi16, _mm512_and_si512,
+        _mm512_cmpeq_epu16_mask, _mm512_cmpge_epu16_mask, _mm512_cmpgt_epu16_mask,
+        _mm512_cmplt_epu16_mask, _mm512_cvtepi16_epi8, _mm512_cvtepu8_epi16, _mm512_loadu_si512,
+        _mm512_mask_add_epi16, _mm512_mask_blend_epi16, _mm512_mask_mov_epi16,
         _mm512_maskz_mov_epi16, _mm512_max_epi16, _mm512_min_epi16, _mm512_packus_epi16,
         _mm512_permutexvar_epi16, _mm512_permutexvar_epi64, _mm512_set1_epi16, _mm512_setr_epi64,
         _mm512_slli_epi16, _mm512_sllv_epi16, _mm512_srli_epi16, _mm512_srlv_epi16,
@@ -267,6 +374,66 @@ mod x86 {
                     _mm512_cvtepi16_epi8(codes(j)),
                 )
             };
+        }
+    }
+
+    /// [`super::decode_blocks`] after its checks.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and BW; `src.len() == dst.len() == js.len() * block`,
+    /// `block` a multiple of 32; every `j` satisfies [`Fp8::decode_exact`].
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn decode_blocks(
+        fp8: Fp8,
+        src: &[u8],
+        block: usize,
+        js: &[i32],
+        dst: &mut [u16],
+    ) {
+        let sub: [u16; 32] = std::array::from_fn(|m| {
+            if m > 0 && m < 1 << fp8.mbits {
+                fp8.subnormal_bits(m as u8)
+            } else {
+                0
+            }
+        });
+        // SAFETY: `sub` is 32 u16 = 64 bytes (one unaligned 512-bit load).
+        let sub = unsafe { _mm512_loadu_si512(sub.as_ptr().cast()) };
+        let low = _mm512_set1_epi16(0x7F);
+        let first_normal = _mm512_set1_epi16(1 << fp8.mbits);
+        let nan_from = _mm512_set1_epi16(i16::from(fp8.nan_from));
+        let inf_code = _mm512_set1_epi16(0x7C);
+        let (nan, inf) = (_mm512_set1_epi16(0x7FC0), _mm512_set1_epi16(0x7F80));
+        let sign = _mm512_set1_epi16(i16::MIN);
+        let shift = _mm512_set1_epi16(7 - fp8.mbits as i16);
+        for (b, &j) in js.iter().enumerate() {
+            // Both fit an i16: `j` is within the exact range.
+            let jsh = _mm512_set1_epi16((j << 7) as i16);
+            let rebias = _mm512_set1_epi16(((127 - fp8.bias + j) << 7) as i16);
+            for at in (b * block..(b + 1) * block).step_by(32) {
+                // SAFETY: `at + 32 <= src.len()` (whole blocks of a multiple of 32); one
+                // unaligned 256-bit load.
+                let x = _mm512_cvtepu8_epi16(unsafe {
+                    _mm256_loadu_si256(src.as_ptr().add(at).cast())
+                });
+                let mag = _mm512_and_si512(x, low);
+                let norm = _mm512_add_epi16(_mm512_sllv_epi16(mag, shift), rebias);
+                let s = _mm512_permutexvar_epi16(mag, sub);
+                let s = _mm512_mask_add_epi16(s, _mm512_test_epi16_mask(mag, mag), s, jsh);
+                let v =
+                    _mm512_mask_blend_epi16(_mm512_cmplt_epu16_mask(mag, first_normal), norm, s);
+                let v = if fp8.nan_from == 0x7D {
+                    _mm512_mask_mov_epi16(v, _mm512_cmpeq_epu16_mask(mag, inf_code), inf)
+                } else {
+                    v
+                };
+                let v = _mm512_mask_mov_epi16(v, _mm512_cmpge_epu16_mask(mag, nan_from), nan);
+                // v | ((x << 8) & 0x8000): the sign bit.
+                let v = _mm512_ternarylogic_epi32::<0xF8>(v, _mm512_slli_epi16::<8>(x), sign);
+                // SAFETY: `at + 32 <= dst.len() == src.len()`; one unaligned 512-bit store.
+                unsafe { _mm512_storeu_si512(dst.as_mut_ptr().add(at).cast(), v) };
+            }
         }
     }
 
@@ -423,6 +590,65 @@ mod tests {
             for (i, (&s, &d)) in src.iter().zip(&dst).enumerate() {
                 assert_eq!(d, fp8.encode(s, ks[i / 32], false));
             }
+        }
+    }
+
+    /// The f32 route of a bf16 dequantization: `decode(code) * 2^j`, narrowed.
+    fn decode_reference(fp8: Fp8, code: u8, j: i32) -> u16 {
+        let v = if fp8 == Fp8::E4M3 {
+            e4m3::decode_fast(code)
+        } else {
+            e5m2::decode_fast(code)
+        };
+        crate::dtype::bf16_bits(v * pow2(j))
+    }
+
+    #[test]
+    fn decode_equals_the_f32_route_on_every_code_and_exponent() {
+        for fp8 in [Fp8::E4M3, Fp8::E5M2] {
+            let js: Vec<i32> = (-140..=140).filter(|&j| fp8.decode_exact(j)).collect();
+            assert_eq!(
+                js.len() as i32,
+                254 - fp8.bias - fp8.mbits as i32 - fp8.emax + 1
+            );
+            for &j in &js {
+                for code in 0..=255u8 {
+                    assert_eq!(
+                        fp8.decode_bf16(code, j),
+                        decode_reference(fp8, code, j),
+                        "{fp8:?} code {code:#04x} j {j}"
+                    );
+                }
+            }
+            let src: Vec<u8> = (0..=255u8).cycle().take(256 * js.len()).collect();
+            let mut dst = vec![0u16; src.len()];
+            let level = crate::simd::level();
+            if level == Level::Avx512 {
+                // One exponent per 256 codes (8 vectors), and per 32-code block.
+                assert!(p2::decode_blocks(level, fp8, &src, 256, &js, &mut dst));
+                for (i, (&c, &d)) in src.iter().zip(&dst).enumerate() {
+                    assert_eq!(d, fp8.decode_bf16(c, js[i / 256]), "{fp8:?} {c:#04x}");
+                }
+                let js32: Vec<i32> = (0..src.len() / 32)
+                    .map(|b| js[(b * 5) % js.len()])
+                    .collect();
+                assert!(p2::decode_blocks(level, fp8, &src, 32, &js32, &mut dst));
+                for (i, (&c, &d)) in src.iter().zip(&dst).enumerate() {
+                    assert_eq!(d, fp8.decode_bf16(c, js32[i / 32]));
+                }
+            } else {
+                eprintln!("skipped the vector half: this CPU has no AVX-512");
+            }
+            // Outside the exact range the kernel refuses.
+            let lo = js[0] - 1;
+            assert!(!p2::decode_blocks(
+                level,
+                fp8,
+                &src[..32],
+                32,
+                &[lo],
+                &mut dst[..32]
+            ));
         }
     }
 
