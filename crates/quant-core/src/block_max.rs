@@ -287,20 +287,29 @@ mod x86 {
     unsafe fn groups<const N: usize>(xs: &[f32], nan: NanRule, out: &mut [u32]) {
         let n = if N > 0 { N } else { xs.len() / out.len() };
         debug_assert_eq!(xs.len(), out.len() * n);
+        fold_blocks(
+            out,
+            #[inline(always)]
+            // SAFETY: block `b < out.len()` is `b*n .. b*n + n`, inside `xs`
+            // (`xs.len() == out.len() * n`).
+            |b| unsafe { lanes_max(xs.as_ptr().add(b * n), n, nan) },
+        );
+    }
+
+    /// `out[b]` = the largest lane of `lanes(b)`, block `b`'s 16 lane maxima: sixteen
+    /// blocks at a time through [`fold16`], the rest one by one.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn fold_blocks(out: &mut [u32], lanes: impl Fn(usize) -> __m512i) {
         let done = out.len() / LANES * LANES;
         let mut groups = out.chunks_exact_mut(LANES);
         for (g, o) in (&mut groups).enumerate() {
-            let base = xs[g * LANES * n..].as_ptr();
-            // SAFETY: block `b` of the group is `base + b*n .. + n`, inside `xs`.
-            let v: [__m512i; LANES] =
-                std::array::from_fn(|b| unsafe { lanes_max(base.add(b * n), n, nan) });
+            let v: [__m512i; LANES] = std::array::from_fn(|b| lanes(g * LANES + b));
             // SAFETY: `o` is 16 u32 (one unaligned 512-bit store).
             unsafe { _mm512_storeu_si512(o.as_mut_ptr().cast(), fold16(v)) };
         }
         for (b, o) in groups.into_remainder().iter_mut().enumerate() {
-            // SAFETY: block `done + b` lies inside `xs`.
-            let v = unsafe { lanes_max(xs[(done + b) * n..].as_ptr(), n, nan) };
-            *o = _mm512_reduce_max_epu32(v);
+            *o = _mm512_reduce_max_epu32(lanes(done + b));
         }
     }
 
@@ -344,21 +353,14 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) unsafe fn block_abs_max_bf16(xs: &[u16], n: usize, nan: NanRule, out: &mut [u32]) {
         debug_assert_eq!(xs.len(), out.len() * n);
-        let done = out.len() / LANES * LANES;
-        let mut groups = out.chunks_exact_mut(LANES);
-        for (g, o) in (&mut groups).enumerate() {
-            let base = xs[g * LANES * n..].as_ptr();
-            // SAFETY: block `b` of the group is `base + b*n .. + n`, inside `xs`.
-            let v: [__m512i; LANES] =
-                std::array::from_fn(|b| unsafe { lanes_max_bf16(base.add(b * n), n, nan) });
-            // SAFETY: `o` is 16 u32 (one unaligned 512-bit store).
-            unsafe { _mm512_storeu_si512(o.as_mut_ptr().cast(), fold16(v)) };
-        }
-        for (b, o) in groups.into_remainder().iter_mut().enumerate() {
-            // SAFETY: block `done + b` lies inside `xs`.
-            let v = unsafe { lanes_max_bf16(xs[(done + b) * n..].as_ptr(), n, nan) };
-            *o = _mm512_reduce_max_epu32(v);
-        }
+        fold_blocks(
+            out,
+            #[inline(always)]
+            // SAFETY: block `b < out.len()` is `b*n .. b*n + n`, inside `xs`
+            // (`xs.len() == out.len() * n`); the CPU has AVX-512 BW (the caller's
+            // contract).
+            |b| unsafe { lanes_max_bf16(xs.as_ptr().add(b * n), n, nan) },
+        );
     }
 }
 

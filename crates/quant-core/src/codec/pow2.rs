@@ -186,6 +186,28 @@ impl Fp8 {
     }
 }
 
+/// Whether the AVX-512 kernels can take a call: the level is [`Level::Avx512`] and the
+/// CPU has it, `block` is a nonzero multiple of 32, the source and destination hold
+/// `exps.len()` blocks, and `exact` accepts every exponent.
+#[inline(always)]
+fn runs_fit(
+    level: Level,
+    src: usize,
+    dst: usize,
+    block: usize,
+    exps: &[i32],
+    exact: impl Fn(i32) -> bool,
+) -> bool {
+    block > 0
+        && block.is_multiple_of(32)
+        && src == exps.len() * block
+        && dst == src
+        // A fold, not `all`: no early exit, so it vectorizes.
+        && exps.iter().fold(true, |ok, &e| ok & exact(e))
+        && level == Level::Avx512
+        && Level::Avx512.is_supported()
+}
+
 /// `dst[i] = fp8.encode(src[i], ks[i / block], plus_zero)` with AVX-512, 32 values per
 /// step. Returns `false` and writes nothing unless `level` is [`Level::Avx512`] and the
 /// CPU has it, `block` is a nonzero multiple of 32, `src` and `dst` hold `ks.len()`
@@ -214,13 +236,9 @@ pub fn encode_blocks(
     plus_zero: bool,
     dst: &mut [u8],
 ) -> bool {
-    let fits = block > 0
-        && block.is_multiple_of(32)
-        && src.len() == ks.len() * block
-        && dst.len() == src.len()
-        // A fold, not `all`: no early exit, so it vectorizes.
-        && ks.iter().fold(true, |ok, &k| ok & fp8.pow2_exact(k));
-    if !fits || level != Level::Avx512 || !Level::Avx512.is_supported() {
+    if !runs_fit(level, src.len(), dst.len(), block, ks, |k| {
+        fp8.pow2_exact(k)
+    }) {
         return false;
     }
     #[cfg(target_arch = "x86_64")]
@@ -261,13 +279,9 @@ pub fn decode_blocks(
     js: &[i32],
     dst: &mut [u16],
 ) -> bool {
-    let fits = block > 0
-        && block.is_multiple_of(32)
-        && src.len() == js.len() * block
-        && dst.len() == src.len()
-        // A fold, not `all`: no early exit, so it vectorizes.
-        && js.iter().fold(true, |ok, &j| ok & fp8.decode_exact(j));
-    if !fits || level != Level::Avx512 || !Level::Avx512.is_supported() {
+    if !runs_fit(level, src.len(), dst.len(), block, js, |j| {
+        fp8.decode_exact(j)
+    }) {
         return false;
     }
     #[cfg(target_arch = "x86_64")]
