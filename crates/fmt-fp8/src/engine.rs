@@ -105,7 +105,9 @@ impl Scratch {
 /// time. The span is widened once, the amaxes of its whole blocks come from one
 /// [`block_abs_max`] fold (a ragged last block folds alone), then every block is
 /// encoded with its scale. Nothing is shared between rows, so there is no chunk to
-/// keep in L2 and no second pass.
+/// keep in L2 and no second pass. bf16 input at AVX-512 is not widened: its maxima come
+/// from the bits, and under power-of-two scales its whole blocks are encoded in 16-bit
+/// lanes ([`pow2::encode_blocks`]).
 ///
 /// Same results as the slab walk's `amax_encode_block`: `block_abs_max` under
 /// [`NanRule::Ignore`] is `fmaxf` folded from 0, and the encoder is the same.
@@ -179,7 +181,12 @@ fn rowwise_1d<T: Element>(
                 )
             });
             let done = if fast { whole * BLOCK } else { 0 };
-            let w = quant_core::widened(&xs[done..], &mut span[..xs.len() - done]);
+            // The f32 route reuses the span widened for the maxima; after the 16-bit
+            // route only a ragged block (or nothing) is left to widen.
+            let w = match w {
+                Some(w) => w,
+                None => quant_core::widened(&xs[done..], &mut span[..xs.len() - done]),
+            };
             for ((o, v), &s) in os[done..]
                 .chunks_mut(BLOCK)
                 .zip(w.chunks(BLOCK))
