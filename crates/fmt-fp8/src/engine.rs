@@ -161,25 +161,10 @@ fn rowwise_1d<T: Element>(
             }
             // Power-of-two scales (the default) on bf16: the whole blocks in 16-bit
             // lanes. Otherwise, and for a ragged last block, the f32 route.
-            let fast = bits.is_some_and(|b| {
-                let mut ks = [0i32; STEP];
-                let pow2 = scales[..whole]
-                    .iter()
-                    .zip(&mut ks)
-                    .fold(true, |ok, (&s, k)| {
-                        *k = pow2_exponent(s);
-                        ok & (*k != i32::MIN)
-                    });
-                pow2 && pow2::encode_blocks(
-                    level,
-                    dt.pow2_codec(),
-                    &b[..whole * BLOCK],
-                    BLOCK,
-                    &ks[..whole],
-                    false,
-                    &mut os[..whole * BLOCK],
-                )
-            });
+            let fast = bits.is_some()
+                && Pow2Plan::per_block(level, &scales[..whole]).is_some_and(|p| {
+                    p.encode(level, dt, &xs[..whole * BLOCK], &mut os[..whole * BLOCK])
+                });
             let done = if fast { whole * BLOCK } else { 0 };
             // The f32 route reuses the span widened for the maxima; after the 16-bit
             // route only a ragged block (or nothing) is left to widen.
@@ -201,39 +186,52 @@ fn rowwise_1d<T: Element>(
     }
 }
 
-/// The 16-bit route of one chunk's encode ([`pow2::encode_blocks`]): the exponents of
-/// its power-of-two scales, one per 128-wide tile (2-D) or one for the whole run
-/// (per-tensor). `None` where a scale is not a power of two or the run is ragged.
+/// The 16-bit route of an encode ([`pow2::encode_blocks`]): the exponents of its
+/// power-of-two scales, one per 128-value block (1x128 rows, 2-D tiles) or one for the
+/// whole run (per-tensor). `None` where a scale is not a power of two or the run is
+/// ragged.
 struct Pow2Plan {
-    ks: [i32; CHUNK / BLOCK],
+    ks: [i32; STEP],
     blocks: usize,
     block: usize,
 }
 
 impl Pow2Plan {
+    /// The plan of a chunk under `mode`: one exponent per 128-wide tile (2-D, whole tiles
+    /// only), or one for the run (per-tensor, a multiple of 32 values).
     #[inline(always)]
     fn new(level: Level, mode: Mode, tile_scale: &[f32], cw: usize) -> Option<Self> {
+        match mode {
+            Mode::TwoD if cw.is_multiple_of(BLOCK) => Self::per_block(level, tile_scale),
+            Mode::Tensor(s) if cw.is_multiple_of(32) => Self::with(level, &[s], cw),
+            _ => None,
+        }
+    }
+
+    /// One exponent per 128-value block (at most [`STEP`] blocks).
+    #[inline(always)]
+    fn per_block(level: Level, scales: &[f32]) -> Option<Self> {
+        Self::with(level, scales, BLOCK)
+    }
+
+    /// One exponent per `block` values; `None` unless at AVX-512 every scale is a power
+    /// of two.
+    #[inline(always)]
+    fn with(level: Level, scales: &[f32], block: usize) -> Option<Self> {
         if level != Level::Avx512 {
             return None;
         }
-        let mut ks = [0i32; CHUNK / BLOCK];
-        let (blocks, block) = match mode {
-            Mode::TwoD if cw.is_multiple_of(BLOCK) => {
-                for (k, &s) in ks.iter_mut().zip(tile_scale) {
-                    *k = pow2_exponent(s);
-                }
-                (tile_scale.len(), BLOCK)
-            }
-            Mode::Tensor(s) if cw.is_multiple_of(32) => {
-                ks[0] = pow2_exponent(s);
-                (1, cw)
-            }
-            _ => return None,
-        };
-        ks[..blocks]
-            .iter()
-            .all(|&k| k != i32::MIN)
-            .then_some(Self { ks, blocks, block })
+        let mut ks = [0i32; STEP];
+        // A fold, not `all`: no early exit, so it vectorizes.
+        let pow2 = scales.iter().zip(&mut ks).fold(true, |ok, (&s, k)| {
+            *k = pow2_exponent(s);
+            ok & (*k != i32::MIN)
+        });
+        pow2.then_some(Self {
+            ks,
+            blocks: scales.len(),
+            block,
+        })
     }
 
     /// Encodes one row's run of the chunk; `false` (nothing written) unless `xr` is

@@ -75,21 +75,9 @@ impl NanRule {
 /// the caller; the format crates size both from one block length).
 #[inline(always)]
 pub fn block_abs_max(level: Level, xs: &[f32], nan: NanRule, out: &mut [u32]) {
-    if out.is_empty() {
+    let Some(n) = block_len("block_abs_max", xs.len(), out) else {
         return;
-    }
-    assert!(
-        xs.len().is_multiple_of(out.len()),
-        "block_abs_max: {} values do not split into {} equal blocks",
-        xs.len(),
-        out.len()
-    );
-    let n = xs.len() / out.len();
-    if n == 0 {
-        // Empty blocks: the maximum of nothing is the fold's start, +0.
-        out.fill(0);
-        return;
-    }
+    };
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx512 && Level::Avx512.is_supported() && n.is_multiple_of(x86::LANES) {
         // SAFETY: the CPU has AVX-512 F (checked just above); `xs` holds `out.len()`
@@ -135,36 +123,46 @@ fn portable(xs: &[f32], nan: NanRule) -> u32 {
 /// Panics if `xs.len()` is not a multiple of `out.len()` (as [`block_abs_max`]).
 #[inline(always)]
 pub fn block_abs_max_bf16(level: Level, xs: &[u16], nan: NanRule, out: &mut [u32]) {
-    if out.is_empty() {
+    let Some(n) = block_len("block_abs_max_bf16", xs.len(), out) else {
         return;
-    }
-    assert!(
-        xs.len().is_multiple_of(out.len()),
-        "block_abs_max_bf16: {} values do not split into {} equal blocks",
-        xs.len(),
-        out.len()
-    );
-    let n = xs.len() / out.len();
+    };
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512
-        && Level::Avx512.is_supported()
-        && n > 0
-        && n.is_multiple_of(2 * x86::LANES)
-    {
+    if level == Level::Avx512 && Level::Avx512.is_supported() && n.is_multiple_of(2 * x86::LANES) {
         // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512`, checked just above);
         // `xs` holds `out.len()` blocks of `n` values, `n` a nonzero multiple of 32.
         unsafe { x86::block_abs_max_bf16(xs, n, nan, out) };
         return;
     }
     let _ = level;
-    for (o, b) in out.iter_mut().zip(xs.chunks(n.max(1))) {
+    for (o, b) in out.iter_mut().zip(xs.chunks_exact(n)) {
         *o = b.iter().fold(0, |m, &v| {
             m.max(nan.key(f32::from_bits(u32::from(v) << 16)))
         });
     }
+}
+
+/// The length of each of `out.len()` equal blocks of `values` values, for the block
+/// maxima; `None` (with nothing left to do) when there are no blocks, or when the blocks
+/// are empty, whose maximum is the fold's start, `+0` (written to `out`).
+///
+/// Panics if `values` is not a multiple of `out.len()` (an internal indexing bug of the
+/// caller; the format crates size both from one block length).
+#[inline(always)]
+fn block_len(what: &str, values: usize, out: &mut [u32]) -> Option<usize> {
+    if out.is_empty() {
+        return None;
+    }
+    assert!(
+        values.is_multiple_of(out.len()),
+        "{what}: {values} values do not split into {} equal blocks",
+        out.len()
+    );
+    let n = values / out.len();
     if n == 0 {
         out.fill(0);
+        return None;
     }
+    Some(n)
 }
 
 #[cfg(target_arch = "x86_64")]
