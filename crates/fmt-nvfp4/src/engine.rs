@@ -81,6 +81,9 @@ struct Job<'a, T> {
     /// Row offset of the slab.
     i0: usize,
     row: Option<(&'a mut [u8], &'a mut [u8])>,
+    /// The slab's rows of `amax_rowwise` when each row's amax is computed here
+    /// ([`quantize`]'s `own_row_amax`).
+    own_amax: Option<&'a mut [f32]>,
     col: Option<ColOut<'a>>,
 }
 
@@ -108,17 +111,28 @@ impl Scratch {
 }
 
 /// Quantizes `xs` (`[m, k]`, multiples of 16) into the requested directions.
+///
+/// `own_row_amax` (`[m]`, row-scaled rowwise-only 1-D output) makes the quantization
+/// one pass: each row's amax is taken just before the row is quantized, while the row
+/// is in L1/L2, and written there; `p.row_amax` is then not read. Otherwise every
+/// global amax comes from `p` (a pass of [`amaxes`] before this one).
 pub(crate) fn quantize<T: Element>(
     p: &Params<'_>,
     xs: &[T],
     m: usize,
     k: usize,
     row: Option<(&mut [u8], &mut [u8])>,
+    own_row_amax: Option<&mut [f32]>,
     col: Option<(&mut [u8], &mut [u8])>,
 ) -> Result<()> {
     if m == 0 || k == 0 {
         return Ok(());
     }
+    debug_assert!(
+        own_row_amax.is_none()
+            || (row.is_some() && col.is_none() && !p.two_d && p.four_over_six.is_none()),
+        "own row amaxes are only computed on the rowwise-only 1-D path"
+    );
     let slabs = m.div_ceil(SLAB);
     let [_, rstride] = scale_shape(m, k);
     let [crows, cstride] = scale_shape(k, m);
@@ -147,17 +161,24 @@ pub(crate) fn quantize<T: Element>(
         }
         None => Vec::new(),
     };
+    let mut own: Vec<Option<&mut [f32]>> = match own_row_amax {
+        Some(a) => a.chunks_mut(SLAB).map(Some).collect(),
+        None => Vec::new(),
+    };
     rows.resize_with(slabs, || None);
     cols.resize_with(slabs, || None);
+    own.resize_with(slabs, || None);
     let jobs: Vec<Job<'_, T>> = xs
         .chunks(SLAB * k)
         .zip(rows)
         .zip(cols)
+        .zip(own)
         .enumerate()
-        .map(|(s, ((x, row), col))| Job {
+        .map(|(s, (((x, row), col), own_amax))| Job {
             x,
             i0: s * SLAB,
             row,
+            own_amax,
             col,
         })
         .collect();
@@ -338,7 +359,8 @@ fn slab<T: Element>(
     if let (None, false, None, Some((rd, rs))) =
         (&job.col, p.two_d, p.four_over_six, job.row.as_mut())
     {
-        rowwise_only(p, k, rstride, job.i0, x, rd, rs, &mut s.wide[..CHUNK]);
+        let own = job.own_amax.as_deref_mut();
+        rowwise_only(p, k, rstride, job.i0, x, rd, rs, own, &mut s.wide[..CHUNK]);
         return;
     }
     for c0 in (0..k).step_by(CHUNK) {
@@ -418,6 +440,11 @@ fn rowwise_chunk(
 /// an L1-resident `wide` (16-bit), instead of the whole chunk being widened into an
 /// L2-resident buffer first and read back (a copy, even for f32, that was a fifth of
 /// the profile).
+///
+/// With `own_amax` (row-scaled), each row's amax is taken first, from the row just
+/// fetched (a row of at most a few tens of KiB stays in L1/L2 for the quantization
+/// that follows), and stored there: one pass over memory instead of a separate amax
+/// pass.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn rowwise_only<T: Element>(
@@ -428,6 +455,7 @@ fn rowwise_only<T: Element>(
     x: &[T],
     rd: &mut [u8],
     rs: &mut [u8],
+    mut own_amax: Option<&mut [f32]>,
     wide: &mut [f32],
 ) {
     for (r, (xr, or)) in x
@@ -435,7 +463,13 @@ fn rowwise_only<T: Element>(
         .zip(rd.chunks_exact_mut(k / 2))
         .enumerate()
     {
-        let g = row_global(p, i0 + r);
+        let g = match own_amax.as_deref_mut() {
+            Some(own) => {
+                own[r] = quant_core::cpu::amax(xr);
+                global(own[r], p.e4m3_max)
+            }
+            None => row_global(p, i0 + r),
+        };
         for (c, (xs, os)) in xr.chunks(CHUNK).zip(or.chunks_mut(CHUNK / 2)).enumerate() {
             let ahead = (r + AHEAD) * k + c * CHUNK;
             simd::prefetch(x.get(ahead..ahead + xs.len()).unwrap_or(&[]));
@@ -806,6 +840,9 @@ pub(crate) fn amaxes<T: Element>(
     };
     if m == 0 || k == 0 {
         out.cols = vec![0.0; if want_cols { k } else { 0 }];
+        return out;
+    }
+    if !(want_x || want_y || want_rows || want_cols) {
         return out;
     }
     if want_x && !want_y && !want_rows && !want_cols {

@@ -206,6 +206,13 @@ impl Nvfp4Quantizer {
         Ok(t)
     }
 
+    /// Whether quantizing reads the input once: row-scaled rowwise-only 1-D output,
+    /// whose every scale comes from the row itself (each row's amax is taken as the
+    /// row is quantized).
+    fn one_pass(&self) -> bool {
+        self.row_scaled && !self.usage.columnwise && self.four_over_six.is_none()
+    }
+
     /// Scale buffer shapes `(rowwise, columnwise)` of an `[m, k]` tensor.
     ///
     /// ```
@@ -323,13 +330,15 @@ impl Nvfp4Quantizer {
         );
         let missing = |n: &str| Error::buffer(n, "is missing from the storage");
         let (rowwise, columnwise) = (self.usage.rowwise, self.usage.columnwise);
+        // Row-scaled rowwise-only 1-D output takes each row's amax as it goes.
+        let own_rows = self.one_pass();
         let a = engine::amaxes(
             xs,
             m,
             k,
             !self.row_scaled && amax.is_none(),
             self.rht && columnwise && amax.is_none(),
-            self.row_scaled && rowwise,
+            self.row_scaled && rowwise && !own_rows,
             self.row_scaled && columnwise,
         );
         // Without RHT both directions share the tensor amax (TE copies one into both).
@@ -350,11 +359,13 @@ impl Nvfp4Quantizer {
         } else {
             Amax::Tensor(amax.map_or(shared, |(_, c)| c))
         };
+        let mut own_row_amax = None;
         let row = if rowwise {
             let ra = ra
                 .ok_or_else(|| missing("amax_rowwise"))?
                 .as_mut_slice::<f32>()?;
             match row_amax {
+                _ if own_rows => own_row_amax = Some(ra),
                 Amax::PerRow(v) => ra.copy_from_slice(v),
                 Amax::Tensor(v) => ra[0] = v,
             }
@@ -389,7 +400,7 @@ impl Nvfp4Quantizer {
             row_amax,
             col_amax,
         };
-        engine::quantize(&params, xs, m, k, row, col)
+        engine::quantize(&params, xs, m, k, row, own_row_amax, col)
     }
 
     /// The scalar specification of [`Self::cast`] (used by [`crate::reference`]): one
@@ -824,14 +835,18 @@ impl Format for Nvfp4Quantizer {
             .collect()
     }
 
-    /// The global amax is needed before the first block scale (row-scaled tensors still
-    /// read each row twice, but from cache); with RHT the columnwise operand is
-    /// transformed once more for its post-transform amax.
+    /// The global amax is needed before the first block scale; with RHT the columnwise
+    /// operand is transformed once more for its post-transform amax. Row-scaled
+    /// rowwise-only 1-D output reads each row twice, but the second time from cache
+    /// (`one_pass`); per-column amaxes (columnwise output) and the 4over6 path take a
+    /// separate pass.
     fn input_passes(&self) -> usize {
-        match (self.row_scaled, self.rht && self.usage.columnwise) {
-            (true, _) => 1,
-            (false, false) => 2,
-            (false, true) => 3,
+        if self.one_pass() {
+            1
+        } else if self.rht && self.usage.columnwise {
+            3
+        } else {
+            2
         }
     }
 

@@ -605,3 +605,21 @@ fn native_file_round_trip() {
         assert_eq!(a.bytes(), b.bytes());
     }
 }
+
+/// The benchmarks' roofline reads the input `input_passes` times: twice under a global
+/// amax, three times when the rotated operand needs its own, once only where every
+/// scale comes from the row being quantized.
+#[test]
+fn input_passes_count_the_amax_passes() {
+    for (opts, usage, passes) in [
+        (&[][..], Usage::ROWWISE, 2),
+        (&["2d"][..], Usage::BOTH, 2),
+        (&["rht"][..], Usage::ROWWISE, 2),
+        (&["rht"][..], Usage::BOTH, 3),
+        (&["row-scaled"][..], Usage::ROWWISE, 1),
+        (&["row-scaled"][..], Usage::BOTH, 2),
+        (&["row-scaled", "4over6"][..], Usage::ROWWISE, 2),
+    ] {
+        assert_eq!(q(opts, usage).input_passes(), passes, "{opts:?} {usage}");
+    }
+}
