@@ -310,22 +310,35 @@ fn philox_lanes(
 /// codes first, then packed, so both loops are straight-line lane-wise code.
 #[inline(always)]
 fn encode_pack_rn(v: &[f32], enc: f32, out: &mut [u8]) {
-    let mut codes = [0u8; BLOCK];
+    let mut codes = [0u32; BLOCK];
     for (c, &x) in codes.iter_mut().zip(v) {
-        *c = e2m1::encode(x * enc);
+        *c = u32::from(e2m1::encode(x * enc));
     }
-    e2m1::pack_slice(&codes, out);
+    pack_lanes(&codes, out);
 }
 
 /// Stochastic-rounding [`encode_pack_rn`] of one block; `r` holds its 16 random bytes
 /// (element `e` takes byte `e`).
 #[inline(always)]
 fn encode_pack_sr(v: &[f32], enc: f32, r: &[u8; BLOCK], out: &mut [u8]) {
-    let mut codes = [0u8; BLOCK];
+    let mut codes = [0u32; BLOCK];
     for ((c, &x), &rb) in codes.iter_mut().zip(v).zip(r) {
-        *c = sr_code(x * enc, u32::from(rb));
+        *c = u32::from(sr_code(x * enc, u32::from(rb)));
     }
-    e2m1::pack_slice(&codes, out);
+    pack_lanes(&codes, out);
+}
+
+/// [`e2m1::pack_slice`] of codes held in 32-bit lanes: each pair of lanes read as one
+/// little-endian u64 `q = lo | hi << 32` packs to the low byte of `q | q >> 28`. Kept in
+/// wide lanes, a block packs with a shift, an OR and one narrowing (`vpmovqb`); byte
+/// codes took two narrowings, a byte shuffle and a shift (the port-5 bottleneck of the
+/// encode loop).
+#[inline(always)]
+fn pack_lanes(codes: &[u32; BLOCK], out: &mut [u8]) {
+    for (o, pair) in out.iter_mut().zip(codes.chunks_exact(2)) {
+        let q = u64::from(pair[0]) | (u64::from(pair[1]) << 32);
+        *o = (q | (q >> 28)) as u8;
+    }
 }
 
 /// The random bytes of each block from [`philox_lanes`]'s words (`bits[w][b]`: word `w`
@@ -484,6 +497,11 @@ fn rowwise_only<T: Element>(
 /// `rs` of the rowwise scale buffer.
 #[inline(always)]
 fn put_row_scales(p: &Params<'_>, rs: &mut [u8], rstride: usize, r: usize, kb0: usize, sdb: &[u8]) {
+    if !p.swizzled {
+        // Compact scales of a row's run are contiguous: one copy.
+        rs[r * rstride + kb0..][..sdb.len()].copy_from_slice(sdb);
+        return;
+    }
     for (b, &code) in sdb.iter().enumerate() {
         rs[scale_index(r, kb0 + b, rstride, p.swizzled)] = code;
     }
