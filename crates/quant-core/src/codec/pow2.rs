@@ -46,8 +46,10 @@ pub struct Fp8 {
     max_code: u8,
     /// Exponent of the largest finite value (E4M3 8, E5M2 15).
     emax: i32,
-    /// The lowest NaN magnitude code (`0x7F`, `0x7D`); E5M2's `0x7C` is infinity.
+    /// The lowest NaN magnitude code (`0x7F`, `0x7D`).
     nan_from: u8,
+    /// The infinity magnitude code (E5M2 `0x7C`); `None` for E4M3, which has none.
+    inf_code: Option<u8>,
 }
 
 impl Fp8 {
@@ -58,6 +60,7 @@ impl Fp8 {
         max_code: e4m3::MAX_CODE,
         emax: 8,
         nan_from: 0x7F,
+        inf_code: None,
     };
     /// E5M2: 2 mantissa bits, bias 15, max 57344 (`0x7B`).
     pub const E5M2: Fp8 = Fp8 {
@@ -66,6 +69,7 @@ impl Fp8 {
         max_code: e5m2::MAX_CODE,
         emax: 15,
         nan_from: 0x7D,
+        inf_code: Some(0x7C),
     };
 
     /// Whether [`Fp8::encode`] equals `encode(f32(x) * 2^k)` for every bf16 `x`:
@@ -162,7 +166,7 @@ impl Fp8 {
         let mag = code & 0x7F;
         let body = if mag >= self.nan_from {
             0x7FC0
-        } else if self.nan_from == 0x7D && mag == 0x7C {
+        } else if self.inf_code == Some(mag) {
             0x7F80
         } else if mag == 0 {
             0
@@ -417,7 +421,6 @@ mod x86 {
         let low = _mm512_set1_epi16(0x7F);
         let first_normal = _mm512_set1_epi16(1 << fp8.mbits);
         let nan_from = _mm512_set1_epi16(i16::from(fp8.nan_from));
-        let inf_code = _mm512_set1_epi16(0x7C);
         let (nan, inf) = (_mm512_set1_epi16(0x7FC0), _mm512_set1_epi16(0x7F80));
         let sign = _mm512_set1_epi16(i16::MIN);
         let shift = _mm512_set1_epi16(7 - fp8.mbits as i16);
@@ -437,10 +440,12 @@ mod x86 {
                 let s = _mm512_mask_add_epi16(s, _mm512_test_epi16_mask(mag, mag), s, jsh);
                 let v =
                     _mm512_mask_blend_epi16(_mm512_cmplt_epu16_mask(mag, first_normal), norm, s);
-                let v = if fp8.nan_from == 0x7D {
-                    _mm512_mask_mov_epi16(v, _mm512_cmpeq_epu16_mask(mag, inf_code), inf)
-                } else {
-                    v
+                let v = match fp8.inf_code {
+                    Some(c) => {
+                        let is_inf = _mm512_cmpeq_epu16_mask(mag, _mm512_set1_epi16(i16::from(c)));
+                        _mm512_mask_mov_epi16(v, is_inf, inf)
+                    }
+                    None => v,
                 };
                 let v = _mm512_mask_mov_epi16(v, _mm512_cmpge_epu16_mask(mag, nan_from), nan);
                 // v | ((x << 8) & 0x8000): the sign bit.
