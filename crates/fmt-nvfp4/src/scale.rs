@@ -115,11 +115,9 @@ pub fn dequant_factor_with(sdb: u8, amax: f32, rcp: f32) -> f32 {
 }
 
 /// `fmaxf(m, a)` for an accumulator `m >= 0`: a NaN `a` loses, as with CUDA's `fmaxf`,
-/// `__hmax` and `max.xorsign.abs` (which every NVFP4 amax reduction uses).
-#[inline(always)]
-pub fn fmax_ignore_nan(m: f32, a: f32) -> f32 {
-    if a > m { a } else { m }
-}
+/// `__hmax` and `max.xorsign.abs` (which every NVFP4 amax reduction uses). The shared
+/// [`quant_core::cpu::fmax_nan_loses`] under the name the NVFP4 specification uses.
+pub use quant_core::cpu::fmax_nan_loses as fmax_ignore_nan;
 
 /// NaN-ignoring `max |x|`, starting from 0.
 #[inline]
