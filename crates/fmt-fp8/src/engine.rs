@@ -24,13 +24,14 @@
 use quant_core::Element;
 use quant_core::block_max::{NanRule, block_abs_max, block_abs_max_bf16};
 use quant_core::codec::pow2;
+use quant_core::cpu::LaneAmax;
 use quant_core::simd::Level;
 use quant_core::strips::Strip;
 
 use crate::kernels::{
     WIDE, Wide, amax_cols, amax_encode_block, encode_cols, encode_f32, encode_scaled, pow2_exponent,
 };
-use crate::scale::{Fp8Dtype, fmax_ignore_nan};
+use crate::scale::Fp8Dtype;
 use crate::transpose::store_transposed;
 
 /// Rows per slab: the block edge.
@@ -290,17 +291,17 @@ pub(crate) fn run_slab<T: Element>(
         // it ran decides who reads the chunk from memory first (and so prefetches).
         let first_touch = match mode {
             Mode::TwoD => {
-                let mut amax = [0f32; CHUNK / BLOCK];
+                // One lane accumulator per tile, reduced once after its 128 rows (16-bit
+                // input read as integers, 32 lanes at a time, without widening).
+                let mut amax = [LaneAmax::<T>::new(); CHUNK / BLOCK];
                 for r in 0..rows {
                     prefetch(r);
-                    // `cpu::amax` reads 16-bit input as integers, 32 lanes at a time,
-                    // instead of widening it.
                     for (a, b) in amax.iter_mut().zip(seg(r).chunks(BLOCK)) {
-                        *a = fmax_ignore_nan(*a, quant_core::cpu::amax(b));
+                        a.add(b);
                     }
                 }
-                for (s, &a) in tile_scale.iter_mut().zip(&amax[..nb]) {
-                    *s = scale_of(a);
+                for (s, a) in tile_scale.iter_mut().zip(&amax[..nb]) {
+                    *s = scale_of(a.get());
                 }
                 false
             }

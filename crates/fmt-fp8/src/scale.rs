@@ -183,11 +183,9 @@ pub fn amax_of<T: quant_core::Element>(xs: &[T]) -> f32 {
         .fold(0.0f32, |m, v| fmax_ignore_nan(m, v.to_f32().abs()))
 }
 
-/// `fmaxf(m, a)` for `m >= 0`, `a` possibly NaN: NaN loses.
-#[inline(always)]
-pub fn fmax_ignore_nan(m: f32, a: f32) -> f32 {
-    if a > m { a } else { m }
-}
+/// `fmaxf(m, a)` for `m >= 0`, `a` possibly NaN: NaN loses (the shared
+/// [`quant_core::cpu::fmax_nan_loses`]).
+pub use quant_core::cpu::fmax_nan_loses as fmax_ignore_nan;
 
 #[cfg(test)]
 mod tests {

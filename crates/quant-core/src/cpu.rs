@@ -78,51 +78,116 @@ pub(crate) fn lane_fold<A: Copy>(
 }
 
 /// `max |x|` of any input element type, ignoring NaN (f32 read in place, 16-bit types
-/// widened block by block).
+/// as bits): one [`LaneAmax`] fed the whole slice.
 ///
-/// A plain loop, not `Iterator::fold`: LLVM left the fold's closure out of line, so the
-/// per-tensor amax pass ran at the baseline SSE2 width under every dispatch level (15 %
-/// of an NVFP4 quantize profile).
-///
-/// bf16 and f16 input is not widened at all: the magnitude bits of non-NaN 16-bit
-/// floats order like their values, so the amax is an integer max over 32 lanes of bits
-/// (with NaN patterns, those above infinity's, mapped to zero).
+/// ```
+/// use half::bf16;
+/// let xs = [bf16::from_f32(-3.5), bf16::NAN, bf16::from_f32(2.0)];
+/// assert_eq!(quant_core::cpu::amax(&xs), 3.5);
+/// assert_eq!(quant_core::cpu::amax::<f32>(&[]), 0.0);
+/// ```
 #[inline(always)]
 pub fn amax<T: Element>(xs: &[T]) -> f32 {
-    let inf = match T::DTYPE {
-        DType::BF16 => Some(0x7F80),
-        DType::F16 => Some(0x7C00),
-        _ => None,
-    };
-    if let (Some(inf), Ok(bits)) = (inf, bytemuck::try_cast_slice::<T, u16>(xs)) {
-        let m = amax_bits16(bits, inf);
-        return bytemuck::cast_slice::<u16, T>(&[m])[0].to_f32();
-    }
-    let mut buf = [0f32; BLOCK];
-    let mut m = 0f32;
-    for c in xs.chunks(BLOCK) {
-        m = fmax_nan_loses(m, amax_f32(crate::dtype::widened(c, &mut buf[..c.len()])));
-    }
-    m
+    let mut acc = LaneAmax::new();
+    acc.add(xs);
+    acc.get()
 }
 
-/// The largest magnitude bits of non-NaN 16-bit floats (`inf`: the bits of infinity).
-#[inline(always)]
-fn amax_bits16(bits: &[u16], inf: u16) -> u16 {
-    const LANES: usize = 32;
-    let mag = |b: u16| {
-        let m = b & 0x7FFF;
-        if m > inf { 0 } else { m }
-    };
-    let mut acc = [0u16; LANES];
-    let mut chunks = bits.chunks_exact(LANES);
-    for c in &mut chunks {
-        for (a, &b) in acc.iter_mut().zip(c) {
-            *a = (*a).max(mag(b));
+/// A running NaN-ignoring `max |x|` (CUDA `fmaxf` folded from 0) over any number of
+/// slices, kept in vector lanes and reduced only when read.
+///
+/// Folding many short runs into one amax (the 128 rows of a 128x128 tile, a row's
+/// chunk at a time) then pays one horizontal reduction in all instead of one per run.
+///
+/// f32 goes through 16 lanes of compare-and-select (a plain loop, not
+/// `Iterator::fold`: LLVM left the fold's closure out of line, at the baseline SSE2
+/// width under every dispatch level). bf16 and f16 are not widened at all: the
+/// magnitude bits of non-NaN 16-bit floats order like their values, so the amax is an
+/// integer max over 32 lanes of bits, NaN patterns (those above infinity's) mapped to
+/// zero.
+///
+/// ```
+/// use quant_core::cpu::LaneAmax;
+/// let mut acc = LaneAmax::<f32>::new();
+/// acc.add(&[1.0, -7.0, f32::NAN]);
+/// acc.add(&[2.0; 40]);
+/// assert_eq!(acc.get(), 7.0);
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct LaneAmax<T> {
+    /// 16-bit input: the largest magnitude bits per lane.
+    bits: [u16; 32],
+    /// f32 input: the largest magnitude per lane (never NaN).
+    wide: [f32; 16],
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T: Element> Default for LaneAmax<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: Element> LaneAmax<T> {
+    /// Nothing folded yet: the amax of no values is `+0`.
+    #[inline(always)]
+    pub fn new() -> Self {
+        LaneAmax {
+            bits: [0; 32],
+            wide: [0.0; 16],
+            _t: std::marker::PhantomData,
         }
     }
-    let m = acc.into_iter().max().unwrap_or(0);
-    chunks.remainder().iter().fold(m, |m, &b| m.max(mag(b)))
+
+    /// The bits of infinity of a 16-bit `T`, `None` for f32.
+    #[inline(always)]
+    fn inf16() -> Option<u16> {
+        match T::DTYPE {
+            DType::BF16 => Some(0x7F80),
+            DType::F16 => Some(0x7C00),
+            _ => None,
+        }
+    }
+
+    /// Folds `xs` in.
+    #[inline(always)]
+    pub fn add(&mut self, xs: &[T]) {
+        if let (Some(inf), Ok(bits)) = (Self::inf16(), bytemuck::try_cast_slice::<T, u16>(xs)) {
+            let mag = |b: u16| {
+                let m = b & 0x7FFF;
+                if m > inf { 0 } else { m }
+            };
+            let mut chunks = bits.chunks_exact(self.bits.len());
+            for c in &mut chunks {
+                for (a, &b) in self.bits.iter_mut().zip(c) {
+                    *a = (*a).max(mag(b));
+                }
+            }
+            for (a, &b) in self.bits.iter_mut().zip(chunks.remainder()) {
+                *a = (*a).max(mag(b));
+            }
+        } else if let Ok(fs) = bytemuck::try_cast_slice::<T, f32>(xs) {
+            let mut chunks = fs.chunks_exact(self.wide.len());
+            for c in &mut chunks {
+                for (a, &v) in self.wide.iter_mut().zip(c) {
+                    *a = fmax_nan_loses(*a, v.abs());
+                }
+            }
+            for (a, &v) in self.wide.iter_mut().zip(chunks.remainder()) {
+                *a = fmax_nan_loses(*a, v.abs());
+            }
+        }
+    }
+
+    /// The amax of everything folded so far.
+    #[inline(always)]
+    pub fn get(&self) -> f32 {
+        if Self::inf16().is_some() {
+            let m = self.bits.iter().copied().max().unwrap_or(0);
+            return bytemuck::cast_slice::<u16, T>(&[m])[0].to_f32();
+        }
+        self.wide.iter().copied().fold(0.0, fmax_nan_loses)
+    }
 }
 
 /// [`amax`] in parallel over chunks of the input, at the active [`simd::level`].
@@ -224,5 +289,40 @@ mod tests {
         }
         check(bf16::from_bits);
         check(half::f16::from_bits);
+    }
+
+    /// Feeding runs of every length (remainders land in different lanes each time)
+    /// gives the sequential fold of their concatenation, for every element type.
+    #[test]
+    fn lane_amax_over_runs_is_the_amax_of_their_concatenation() {
+        fn check<T: Element>(from: fn(f32) -> T) {
+            let xs: Vec<T> = (0..4000)
+                .map(|i| match i % 89 {
+                    0 => f32::NAN,
+                    1 => -0.0,
+                    2 if i > 3000 => f32::NEG_INFINITY,
+                    _ => (((i * 7919) % 2000) as f32 - 1000.0) / 7.0,
+                })
+                .map(from)
+                .collect();
+            let mut acc = LaneAmax::<T>::new();
+            assert_eq!(acc.get().to_bits(), 0);
+            let (mut start, mut len) = (0, 0);
+            while start < xs.len() {
+                let run = &xs[start..(start + len).min(xs.len())];
+                acc.add(run);
+                let seen = &xs[..start + run.len()];
+                let fold = seen
+                    .iter()
+                    .fold(0f32, |m, v| fmax_nan_loses(m, v.to_f32().abs()));
+                assert_eq!(acc.get().to_bits(), fold.to_bits(), "after {start}+{len}");
+                start += run.len();
+                len = (len + 7) % 101;
+            }
+            assert_eq!(acc.get(), f32::INFINITY);
+        }
+        check(|v| v);
+        check(bf16::from_f32);
+        check(half::f16::from_f32);
     }
 }
