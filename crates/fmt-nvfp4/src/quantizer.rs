@@ -210,7 +210,7 @@ impl Nvfp4Quantizer {
     /// whose every scale comes from the row itself (each row's amax is taken as the
     /// row is quantized).
     fn one_pass(&self) -> bool {
-        self.row_scaled && !self.usage.columnwise && self.four_over_six.is_none()
+        self.row_scaled && !self.usage.columnwise && self.four_over_six.is_none() && !self.two_d
     }
 
     /// Scale buffer shapes `(rowwise, columnwise)` of an `[m, k]` tensor.

@@ -1,10 +1,11 @@
 //! `quantfmt bench`: quantize/dequantize throughput against a same-run memory roofline.
 //!
 //! Machines are noisy, so every number is a ratio to a copy measured in the same run,
-//! moving the same bytes the operation must move: for quantize, read the input once
-//! (twice for per-tensor scaling, whose amax pass is inherent) and write the quantized
-//! buffers; for dequantize, read the buffers and write the output. Medians of several
-//! runs.
+//! moving the same bytes the operation must move: for quantize, read the input as often
+//! as the format must (`Quantizer::input_passes`: twice under a tensor-wide amax, whose
+//! pass is inherent) and write the quantized buffers; for dequantize, read the buffers
+//! and write the output. The roofline and the operation run in interleaved pairs; the
+//! ratio is the median of the pairs' ratios, GB/s the medians of each series.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -47,7 +48,8 @@ pub struct Record {
     pub gbps: f64,
     /// The same bytes per second for the roofline copy, 1e9.
     pub roofline_gbps: f64,
-    /// `gbps / roofline_gbps`.
+    /// Roofline time / operation time: the median over interleaved pairs of runs (so
+    /// close to, but not exactly, `gbps / roofline_gbps`, which are separate medians).
     pub ratio: f64,
     /// Median seconds per operation.
     pub seconds: f64,
@@ -76,15 +78,42 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn time_runs(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    f()?; // warm-up: page faults, caches, thread pool
-    let mut t = Vec::with_capacity(runs);
-    for _ in 0..runs {
+/// Median times of a kernel and of its roofline, and the median of their per-pair ratio.
+struct Timing {
+    roofline: f64,
+    kernel: f64,
+    ratio: f64,
+}
+
+/// Times `roofline` and `kernel` in `runs` interleaved pairs after one warm-up of each
+/// (page faults, caches, thread pool). Each pair runs back to back, so the ratio of a
+/// pair sees one phase of a noisy machine, and the median ratio survives phases that
+/// separate medians of two series (one run after the other) do not.
+fn time_pairs(
+    runs: usize,
+    mut roofline: impl FnMut() -> Result<()>,
+    mut kernel: impl FnMut() -> Result<()>,
+) -> Result<Timing> {
+    let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
         let t0 = Instant::now();
         f()?;
-        t.push(t0.elapsed().as_secs_f64());
+        Ok(t0.elapsed().as_secs_f64())
+    };
+    roofline()?;
+    kernel()?;
+    let (mut tr, mut tk, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let r = time(&mut roofline)?;
+        let k = time(&mut kernel)?;
+        tr.push(r);
+        tk.push(k);
+        ratios.push(r / k);
     }
-    Ok(median(t))
+    Ok(Timing {
+        roofline: median(tr),
+        kernel: median(tk),
+        ratio: median(ratios),
+    })
 }
 
 /// Deterministic weight-like data.
@@ -150,12 +179,15 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
         // Per-tensor scales need the tensor's amax before the first byte is written.
         let reads = q.input_passes();
         let mut dst = vec![0u8; out_bytes];
-        let t_roof = time_runs(opts.runs, || {
-            quant_core::cpu::roofline(xin.as_bytes(), &mut dst, reads);
-            Ok(())
-        })?;
         let mut reuse = q.quantize(&xin)?;
-        let t_q = time_runs(opts.runs, || q.quantize_into(&xin, &mut reuse))?;
+        let tq = time_pairs(
+            opts.runs,
+            || {
+                quant_core::cpu::roofline(xin.as_bytes(), &mut dst, reads);
+                Ok(())
+            },
+            || q.quantize_into(&xin, &mut reuse),
+        )?;
         let in_b = xin.as_bytes().len() as f64;
         records.push(Record {
             format: q.spec(),
@@ -164,10 +196,10 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
             shape: [m, k],
             usage: usage.to_string(),
             threads,
-            gbps: in_b / t_q / 1e9,
-            roofline_gbps: in_b / t_roof / 1e9,
-            ratio: t_roof / t_q,
-            seconds: t_q,
+            gbps: in_b / tq.kernel / 1e9,
+            roofline_gbps: in_b / tq.roofline / 1e9,
+            ratio: tq.ratio,
+            seconds: tq.kernel,
         });
         let dir = usage.preferred().unwrap_or(Direction::Rowwise);
         let dq_out = in_bytes / opts.dtype.size() * opts.dtype.size();
@@ -177,21 +209,24 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
             .flat_map(|b| b.bytes().to_vec())
             .collect();
         let mut out = vec![0u8; dq_out];
-        let t_roof_d = time_runs(opts.runs, || {
-            quant_core::cpu::roofline(&buf_bytes, &mut out, 1);
-            Ok(())
-        })?;
         // Into caller memory, reused across runs, as a framework would (no page faults).
         let mut dq = vec![0u32; dq_out.div_ceil(4)];
-        let t_d = time_runs(opts.runs, || {
-            let bytes = &mut bytemuck::cast_slice_mut::<u32, u8>(&mut dq)[..dq_out];
-            let out = match opts.dtype {
-                DType::F32 => HostDataMut::F32(bytemuck::cast_slice_mut(bytes)),
-                DType::F16 => HostDataMut::F16(bytemuck::cast_slice_mut(bytes)),
-                _ => HostDataMut::BF16(bytemuck::cast_slice_mut(bytes)),
-            };
-            stored.dequantize_into(dir, out)
-        })?;
+        let td = time_pairs(
+            opts.runs,
+            || {
+                quant_core::cpu::roofline(&buf_bytes, &mut out, 1);
+                Ok(())
+            },
+            || {
+                let bytes = &mut bytemuck::cast_slice_mut::<u32, u8>(&mut dq)[..dq_out];
+                let out = match opts.dtype {
+                    DType::F32 => HostDataMut::F32(bytemuck::cast_slice_mut(bytes)),
+                    DType::F16 => HostDataMut::F16(bytemuck::cast_slice_mut(bytes)),
+                    _ => HostDataMut::BF16(bytemuck::cast_slice_mut(bytes)),
+                };
+                stored.dequantize_into(dir, out)
+            },
+        )?;
         black_box(&dq);
         records.push(Record {
             format: q.spec(),
@@ -200,10 +235,10 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
             shape: [m, k],
             usage: dir.to_string(),
             threads,
-            gbps: dq_out as f64 / t_d / 1e9,
-            roofline_gbps: dq_out as f64 / t_roof_d / 1e9,
-            ratio: t_roof_d / t_d,
-            seconds: t_d,
+            gbps: dq_out as f64 / td.kernel / 1e9,
+            roofline_gbps: dq_out as f64 / td.roofline / 1e9,
+            ratio: td.ratio,
+            seconds: td.kernel,
         });
     }
     if opts.json {
@@ -236,7 +271,7 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
         }
         print!("{}", t.render());
         println!(
-            "GB/s: input bytes for quantize, output bytes for dequantize; roofline: a parallel pass moving the same bytes (two input reads for per-tensor scaling)."
+            "GB/s: input bytes for quantize, output bytes for dequantize; roofline: a parallel pass moving the same bytes (the input read as often as the format must: twice under a tensor-wide amax); ratio: median over runs of roofline time / kernel time, each pair timed back to back."
         );
     }
     Ok(())

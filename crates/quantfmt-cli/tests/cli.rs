@@ -246,3 +246,37 @@ fn formats_lists_options() {
         "{out}"
     );
 }
+
+/// `bench --json`: one object per line for each format and op, with the fields issue 8
+/// names, a roofline measured in the same run and finite positive rates.
+#[test]
+fn bench_json_reports_every_format_and_op() {
+    let out = ok(&[
+        "bench", "-f", "fp8", "-f", "nvfp4", "--shape", "64x128", "--runs", "3", "--dtype", "f32",
+        "--json",
+    ]);
+    let records: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let want = [
+        ("fp8", "quantize"),
+        ("fp8", "dequantize"),
+        ("nvfp4", "quantize"),
+        ("nvfp4", "dequantize"),
+    ];
+    assert_eq!(records.len(), want.len(), "{out}");
+    for (r, (format, op)) in records.iter().zip(want) {
+        assert_eq!(r["format"], format);
+        assert_eq!(r["op"], op);
+        assert_eq!(r["dtype"], "f32");
+        assert_eq!(r["shape"], serde_json::json!([64, 128]));
+        assert!(r["threads"].as_u64().unwrap() >= 1);
+        for field in ["gbps", "roofline_gbps", "ratio", "seconds"] {
+            let v = r[field].as_f64().unwrap();
+            assert!(v.is_finite() && v > 0.0, "{format} {op} {field} = {v}");
+        }
+    }
+    let err = fails(&["bench", "-f", "fp8", "--runs", "0"]);
+    assert!(err.contains("--runs"), "{err}");
+}
