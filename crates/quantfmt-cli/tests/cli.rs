@@ -279,4 +279,7 @@ fn bench_json_reports_every_format_and_op() {
     }
     let err = fails(&["bench", "-f", "fp8", "--runs", "0"]);
     assert!(err.contains("--runs"), "{err}");
+    let o = quantfmt(&["bench", "-f", "fp8", "--shape", "0x64"]);
+    assert!(!o.status.success() && o.stdout.is_empty(), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--shape"));
 }
