@@ -394,6 +394,14 @@ fn run(cli: Cli) -> Result<()> {
                     "must be MxK, e.g. 8192x8192",
                 ));
             };
+            if m == 0 || k == 0 {
+                // No format quantizes an empty tensor.
+                return Err(quant_core::Error::invalid(
+                    "--shape",
+                    &shape,
+                    "both dimensions must be at least 1",
+                ));
+            }
             if runs == 0 {
                 return Err(quant_core::Error::invalid("--runs", 0, "must be >= 1"));
             }
