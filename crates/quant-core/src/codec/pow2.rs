@@ -302,13 +302,14 @@ pub fn decode_blocks(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::{
-        __m512i, _mm256_loadu_si256, _mm256_storeu_si256, _mm512_add_epi16, _mm512_and_si512,
-        _mm512_cmpeq_epu16_mask, _mm512_cmpge_epu16_mask, _mm512_cmpgt_epu16_mask,
-        _mm512_cmplt_epu16_mask, _mm512_cvtepi16_epi8, _mm512_cvtepu8_epi16, _mm512_loadu_si512,
-        _mm512_mask_add_epi16, _mm512_mask_blend_epi16, _mm512_mask_mov_epi16,
-        _mm512_maskz_mov_epi16, _mm512_max_epi16, _mm512_min_epi16, _mm512_packus_epi16,
-        _mm512_permutexvar_epi16, _mm512_permutexvar_epi64, _mm512_set1_epi16, _mm512_setr_epi64,
-        _mm512_slli_epi16, _mm512_sllv_epi16, _mm512_srli_epi16, _mm512_srlv_epi16,
+        __m128i, __m512i, _mm_cvtsi32_si128, _mm256_loadu_si256, _mm256_storeu_si256,
+        _mm512_add_epi16, _mm512_and_si512, _mm512_cmpeq_epu16_mask, _mm512_cmpge_epu16_mask,
+        _mm512_cmpgt_epu16_mask, _mm512_cmplt_epu16_mask, _mm512_cvtepi16_epi8,
+        _mm512_cvtepu8_epi16, _mm512_loadu_si512, _mm512_mask_add_epi16, _mm512_mask_blend_epi16,
+        _mm512_mask_cmpge_epu16_mask, _mm512_mask_mov_epi16, _mm512_maskz_mov_epi16,
+        _mm512_max_epi16, _mm512_min_epi16, _mm512_packus_epi16, _mm512_permutexvar_epi16,
+        _mm512_permutexvar_epi64, _mm512_set1_epi16, _mm512_setr_epi64, _mm512_slli_epi16,
+        _mm512_sllv_epi16, _mm512_srl_epi16, _mm512_srli_epi16, _mm512_srlv_epi16,
         _mm512_storeu_si512, _mm512_sub_epi16, _mm512_subs_epu16, _mm512_ternarylogic_epi32,
         _mm512_test_epi16_mask,
     };
@@ -343,43 +344,37 @@ mod x86 {
     ) {
         // SAFETY: `HALF_M1` is 32 i16 = 64 bytes (one unaligned 512-bit load).
         let half_m1 = unsafe { _mm512_loadu_si512(HALF_M1.as_ptr().cast()) };
+        let sh = 7 - fp8.mbits as i32;
         let c = Consts {
             half_m1,
             abs: _mm512_set1_epi16(0x7FFF),
             one: _mm512_set1_epi16(1),
             inf: _mm512_set1_epi16(0x7F80),
-            s_min: _mm512_set1_epi16(7 - fp8.mbits as i16),
+            s_min: _mm512_set1_epi16(sh as i16),
             s_max: _mm512_set1_epi16(9),
             max_code: _mm512_set1_epi16(i16::from(fp8.max_code)),
             nan_code: _mm512_set1_epi16(0x7F),
             sign: _mm512_set1_epi16(0x80),
+            sh: _mm_cvtsi32_si128(sh),
+            round: _mm512_set1_epi16((1 << (sh - 1)) - 1),
         };
-        // Per 32-value chunk, its block's `D` and exponent offset, broadcast.
-        let chunk_consts = |chunk: usize| {
-            // `k` is within -127..=126-BIAS, so both fit an i16 with room to spare.
-            let k = ks[chunk * 32 / block];
-            (
-                _mm512_set1_epi16(fp8.shift_base(k) as i16),
-                _mm512_set1_epi16(fp8.exp_offset(k) as i16),
-            )
-        };
-        // Chunk `j`'s 32 codes as u16 lanes.
-        let codes = |j: usize| {
-            let (d, off) = chunk_consts(j);
+        let chunks = src.len() / 32;
+        let mut blocks = Blocks::new(fp8, ks, block / 32);
+        // Chunk `j`'s 32 codes as u16 lanes; chunks are taken in order.
+        let mut codes = |j: usize| {
+            let (blk, k) = blocks.next();
             // SAFETY: `32 * j + 32 <= src.len()` (callers pass chunks below
             // `src.len() / 32`); one unaligned 512-bit load.
             let x = unsafe { _mm512_loadu_si512(src.as_ptr().add(32 * j).cast()) };
-            encode32(fp8, &c, x, d, off, plus_zero)
+            encode32(fp8, &c, blk, k, x, plus_zero)
         };
-        let chunks = src.len() / 32;
         // Two chunks per store: `vpackuswb` (the codes are below 256) interleaves their
         // 128-bit lanes, one `vpermq` restores the order.
         let order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
         for p in 0..chunks / 2 {
-            let bytes = _mm512_permutexvar_epi64(
-                order,
-                _mm512_packus_epi16(codes(2 * p), codes(2 * p + 1)),
-            );
+            let first = codes(2 * p);
+            let bytes =
+                _mm512_permutexvar_epi64(order, _mm512_packus_epi16(first, codes(2 * p + 1)));
             // SAFETY: `64 * p + 64 <= dst.len() == src.len()`; one unaligned 512-bit store.
             unsafe { _mm512_storeu_si512(dst.as_mut_ptr().add(64 * p).cast(), bytes) };
         }
@@ -467,20 +462,123 @@ mod x86 {
         max_code: __m512i,
         nan_code: __m512i,
         sign: __m512i,
+        /// `7 - MBITS`, the normal shift, as a shift count.
+        sh: __m128i,
+        /// `2^(7 - MBITS - 1) - 1`, the rounding addend of the normal shift.
+        round: __m512i,
     }
 
-    /// [`Fp8::encode`] on 32 lanes, codes in u16 lanes (`d`, `off`: [`Fp8::shift_base`] and
-    /// [`Fp8::exp_offset`] of the block's `k`, broadcast).
+    /// One block's constants for the normal route, from its exponent `k`.
+    #[derive(Clone, Copy)]
+    struct Block {
+        /// `(EXP_OFFSET + 1) << 7`: the smallest magnitude whose code is normal.
+        normal_from: __m512i,
+        /// `0x7F80 - normal_from`: how many magnitudes from `normal_from` up are finite.
+        normal_span: __m512i,
+        /// `EXP_OFFSET << MBITS`, subtracted from a normal input's rounded bits.
+        rebias: __m512i,
+    }
+
+    impl Block {
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw")]
+        fn new(fp8: Fp8, k: i32) -> Block {
+            // `k` is within -127..=126-BIAS ([`Fp8::pow2_exact`]), so the offset is
+            // within 1..=254-BIAS and both values fit an i16.
+            let off = fp8.exp_offset(k);
+            Block {
+                normal_from: _mm512_set1_epi16(((off + 1) << 7) as i16),
+                normal_span: _mm512_set1_epi16((0x7F80 - ((off + 1) << 7)) as i16),
+                rebias: _mm512_set1_epi16((off << fp8.mbits) as i16),
+            }
+        }
+    }
+
+    /// The blocks of a call, chunk by chunk: a countdown finds where the next block
+    /// starts (a division per chunk, `j * 32 / block`, costs more than the chunk's
+    /// encode when blocks are 32 values).
+    struct Blocks<'a> {
+        fp8: Fp8,
+        ks: std::slice::Iter<'a, i32>,
+        per_block: usize,
+        left: usize,
+        k: i32,
+        blk: Block,
+    }
+
+    impl<'a> Blocks<'a> {
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw")]
+        fn new(fp8: Fp8, ks: &'a [i32], per_block: usize) -> Blocks<'a> {
+            Blocks {
+                fp8,
+                ks: ks.iter(),
+                per_block,
+                left: 0,
+                k: 0,
+                blk: Block::new(fp8, 0),
+            }
+        }
+
+        /// The constants and exponent of the next chunk's block.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw")]
+        fn next(&mut self) -> (&Block, i32) {
+            if self.left == 0 {
+                // The caller takes `ks.len() * per_block` chunks at most.
+                self.k = self.ks.next().copied().unwrap_or(0);
+                self.blk = Block::new(self.fp8, self.k);
+                self.left = self.per_block;
+            }
+            self.left -= 1;
+            (&self.blk, self.k)
+        }
+    }
+
+    /// [`Fp8::encode`] on 32 lanes, codes in u16 lanes.
+    ///
+    /// Where every lane is zero or has a normal code (its magnitude at least the block's
+    /// `normal_from`, and finite), the code is the input's bits rounded to `MBITS`
+    /// mantissa bits in place, `(mag + 2^(s-1) - 1 + lsb) >> s` with `s = 7 - MBITS` (a
+    /// carry rolling into the exponent), rebiased and saturated: about half the
+    /// operations of the general route, which takes the rest (a subnormal code, a bf16
+    /// subnormal input, infinity or NaN in the chunk: rare in data under a block scale).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    fn encode32(
-        fp8: Fp8,
-        c: &Consts,
-        x: __m512i,
-        d: __m512i,
-        off: __m512i,
-        plus_zero: bool,
-    ) -> __m512i {
+    fn encode32(fp8: Fp8, c: &Consts, blk: &Block, k: i32, x: __m512i, plus_zero: bool) -> __m512i {
+        let mag = _mm512_and_si512(x, c.abs);
+        let nonzero = _mm512_test_epi16_mask(mag, mag);
+        // Outside `normal_from .. 0x7F80` (one unsigned compare after a wrapping
+        // subtraction), zero excepted.
+        let general = _mm512_mask_cmpge_epu16_mask(
+            nonzero,
+            _mm512_sub_epi16(mag, blk.normal_from),
+            blk.normal_span,
+        );
+        if general != 0 {
+            return encode32_general(fp8, c, k, x, plus_zero);
+        }
+        let lsb = _mm512_and_si512(_mm512_srl_epi16(mag, c.sh), c.one);
+        let q = _mm512_srl_epi16(_mm512_add_epi16(_mm512_add_epi16(mag, c.round), lsb), c.sh);
+        // Zero saturates to 0.
+        let code = _mm512_min_epi16(_mm512_subs_epu16(q, blk.rebias), c.max_code);
+        let sign = _mm512_srli_epi16::<8>(x);
+        let sign = if plus_zero {
+            _mm512_maskz_mov_epi16(nonzero, sign)
+        } else {
+            sign
+        };
+        // code | (sign & 0x80)
+        _mm512_ternarylogic_epi32::<0xF8>(code, sign, c.sign)
+    }
+
+    /// [`Fp8::encode`] on 32 lanes, any input, codes in u16 lanes.
+    #[inline(never)]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn encode32_general(fp8: Fp8, c: &Consts, k: i32, x: __m512i, plus_zero: bool) -> __m512i {
+        // `k` is within -127..=126-BIAS, so both fit an i16 with room to spare.
+        let d = _mm512_set1_epi16(fp8.shift_base(k) as i16);
+        let off = _mm512_set1_epi16(fp8.exp_offset(k) as i16);
         let mag = _mm512_and_si512(x, c.abs);
         let e1 = _mm512_subs_epu16(_mm512_srli_epi16::<7>(mag), c.one);
         let v = _mm512_sub_epi16(mag, _mm512_slli_epi16::<7>(e1));
