@@ -4,8 +4,9 @@
 //! moving the same bytes the operation must move: for quantize, read the input as often
 //! as the format must (`Quantizer::input_passes`: twice under a tensor-wide amax, whose
 //! pass is inherent) and write the quantized buffers; for dequantize, read the buffers
-//! and write the output. The roofline and the operation run in interleaved pairs; the
-//! ratio is the median of the pairs' ratios, GB/s the medians of each series.
+//! of the direction dequantized (not the other direction's, under `--usage both`) and
+//! write the output. The roofline and the operation run in interleaved pairs; the ratio
+//! is the median of the pairs' ratios, GB/s the medians of each series.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -129,6 +130,21 @@ fn data(m: usize, k: usize) -> Vec<f32> {
         .collect()
 }
 
+/// The bytes a dequantization in `dir` reads: that direction's buffers and the shared
+/// ones (a per-tensor `scale_inv`), not the other direction's (named `columnwise_*`,
+/// `amax_columnwise`, and so on).
+fn direction_bytes(buffers: &[quant_core::Buffer], dir: Direction) -> Vec<u8> {
+    let other = match dir {
+        Direction::Rowwise => "columnwise",
+        Direction::Columnwise => "rowwise",
+    };
+    buffers
+        .iter()
+        .filter(|b| !b.name().contains(other))
+        .flat_map(|b| b.bytes().to_vec())
+        .collect()
+}
+
 /// Runs the benchmark.
 pub fn run(opts: &Options) -> Result<()> {
     let pool = rayon::ThreadPoolBuilder::new()
@@ -203,11 +219,7 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
         });
         let dir = usage.preferred().unwrap_or(Direction::Rowwise);
         let dq_out = in_bytes / opts.dtype.size() * opts.dtype.size();
-        let buf_bytes: Vec<u8> = stored
-            .buffers()
-            .iter()
-            .flat_map(|b| b.bytes().to_vec())
-            .collect();
+        let buf_bytes = direction_bytes(stored.buffers(), dir);
         let mut out = vec![0u8; dq_out];
         // Into caller memory, reused across runs, as a framework would (no page faults).
         let mut dq = vec![0u32; dq_out.div_ceil(4)];
@@ -275,4 +287,50 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bytes of the buffers named in `names`.
+    fn named_bytes(buffers: &[quant_core::Buffer], names: &[&str]) -> usize {
+        buffers
+            .iter()
+            .filter(|b| names.contains(&b.name()))
+            .map(|b| b.nbytes())
+            .sum()
+    }
+
+    #[test]
+    fn a_dequantization_roofline_reads_one_direction() {
+        let values = data(256, 256);
+        let x = HostTensor::f32(&values, &[256, 256]).unwrap();
+        let nvfp4: FormatSpec = "nvfp4".parse().unwrap();
+        let both = nvfp4.quantizer(Usage::BOTH).unwrap().quantize(&x).unwrap();
+        let bufs = both.buffers();
+        let row = direction_bytes(bufs, Direction::Rowwise).len();
+        let col = direction_bytes(bufs, Direction::Columnwise).len();
+        assert_eq!(
+            row,
+            named_bytes(bufs, &["rowwise_data", "rowwise_scale_inv", "amax_rowwise"])
+        );
+        assert_eq!(
+            col,
+            named_bytes(
+                bufs,
+                &["columnwise_data", "columnwise_scale_inv", "amax_columnwise"]
+            )
+        );
+        assert_eq!(row + col, both.nbytes());
+        // A per-tensor scale is shared: both directions read it.
+        let fp8: FormatSpec = "fp8".parse().unwrap();
+        let fp8 = fp8.quantizer(Usage::BOTH).unwrap().quantize(&x).unwrap();
+        let shared = named_bytes(fp8.buffers(), &["scale_inv"]);
+        assert_eq!(shared, 4);
+        assert_eq!(
+            direction_bytes(fp8.buffers(), Direction::Rowwise).len(),
+            256 * 256 + shared
+        );
+    }
 }
