@@ -17,17 +17,19 @@ use serde::Serialize;
 
 use crate::table::Table;
 
-/// Formats benchmarked when none is given.
-const DEFAULT: &[&str] = &[
-    "fp8",
-    "fp8-block:1x128",
-    "fp8-block:128x128",
-    "mxfp8",
-    "nvfp4",
-    "nvfp4:2d",
-    "nvfp4:rht",
-    "nvfp4:sr",
-    "int4tiled",
+/// Formats benchmarked when none is given, each with the usage it is measured in
+/// (`None`: `--usage`). The random Hadamard transform applies to the columnwise operand
+/// only, so its entry is measured columnwise; rowwise it would time plain NVFP4.
+const DEFAULT: &[(&str, Option<Usage>)] = &[
+    ("fp8", None),
+    ("fp8-block:1x128", None),
+    ("fp8-block:128x128", None),
+    ("mxfp8", None),
+    ("nvfp4", None),
+    ("nvfp4:2d", None),
+    ("nvfp4:rht", Some(Usage::COLUMNWISE)),
+    ("nvfp4:sr", None),
+    ("int4tiled", None),
 ];
 
 /// One measured operation (also the `--json` line).
@@ -156,14 +158,17 @@ pub fn run(opts: &Options) -> Result<()> {
 
 fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
     let names = quantfmt::registry().names();
-    let specs: Vec<FormatSpec> = if opts.formats.is_empty() {
+    let specs: Vec<(FormatSpec, Usage)> = if opts.formats.is_empty() {
         DEFAULT
             .iter()
-            .filter(|s| names.contains(&s.split(':').next().unwrap_or("")))
-            .filter_map(|s| s.parse().ok())
+            .filter(|(s, _)| names.contains(&s.split(':').next().unwrap_or("")))
+            .filter_map(|(s, u)| Some((s.parse().ok()?, u.unwrap_or(opts.usage))))
             .collect()
     } else {
         crate::compare::parse_format_list(&opts.formats)?
+            .into_iter()
+            .map(|s| (s, opts.usage))
+            .collect()
     };
     let [m, k] = opts.shape;
     let base = data(m, k);
@@ -176,9 +181,9 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
             opts.dtype, opts.usage, opts.runs
         );
     }
-    for spec in &specs {
+    for (spec, usage) in &specs {
         let q = spec
-            .quantizer(opts.usage)
+            .quantizer(*usage)
             .or_else(|_| spec.quantizer(Usage::ROWWISE))?;
         if let Err(e) = q.check_shape(x.shape()) {
             eprintln!("skipping {}: {e}", q.spec());
@@ -265,6 +270,7 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
             "format",
             "op",
             "dtype",
+            "usage",
             "GB/s",
             "roofline GB/s",
             "ratio",
@@ -275,6 +281,7 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
                 r.format.clone(),
                 r.op.to_string(),
                 r.dtype.clone(),
+                r.usage.clone(),
                 format!("{:.2}", r.gbps),
                 format!("{:.2}", r.roofline_gbps),
                 format!("{:.2}", r.ratio),
