@@ -170,7 +170,8 @@ enum Command {
         /// Input dtype (RHT always runs on bf16).
         #[arg(long, default_value = "bf16")]
         dtype: DType,
-        /// Which operands to quantize.
+        /// Which operands to quantize (the default list measures `nvfp4:rht` columnwise,
+        /// where its transform applies).
         #[arg(long, default_value = "rowwise")]
         usage: Usage,
         /// Worker threads (0: all cores).
