@@ -644,6 +644,16 @@ fn group_values(
     out: &mut [[f32; CHUNK]; BLOCK],
 ) {
     if p.rht {
+        let rows = &wide[g * BLOCK * CHUNK..];
+        #[cfg(target_arch = "x86_64")]
+        if p.level == Level::Avx512 && crate::rht_x86::hadamard_sums(rows, CHUNK, cw, out) {
+            for o in out.iter_mut() {
+                for o in &mut o[..cw] {
+                    *o = bf16::from_f32(*o).to_f32();
+                }
+            }
+            return;
+        }
         let mut acc = [[0f32; CHUNK]; BLOCK];
         for (i, ri) in R.iter().enumerate() {
             let v = &wide[(g * BLOCK + i) * CHUNK..][..cw];

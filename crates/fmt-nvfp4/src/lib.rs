@@ -114,6 +114,9 @@ pub mod layout;
 mod quantizer;
 pub mod reference;
 pub mod rht;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // AVX-512 intrinsics; every block has a SAFETY comment
+mod rht_x86;
 pub mod scale;
 pub mod sr;
 #[cfg(target_arch = "x86_64")]
