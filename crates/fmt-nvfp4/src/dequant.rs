@@ -193,6 +193,7 @@ pub(crate) fn columnwise<T: Element>(
                             }
                             if rht_on {
                                 inverse_group(
+                                    level,
                                     &vals[g * BLOCK * CHUNK..][..BLOCK * CHUNK],
                                     cw,
                                     &mut o[g * BLOCK * k..][..BLOCK * k],
@@ -217,9 +218,40 @@ pub(crate) fn columnwise<T: Element>(
 }
 
 /// The inverse Hadamard transform of one 16-row group, vectorized across columns:
-/// `v_i = sum_j y_j * R[i][j]` in f64, index order, rounded once to `T`.
+/// `v_i = sum_j y_j * R[i][j]` in f64, index order, rounded once to `T`. With AVX-512 the
+/// sums come from a fast Walsh-Hadamard transform, equal wherever they are finite
+/// ([`crate::rht_x86::inverse_sums`]); a column with a non-finite sum is summed again in
+/// index order.
 #[inline(always)]
-fn inverse_group<T: Element>(y: &[f32], cw: usize, out: &mut [T], k: usize, c0: usize) {
+fn inverse_group<T: Element>(
+    level: simd::Level,
+    y: &[f32],
+    cw: usize,
+    out: &mut [T],
+    k: usize,
+    c0: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if level == simd::Level::Avx512 {
+        let mut v = [[0f64; CHUNK]; BLOCK];
+        if crate::rht_x86::inverse_sums(y, CHUNK, cw, &mut v) {
+            for c in 0..cw {
+                if v.iter().any(|vi| !vi[c].is_finite()) {
+                    let col: [f32; BLOCK] = std::array::from_fn(|j| y[j * CHUNK + c]);
+                    for (vi, s) in v.iter_mut().zip(rht::inverse_16(&col)) {
+                        vi[c] = s;
+                    }
+                }
+            }
+            for (i, vi) in v.iter().enumerate() {
+                for (o, &a) in out[i * k + c0..i * k + c0 + cw].iter_mut().zip(&vi[..cw]) {
+                    *o = T::from_f64(a);
+                }
+            }
+            return;
+        }
+    }
+    let _ = level;
     for (i, ri) in rht::R.iter().enumerate() {
         let mut acc = [0f64; CHUNK];
         for (j, &rij) in ri.iter().enumerate() {
