@@ -42,8 +42,8 @@ const BLOCK: usize = 128;
 pub(crate) const CHUNK: usize = 512;
 /// Rows ahead whose run of the chunk is prefetched.
 const AHEAD: usize = 2;
-/// Blocks whose amaxes the rowwise-only 1x128 walk takes together (one
-/// [`block_abs_max`] fold of sixteen blocks).
+/// The most blocks whose amaxes the rowwise-only 1x128 walk takes together (one
+/// [`block_abs_max`] fold); [`SPAN_BYTES`] sets how many it takes.
 const STEP: usize = 16;
 /// Input bytes of one step of that walk: at most [`STEP`] blocks, 16 of bf16 but 8 of
 /// f32. The step's maxima are one burst of loads and its encode a stretch of

@@ -20,6 +20,12 @@
 //! * infinity saturates, NaN gives `0x7F`, and the sign is copied (a zero input gives `+0`
 //!   when `plus_zero`, as TE's `fma(x, s, +0)` does).
 //!
+//! The AVX-512 kernel takes a shortcut for a chunk of 32 values that are all zero or have
+//! normal codes (the common case under a block scale): there `e1 >= 127 - BIAS - k`, the
+//! shift is always `7 - MBITS`, and the rounding can run on the input bits in place,
+//! `(|bits| + 2^(s-1) - 1 + lsb) >> s - ((127 - BIAS - k) << MBITS)`, about half the
+//! operations. Any other chunk takes the general steps above.
+//!
 //! This equals the f32 encoders' `encode(f32(x) * 2^k)` for every bf16 `x` and every `k`
 //! in `-127 ..= 126 - BIAS` ([`Fp8::pow2_exact`]); the tests check all 2^16 inputs at
 //! every such `k`. Above that range a subnormal input can reach the target's normal
