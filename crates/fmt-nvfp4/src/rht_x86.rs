@@ -35,6 +35,17 @@ const NEG: [[bool; DIM]; DIM] = {
     neg
 };
 
+/// Whether the AVX-512 kernels can take a call: the CPU has AVX-512, and `cols` columns
+/// (a multiple of the kernel's `step`, at most `stride` and the output rows' `n`) of 16
+/// rows `stride` apart lie inside an input of `len` values.
+fn fits(len: usize, stride: usize, cols: usize, step: usize, n: usize) -> bool {
+    cols.is_multiple_of(step)
+        && cols <= stride
+        && cols <= n
+        && (DIM - 1) * stride + cols <= len
+        && Level::Avx512.is_supported()
+}
+
 /// Columns per step (f32 lanes of one vector).
 pub(crate) const COLS: usize = 16;
 
@@ -49,11 +60,7 @@ pub(crate) fn hadamard_sums<const N: usize>(
     cols: usize,
     out: &mut [[f32; N]; DIM],
 ) -> bool {
-    let fits = cols.is_multiple_of(COLS)
-        && cols <= stride
-        && cols <= out[0].len()
-        && (DIM - 1) * stride + cols <= x.len();
-    if !fits || !Level::Avx512.is_supported() {
+    if !fits(x.len(), stride, cols, COLS, N) {
         return false;
     }
     // SAFETY: the CPU has AVX-512 F (checked above); the lengths were checked above.
@@ -118,11 +125,7 @@ pub(crate) fn inverse_sums<const N: usize>(
     cols: usize,
     out: &mut [[f64; N]; DIM],
 ) -> bool {
-    let fits = cols.is_multiple_of(INVERSE_COLS)
-        && cols <= stride
-        && cols <= N
-        && (DIM - 1) * stride + cols <= y.len();
-    if !fits || !Level::Avx512.is_supported() {
+    if !fits(y.len(), stride, cols, INVERSE_COLS, N) {
         return false;
     }
     // SAFETY: the CPU has AVX-512 F (checked above); the lengths were checked above.
