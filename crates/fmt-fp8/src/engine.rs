@@ -94,7 +94,8 @@ pub(crate) struct Scratch {
     wide: Box<Wide>,
     /// [`STEP`] blocks of one row, widened (the rowwise-only 1x128 walk).
     span: Vec<f32>,
-    /// The slab's rowwise scale_inv, block-major (the rowwise-only 1x128 walk).
+    /// The slab's rowwise scales: scale_inv row-major (the rowwise-only 1x128 walk), or
+    /// the tile scales (the rowwise-only 128x128 walk).
     row_scales: Vec<f32>,
 }
 
@@ -153,29 +154,7 @@ fn rowwise_1d<T: Element>(
             let whole = xs.len() / BLOCK;
             let mut keys = [0u32; STEP];
             let bits = quant_core::dtype::bf16_slice_bits(xs).filter(|_| level == Level::Avx512);
-            // bf16 at AVX-512: the maxima straight from the bits (no widening yet).
-            let w = match bits {
-                Some(b) => {
-                    let (head, tail) = b.split_at(whole * BLOCK);
-                    block_abs_max_bf16(level, head, NanRule::Ignore, &mut keys[..whole]);
-                    if !tail.is_empty() {
-                        block_abs_max_bf16(level, tail, NanRule::Ignore, &mut keys[whole..=whole]);
-                    }
-                    None
-                }
-                None => Some(quant_core::widened(xs, &mut span[..xs.len()])),
-            };
-            if let Some(w) = w {
-                block_abs_max(
-                    level,
-                    &w[..whole * BLOCK],
-                    NanRule::Ignore,
-                    &mut keys[..whole],
-                );
-                if w.len() % BLOCK != 0 {
-                    keys[whole] = quant_core::cpu::amax_f32(&w[whole * BLOCK..]).to_bits();
-                }
-            }
+            let w = span_maxima(level, xs, span, &mut keys);
             let mut scales = [0f32; STEP];
             for (s, &key) in scales.iter_mut().zip(&keys) {
                 *s = scale_of(f32::from_bits(key));
@@ -211,6 +190,103 @@ fn rowwise_1d<T: Element>(
             .zip(staged.chunks_exact(nblk))
         {
             *d = row[b];
+        }
+    }
+}
+
+/// The amax keys (f32 magnitude bits, NaN ignored) of the 128-value blocks of `xs` (at
+/// most [`STEP`] blocks, a ragged last one included) into `keys`. bf16 at AVX-512 is read
+/// as bits and `None` is returned; other input is widened into `span` first, and the
+/// widened values are returned for the encoder.
+#[inline(always)]
+fn span_maxima<'a, T: Element>(
+    level: Level,
+    xs: &'a [T],
+    span: &'a mut [f32],
+    keys: &mut [u32; STEP],
+) -> Option<&'a [f32]> {
+    let whole = xs.len() / BLOCK;
+    if let Some(b) = quant_core::dtype::bf16_slice_bits(xs).filter(|_| level == Level::Avx512) {
+        let (head, tail) = b.split_at(whole * BLOCK);
+        block_abs_max_bf16(level, head, NanRule::Ignore, &mut keys[..whole]);
+        if !tail.is_empty() {
+            block_abs_max_bf16(level, tail, NanRule::Ignore, &mut keys[whole..=whole]);
+        }
+        return None;
+    }
+    let w = quant_core::widened(xs, &mut span[..xs.len()]);
+    block_abs_max(
+        level,
+        &w[..whole * BLOCK],
+        NanRule::Ignore,
+        &mut keys[..whole],
+    );
+    if !w.len().is_multiple_of(BLOCK) {
+        keys[whole] = quant_core::cpu::amax_f32(&w[whole * BLOCK..]).to_bits();
+    }
+    Some(w)
+}
+
+/// 128x128 tiles, rowwise output only: two passes over the slab's whole rows. The first
+/// folds every tile's amax (the rows' block maxima, [`span_maxima`], maxed down the
+/// tile; rows read front to back); the
+/// second encodes each row under its tiles' scales, [`SPAN_BYTES`] of input at a time
+/// (bf16 under power-of-two scales in 16-bit lanes). The slab walk instead reads
+/// [`CHUNK`]-column runs of 128 rows, 1 KiB pieces a row apart, which streamed at half
+/// its in-cache rate on Zen 4; here the second pass reads the slab back from L2/L3 in
+/// row order. Same results: the same amaxes (a NaN-ignoring max in any order), scales
+/// and encoders.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn rowwise_2d<T: Element>(
+    level: Level,
+    dt: Fp8Dtype,
+    scale_of: impl Fn(f32) -> f32,
+    k: usize,
+    x: &[T],
+    rd: &mut [u8],
+    rs: &mut [f32],
+    scratch: &mut Scratch,
+) {
+    let nblk = k.div_ceil(BLOCK);
+    let step = (SPAN_BYTES / (BLOCK * std::mem::size_of::<T>())).clamp(1, STEP);
+    // Tile amax keys: each row's block maxima (as the 1x128 walk takes them), folded
+    // over the rows. A max of keys is the max of the magnitudes.
+    let mut tile = vec![0u32; nblk];
+    for xr in x.chunks_exact(k) {
+        for (xs, acc) in xr.chunks(step * BLOCK).zip(tile.chunks_mut(step)) {
+            let mut keys = [0u32; STEP];
+            span_maxima(level, xs, &mut scratch.span, &mut keys);
+            for (a, &key) in acc.iter_mut().zip(&keys) {
+                *a = (*a).max(key);
+            }
+        }
+    }
+    let scales = &mut scratch.row_scales;
+    scales.clear();
+    scales.extend(tile.iter().map(|&key| scale_of(f32::from_bits(key))));
+    for (d, s) in rs[..nblk].iter_mut().zip(scales.iter()) {
+        *d = 1.0 / s;
+    }
+    let wide = &mut *scratch.wide;
+    for (xr, out) in x.chunks_exact(k).zip(rd.chunks_exact_mut(k)) {
+        for ((xs, os), ss) in xr
+            .chunks(step * BLOCK)
+            .zip(out.chunks_mut(step * BLOCK))
+            .zip(scales.chunks(step))
+        {
+            let whole = xs.len() / BLOCK;
+            let fast = Pow2Plan::per_block(level, &ss[..whole]).is_some_and(|p| {
+                p.encode(level, dt, &xs[..whole * BLOCK], &mut os[..whole * BLOCK])
+            });
+            let done = if fast { whole * BLOCK } else { 0 };
+            for ((o, b), &s) in os[done..]
+                .chunks_mut(BLOCK)
+                .zip(xs[done..].chunks(BLOCK))
+                .zip(&ss[done / BLOCK..])
+            {
+                encode_scaled(dt, b, s, o, wide);
+            }
         }
     }
 }
@@ -296,6 +372,16 @@ pub(crate) fn run_slab<T: Element>(
         (mode, &job.col, job.row.as_deref_mut(), job.row_s.as_mut())
     {
         rowwise_1d(level, dt, scale_of, k, job.x, rd, st, scratch);
+        return;
+    }
+    if let (Mode::TwoD, None, None, Some(rd), Some(RowScales::TwoD(rs))) = (
+        mode,
+        &job.col,
+        &job.col_s,
+        job.row.as_deref_mut(),
+        job.row_s.as_mut(),
+    ) {
+        rowwise_2d(level, dt, scale_of, k, job.x, rd, rs, scratch);
         return;
     }
     let x = job.x;
