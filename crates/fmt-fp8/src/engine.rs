@@ -51,6 +51,13 @@ const STEP: usize = 16;
 /// 6.4 GB/s on one Zen 4 core, at 4 KiB at 14.2 (in cache: 15.8).
 const SPAN_BYTES: usize = 4096;
 
+/// Blocks per step of the rowwise-only walks: [`SPAN_BYTES`] of `T` input, at most
+/// [`STEP`].
+#[inline(always)]
+fn span_blocks<T>() -> usize {
+    (SPAN_BYTES / (BLOCK * std::mem::size_of::<T>())).clamp(1, STEP)
+}
+
 /// How a slab is scaled.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Mode {
@@ -144,7 +151,7 @@ fn rowwise_1d<T: Element>(
     // few bytes per block cost nothing measurable.
     let staged = &mut scratch.row_scales;
     staged.resize(nblk * rows, 0.0);
-    let step = (SPAN_BYTES / (BLOCK * std::mem::size_of::<T>())).clamp(1, STEP);
+    let step = span_blocks::<T>();
     for (r, (xr, out)) in x.chunks_exact(k).zip(rd.chunks_exact_mut(k)).enumerate() {
         for (si, (xs, os)) in xr
             .chunks(step * BLOCK)
@@ -153,15 +160,15 @@ fn rowwise_1d<T: Element>(
         {
             let whole = xs.len() / BLOCK;
             let mut keys = [0u32; STEP];
-            let bits = quant_core::dtype::bf16_slice_bits(xs).filter(|_| level == Level::Avx512);
             let w = span_maxima(level, xs, span, &mut keys);
             let mut scales = [0f32; STEP];
             for (s, &key) in scales.iter_mut().zip(&keys) {
                 *s = scale_of(f32::from_bits(key));
             }
-            // Power-of-two scales (the default) on bf16: the whole blocks in 16-bit
-            // lanes. Otherwise, and for a ragged last block, the f32 route.
-            let fast = bits.is_some()
+            // Power-of-two scales (the default) on bf16 (at AVX-512, where the maxima came
+            // from the bits and nothing was widened): the whole blocks in 16-bit lanes.
+            // Otherwise, and for a ragged last block, the f32 route.
+            let fast = w.is_none()
                 && Pow2Plan::per_block(level, &scales[..whole]).is_some_and(|p| {
                     p.encode(level, dt, &xs[..whole * BLOCK], &mut os[..whole * BLOCK])
                 });
@@ -229,9 +236,8 @@ fn span_maxima<'a, T: Element>(
 
 /// 128x128 tiles, rowwise output only: two passes over the slab's whole rows. The first
 /// folds every tile's amax (the rows' block maxima, [`span_maxima`], maxed down the
-/// tile; rows read front to back); the
-/// second encodes each row under its tiles' scales, [`SPAN_BYTES`] of input at a time
-/// (bf16 under power-of-two scales in 16-bit lanes). The slab walk instead reads
+/// tile; rows read front to back); the second encodes each row under its tiles' scales,
+/// [`SPAN_BYTES`] of input at a time (bf16 under power-of-two scales in 16-bit lanes). The slab walk instead reads
 /// [`CHUNK`]-column runs of 128 rows, 1 KiB pieces a row apart, which streamed at half
 /// its in-cache rate on Zen 4; here the second pass reads the slab back from L2/L3 in
 /// row order. Same results: the same amaxes (a NaN-ignoring max in any order), scales
@@ -249,7 +255,7 @@ fn rowwise_2d<T: Element>(
     scratch: &mut Scratch,
 ) {
     let nblk = k.div_ceil(BLOCK);
-    let step = (SPAN_BYTES / (BLOCK * std::mem::size_of::<T>())).clamp(1, STEP);
+    let step = span_blocks::<T>();
     // Tile amax keys: each row's block maxima (as the 1x128 walk takes them), folded
     // over the rows. A max of keys is the max of the magnitudes.
     let mut tile = vec![0u32; nblk];

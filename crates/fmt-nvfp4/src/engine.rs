@@ -644,28 +644,28 @@ fn group_values(
     out: &mut [[f32; CHUNK]; BLOCK],
 ) {
     if p.rht {
-        let rows = &wide[g * BLOCK * CHUNK..];
+        // The sums into `out`, with AVX-512 or portably, then rounded to bf16 in place.
         #[cfg(target_arch = "x86_64")]
-        if p.level == Level::Avx512 && crate::rht_x86::hadamard_sums(rows, CHUNK, cw, out) {
+        let summed = p.level == Level::Avx512
+            && crate::rht_x86::hadamard_sums(&wide[g * BLOCK * CHUNK..], CHUNK, cw, out);
+        #[cfg(not(target_arch = "x86_64"))]
+        let summed = false;
+        if !summed {
             for o in out.iter_mut() {
-                for o in &mut o[..cw] {
-                    *o = bf16::from_f32(*o).to_f32();
-                }
+                o[..cw].fill(0.0);
             }
-            return;
-        }
-        let mut acc = [[0f32; CHUNK]; BLOCK];
-        for (i, ri) in R.iter().enumerate() {
-            let v = &wide[(g * BLOCK + i) * CHUNK..][..cw];
-            for (a, &rij) in acc.iter_mut().zip(ri) {
-                for (a, &x) in a[..cw].iter_mut().zip(v) {
-                    *a += x * rij;
+            for (i, ri) in R.iter().enumerate() {
+                let v = &wide[(g * BLOCK + i) * CHUNK..][..cw];
+                for (a, &rij) in out.iter_mut().zip(ri) {
+                    for (a, &x) in a[..cw].iter_mut().zip(v) {
+                        *a += x * rij;
+                    }
                 }
             }
         }
-        for (o, a) in out.iter_mut().zip(&acc) {
-            for (o, &a) in o[..cw].iter_mut().zip(&a[..cw]) {
-                *o = bf16::from_f32(a).to_f32();
+        for o in out.iter_mut() {
+            for o in &mut o[..cw] {
+                *o = bf16::from_f32(*o).to_f32();
             }
         }
     } else {
