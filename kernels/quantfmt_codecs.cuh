@@ -6,10 +6,33 @@
 
 // ---- FP8 (quant_core::codec::fp8::encode / decode) -----------------------------------------
 
+#ifdef QF_HW_FP8
+// Two FP8 codes from the hardware (sm_89+): `lo`'s in bits 0..8, `hi`'s in bits 8..16.
+// cvt.rn.satfinite rounds to nearest even, saturates +-inf and out-of-range values to +-max and
+// keeps the sign of results that round to zero: the software rule of qf_fp8_encode. The one
+// difference is NaN, which the rule maps to 0x7F whatever its sign; callers map it first.
+__device__ __forceinline__ qf_u32 qf_fp8x2_hw(float lo, float hi, int e5m2) {
+    qf_u16 r;
+    if (e5m2) asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    else asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return (qf_u32)r;
+}
+
+// One code through qf_fp8x2_hw, NaN mapped to 0x7F as the rule does.
+__device__ __forceinline__ qf_u32 qf_fp8_hw(float x, int e5m2) {
+    return qf_is_nan(x) ? 0x7Fu : (qf_fp8x2_hw(x, 0.0f, e5m2) & 0xFFu);
+}
+#endif
+
 // f32 -> FP8 with MBITS mantissa bits and exponent bias BIAS: round to nearest even, saturate to
 // +-max (infinity too), NaN -> 0x7F, sign kept on values that round to zero.
 template <int MBITS, int BIAS>
 __device__ __forceinline__ qf_u32 qf_fp8_encode(float x, float maxv, qf_u32 max_code) {
+#ifdef QF_HW_FP8
+    (void)maxv;
+    (void)max_code;
+    return qf_fp8_hw(x, MBITS == 2);
+#else
     qf_u32 bits = __float_as_uint(x);
     qf_u32 sign = (bits >> 24) & 0x80u;
     qf_u32 abits = bits & QF_F32_ABS_MASK;
@@ -32,6 +55,7 @@ __device__ __forceinline__ qf_u32 qf_fp8_encode(float x, float maxv, qf_u32 max_
         code = base + ((rem > half || (rem == half && (base & 1u) == 1u)) ? 1u : 0u);
     }
     return sign | min(code, max_code);
+#endif
 }
 
 #define QF_E4M3_MAX 448.0f
@@ -49,6 +73,9 @@ __device__ __forceinline__ qf_u32 qf_e5m2_encode(float x) {
 // constants as run-time values: one copy of the code serves both formats (kernels that take the
 // element type as a launch argument stay half the size, and NVRTC compiles them twice as fast).
 __device__ __forceinline__ qf_u32 qf_fp8_encode_dt(float x, int e5m2) {
+#ifdef QF_HW_FP8
+    return qf_fp8_hw(x, e5m2);
+#else
     const int mbits = e5m2 ? 2 : 3;
     const int bias = e5m2 ? 15 : 7;
     const float maxv = e5m2 ? QF_E5M2_MAX : QF_E4M3_MAX;
@@ -73,12 +100,54 @@ __device__ __forceinline__ qf_u32 qf_fp8_encode_dt(float x, int e5m2) {
         code = base + ((rem > half || (rem == half && (base & 1u) == 1u)) ? 1u : 0u);
     }
     return sign | min(code, max_code);
+#endif
+}
+
+// qf_fp8_encode_dt of two values: `a`'s code in bits 0..8, `b`'s in bits 8..16 (one hardware
+// conversion where there is one).
+__device__ __forceinline__ qf_u32 qf_fp8x2_encode_dt(float a, float b, int e5m2) {
+#ifdef QF_HW_FP8
+    const qf_u32 r = qf_fp8x2_hw(a, b, e5m2);
+    return (qf_is_nan(a) ? 0x7Fu : (r & 0xFFu)) | (qf_is_nan(b) ? 0x7F00u : (r & 0xFF00u));
+#else
+    return qf_fp8_encode_dt(a, e5m2) | (qf_fp8_encode_dt(b, e5m2) << 8);
+#endif
+}
+
+#ifdef QF_HW_FP8
+// The values of two non-NaN FP8 codes (bits 0..8 and 8..16 of `codes`) from the hardware
+// (sm_89+): every E4M3 and E5M2 value is an f16, so cvt.rn.f16x2.{e4m3,e5m2}x2 widens exactly
+// (infinities too), and f16 -> f32 is exact. NaN codes stay with the caller: the rule's NaN is
+// 0x7FC00000 with the code's sign.
+__device__ __forceinline__ void qf_fp8x2_decode_hw(qf_u32 codes, int e5m2, float* lo, float* hi) {
+    const qf_u16 c = (qf_u16)(codes & 0xFFFFu);
+    qf_u32 h2;
+    if (e5m2) asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h2) : "h"(c));
+    else asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(c));
+    *lo = qf_f16_bits_to_f32((qf_u16)(h2 & 0xFFFFu));
+    *hi = qf_f16_bits_to_f32((qf_u16)(h2 >> 16));
+}
+
+__device__ __forceinline__ float qf_fp8_decode_hw(qf_u32 code, int e5m2) {
+    float lo, hi;
+    qf_fp8x2_decode_hw(code & 0xFFu, e5m2, &lo, &hi);
+    return lo;
+}
+#endif
+
+// Rust's f32::NAN with the sign of an FP8 code (what the decoders give for NaN codes).
+__device__ __forceinline__ float qf_fp8_nan(qf_u32 code) {
+    return __uint_as_float(0x7FC00000u | ((code & 0x80u) << 24));
 }
 
 // quant_core::codec::fp8::decode: NaN codes give Rust's f32::NAN (0x7FC00000) with the code's
 // sign, infinities +-inf, the rest their exact value.
 template <int MBITS, int BIAS>
 __device__ __forceinline__ float qf_fp8_decode(qf_u32 code, bool nan, bool inf) {
+#ifdef QF_HW_FP8
+    (void)inf;
+    return nan ? qf_fp8_nan(code) : qf_fp8_decode_hw(code, MBITS == 2);
+#else
     bool neg = (code & 0x80u) != 0u;
     float mag;
     if (nan) {
@@ -96,6 +165,7 @@ __device__ __forceinline__ float qf_fp8_decode(qf_u32 code, bool nan, bool inf) 
         }
     }
     return neg ? -mag : mag;
+#endif
 }
 
 // quant_core::codec::e4m3::decode (0x7F / 0xFF are NaN).
@@ -112,10 +182,13 @@ __device__ __forceinline__ float qf_e5m2_decode(qf_u32 code) {
 // Fp8Dtype decode with the element type as a run-time value (one copy of the code).
 __device__ __forceinline__ float qf_fp8_decode_dt(qf_u32 code, int e5m2) {
     code &= 0xFFu;
-    const int mbits = e5m2 ? 2 : 3;
-    const int bias = e5m2 ? 15 : 7;
     const qf_u32 m7 = code & 0x7Fu;
     const bool nan = e5m2 ? m7 > 0x7Cu : m7 == 0x7Fu;
+#ifdef QF_HW_FP8
+    return nan ? qf_fp8_nan(code) : qf_fp8_decode_hw(code, e5m2);
+#else
+    const int mbits = e5m2 ? 2 : 3;
+    const int bias = e5m2 ? 15 : 7;
     const bool inf = e5m2 ? m7 == 0x7Cu : false;
     bool neg = (code & 0x80u) != 0u;
     float mag;
@@ -134,6 +207,37 @@ __device__ __forceinline__ float qf_fp8_decode_dt(qf_u32 code, int e5m2) {
         }
     }
     return neg ? -mag : mag;
+#endif
+}
+
+// Whether an FP8 code is a NaN of its format (E4M3: 0x7F / 0xFF; E5M2: 0x7D..0x7F, 0xFD..0xFF).
+__device__ __forceinline__ bool qf_fp8_is_nan(qf_u32 code, int e5m2) {
+    const qf_u32 m7 = code & 0x7Fu;
+    return e5m2 ? m7 > 0x7Cu : m7 == 0x7Fu;
+}
+
+// qf_fp8_decode_dt of the codes in bits 0..8 (`lo`) and 8..16 (`hi`) of `codes` (one hardware
+// conversion where there is one).
+__device__ __forceinline__ void qf_fp8x2_decode_dt(qf_u32 codes, int e5m2, float* lo, float* hi) {
+#ifdef QF_HW_FP8
+    qf_fp8x2_decode_hw(codes, e5m2, lo, hi);
+    if (qf_fp8_is_nan(codes, e5m2)) *lo = qf_fp8_nan(codes);
+    if (qf_fp8_is_nan(codes >> 8, e5m2)) *hi = qf_fp8_nan(codes >> 8);
+#else
+    *lo = qf_fp8_decode_dt(codes & 0xFFu, e5m2);
+    *hi = qf_fp8_decode_dt((codes >> 8) & 0xFFu, e5m2);
+#endif
+}
+
+// The four codes of a little-endian word, decoded (qf_fp8_decode_dt).
+__device__ __forceinline__ void qf_fp8x4_decode_dt(qf_u32 word, int e5m2, float v[4]) {
+    qf_fp8x2_decode_dt(word, e5m2, &v[0], &v[1]);
+    qf_fp8x2_decode_dt(word >> 16, e5m2, &v[2], &v[3]);
+}
+
+// qf_fp8_encode_dt of four values as one little-endian word (a's code in the low byte).
+__device__ __forceinline__ qf_u32 qf_fp8x4_encode_dt(float a, float b, float c, float d, int e5m2) {
+    return qf_fp8x2_encode_dt(a, b, e5m2) | (qf_fp8x2_encode_dt(c, d, e5m2) << 16);
 }
 
 // ---- E2M1 (quant_core::codec::e2m1) --------------------------------------------------------

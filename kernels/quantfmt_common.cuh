@@ -28,6 +28,21 @@ struct __align__(2) qf_f16 {
 #define QF_F32_INF_BITS 0x7F800000u
 #define QF_F32_ABS_MASK 0x7FFFFFFFu
 
+// Hardware conversions, where they compute the same bits as the software rule below them
+// (tools/cuda-emu compiles the software rules; the device check's codec sweeps compare the
+// hardware ones with quant_core::codec value by value):
+// - QF_HW_BF16 (sm_80+): cvt.rn.bf16.f32 is round-to-nearest-even on the bits, as half's
+//   from_f32; NaN, whose payload the two keep differently, stays on the software rule.
+// - QF_HW_FP8 (sm_89+): cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (see quantfmt_codecs.cuh).
+#if defined(__CUDA_ARCH__) && !defined(QF_HOST_EMU)
+#if __CUDA_ARCH__ >= 800
+#define QF_HW_BF16 1
+#endif
+#if __CUDA_ARCH__ >= 890
+#define QF_HW_FP8 1
+#endif
+#endif
+
 __device__ __forceinline__ float qf_f32_max() { return __uint_as_float(QF_F32_MAX_BITS); }
 __device__ __forceinline__ bool qf_is_nan(float x) {
     return (__float_as_uint(x) & QF_F32_ABS_MASK) > QF_F32_INF_BITS;
@@ -89,9 +104,15 @@ __device__ __forceinline__ float qf_to_f32(qf_f16 v) { return qf_f16_bits_to_f32
 __device__ __forceinline__ qf_u16 qf_f32_to_bf16_bits(float value) {
     qf_u32 x = __float_as_uint(value);
     if ((x & QF_F32_ABS_MASK) > QF_F32_INF_BITS) return (qf_u16)((x >> 16) | 0x0040u);
+#ifdef QF_HW_BF16
+    qf_u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(value));
+    return h;
+#else
     const qf_u32 round_bit = 0x00008000u;
     if ((x & round_bit) != 0u && (x & (3u * round_bit - 1u)) != 0u) return (qf_u16)((x >> 16) + 1u);
     return (qf_u16)(x >> 16);
+#endif
 }
 
 // half::f16::from_f32 is IEEE round-to-nearest-even (F16C `vcvtps2ph`, or its software
@@ -165,6 +186,36 @@ __device__ __forceinline__ void qf_load4(const qf_f16* p, float out[4]) {
     out[1] = qf_f16_bits_to_f32((qf_u16)(v.x >> 16));
     out[2] = qf_f16_bits_to_f32((qf_u16)(v.y & 0xFFFFu));
     out[3] = qf_f16_bits_to_f32((qf_u16)(v.y >> 16));
+}
+
+// Stores 4 values as consecutive elements at `p` (aligned to 4 elements), each rounded as
+// qf_from_f32: one 16-byte (f32) or 8-byte (bf16, f16) store.
+__device__ __forceinline__ void qf_store4(float* p, const float v[4]) {
+    float4 w;
+    w.x = v[0]; w.y = v[1]; w.z = v[2]; w.w = v[3];
+    *reinterpret_cast<float4*>(p) = w;
+}
+__device__ __forceinline__ void qf_store4(qf_bf16* p, const float v[4]) {
+    uint2 w;
+    w.x = (qf_u32)qf_f32_to_bf16_bits(v[0]) | ((qf_u32)qf_f32_to_bf16_bits(v[1]) << 16);
+    w.y = (qf_u32)qf_f32_to_bf16_bits(v[2]) | ((qf_u32)qf_f32_to_bf16_bits(v[3]) << 16);
+    *reinterpret_cast<uint2*>(p) = w;
+}
+__device__ __forceinline__ void qf_store4(qf_f16* p, const float v[4]) {
+    uint2 w;
+    w.x = (qf_u32)qf_f32_to_f16_bits(v[0]) | ((qf_u32)qf_f32_to_f16_bits(v[1]) << 16);
+    w.y = (qf_u32)qf_f32_to_f16_bits(v[2]) | ((qf_u32)qf_f32_to_f16_bits(v[3]) << 16);
+    *reinterpret_cast<uint2*>(p) = w;
+}
+
+// Whether `p` is 16-byte aligned (vector paths check their buffers once, at the top).
+__device__ __forceinline__ bool qf_aligned16(const void* p) {
+    return (reinterpret_cast<qf_u64>(p) & 15u) == 0u;
+}
+
+// a / b, by a 32-bit division where both fit (a 64-bit division is a long software routine).
+__device__ __forceinline__ qf_u64 qf_div_u64(qf_u64 a, qf_u64 b) {
+    return ((a | b) >> 32) == 0u ? (qf_u64)((qf_u32)a / (qf_u32)b) : a / b;
 }
 
 // Loads up to 4 consecutive elements (`n` valid, the rest 0) without alignment requirement.

@@ -96,7 +96,14 @@ fn main() {
         manifest: String::new(),
         next: 0,
     };
-    let fp8_shapes: &[&[usize]] = &[&[1, 1], &[3, 5], &[67, 129], &[130, 257], &[1, 300]];
+    let fp8_shapes: &[&[usize]] = &[
+        &[1, 1],
+        &[3, 5],
+        &[67, 129],
+        &[130, 257],
+        &[1, 300],
+        &[33, 272],
+    ];
     for spec in ["", "e5m2", "e5m2,pow2", "eps=0.5"] {
         let opts: Vec<&str> = spec.split(',').filter(|s| !s.is_empty()).collect();
         for usage in USAGES {

@@ -40,6 +40,9 @@ struct alignas(16) float4 {
 struct alignas(8) uint2 {
     unsigned x, y;
 };
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
 
 // Every CUDA thread of a block is a fiber (ucontext) of one OS thread; the fibers switch only
 // at __syncthreads and warp shuffles, so a block runs deterministically.

@@ -54,22 +54,20 @@ __device__ void fp8_cast_impl(const T* __restrict__ x, qf_u64 m, qf_u64 k,
             float v[4];
             if (n == 4 && vec) qf_load4(x + r * k + c, v);
             else qf_load4_tail(x + r * k + c, n, v);
-            qf_u32 code[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) code[j] = qf_fp8_encode_dt(v[j] * scale, e5m2);
+            const qf_u32 word =
+                qf_fp8x4_encode_dt(v[0] * scale, v[1] * scale, v[2] * scale, v[3] * scale, e5m2);
             if (row_out != nullptr && n > 0) {
                 if (n == 4 && vec) {
-                    *reinterpret_cast<qf_u32*>(row_out + r * k + c) =
-                        code[0] | (code[1] << 8) | (code[2] << 16) | (code[3] << 24);
+                    *reinterpret_cast<qf_u32*>(row_out + r * k + c) = word;
                 } else {
 #pragma unroll
                     for (int j = 0; j < 4; ++j)
-                        if (j < n) row_out[r * k + c + j] = (qf_u8)code[j];
+                        if (j < n) row_out[r * k + c + j] = (qf_u8)(word >> (8 * j));
                 }
             }
             if (col_out != nullptr) {
 #pragma unroll
-                for (int j = 0; j < 4; ++j) tile[4 * tx + j][ty + 16 * i] = (qf_u8)code[j];
+                for (int j = 0; j < 4; ++j) tile[4 * tx + j][ty + 16 * i] = (qf_u8)(word >> (8 * j));
             }
         }
         if (col_out != nullptr) {
@@ -222,24 +220,22 @@ __device__ void fp8_block_cast_impl(const T* __restrict__ x, qf_u64 m, qf_u64 k,
                 const float s = two_d ? tile_scale
                                       : fp8_scale_from_amax(__uint_as_float(row_key[rr]), max_fp8,
                                                             pow2, eps, vinf);
-                qf_u32 code[4];
-#pragma unroll
-                for (int j = 0; j < 4; ++j) code[j] = qf_fp8_encode_dt(v[j] * s, e5m2);
+                const qf_u32 word = qf_fp8x4_encode_dt(v[0] * s, v[1] * s, v[2] * s, v[3] * s, e5m2);
                 if (n == 4 && vec) {
-                    *reinterpret_cast<qf_u32*>(rd + r * k + c) =
-                        code[0] | (code[1] << 8) | (code[2] << 16) | (code[3] << 24);
+                    *reinterpret_cast<qf_u32*>(rd + r * k + c) = word;
                 } else {
 #pragma unroll
                     for (int j = 0; j < 4; ++j)
-                        if (j < n) rd[r * k + c + j] = (qf_u8)code[j];
+                        if (j < n) rd[r * k + c + j] = (qf_u8)(word >> (8 * j));
                 }
             }
             if (cd != nullptr) {
+                float sv[4];
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const float s = two_d ? tile_scale : col_scale_s[4 * lane + j];
-                    ct[4 * lane + j][rr] = (qf_u8)qf_fp8_encode_dt(v[j] * s, e5m2);
-                }
+                for (int j = 0; j < 4; ++j) sv[j] = v[j] * (two_d ? tile_scale : col_scale_s[4 * lane + j]);
+                const qf_u32 word = qf_fp8x4_encode_dt(sv[0], sv[1], sv[2], sv[3], e5m2);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) ct[4 * lane + j][rr] = (qf_u8)(word >> (8 * j));
             }
         }
 
@@ -303,6 +299,27 @@ __device__ void fp8_dequant_row_impl(const qf_u8* __restrict__ q, qf_u64 m, qf_u
                                      const float* __restrict__ sinv, int mode, qf_u64 stride,
                                      int e5m2, OT* __restrict__ out) {
     const qf_u64 n = m * k;
+    if (k % 4u == 0u && qf_aligned16(q) && qf_aligned16(out)) {
+        // A word of 4 codes per step (k % 4 == 0: a word never crosses a row or a 128-wide scale
+        // block), consecutive threads on consecutive words, so loads and stores coalesce; the
+        // (row, column) division only where the scale depends on it.
+        const float s0 = sinv[0];
+#pragma unroll 4
+        for (qf_u64 t = qf_global_thread(); t < n / 4u; t += qf_grid_threads()) {
+            const qf_u64 idx = 4u * t;
+            float s = s0;
+            if (mode != 0) {
+                const qf_u64 i = qf_div_u64(idx, k);
+                s = fp8_dequant_scale(sinv, mode, 0, i, idx - i * k, stride);
+            }
+            float v[4];
+            qf_fp8x4_decode_dt(*reinterpret_cast<const qf_u32*>(q + idx), e5m2, v);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[j] = v[j] * s;
+            qf_store4(out + idx, v);
+        }
+        return;
+    }
     for (qf_u64 idx = qf_global_thread(); idx < n; idx += qf_grid_threads()) {
         const qf_u64 i = idx / k, j = idx % k;
         const float s = fp8_dequant_scale(sinv, mode, 0, i, j, stride);

@@ -182,22 +182,29 @@ __device__ void mxfp8_dequant_impl(const qf_u8* __restrict__ q, qf_u64 m, qf_u64
                                    const qf_u8* __restrict__ s, int columnwise, int swz,
                                    qf_u64 stride, qf_u64 rows, int e5m2, OT* __restrict__ out) {
     const qf_u64 n4 = m * k / 4u;
+    const bool vec = qf_aligned16(out);
+#pragma unroll 4
     for (qf_u64 g = qf_global_thread(); g < n4; g += qf_grid_threads()) {
         const qf_u64 idx = 4u * g;
-        const qf_u64 r = idx / k, c = idx % k;
+        const qf_u64 r = qf_div_u64(idx, k), c = idx - r * k;
         const qf_u32 word = *reinterpret_cast<const qf_u32*>(q + idx);
+        float v[4];
+        qf_fp8x4_decode_dt(word, e5m2, v);
         if (columnwise) {
             // Four columns, four (possibly different) scales.
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float sc = qf_e8m0_decode(s[mx_col_scale_index(r / MX_BLOCK, c + j, stride, rows, swz)]);
-                qf_from_f32(out + idx + j, sc * qf_fp8_decode_dt((word >> (8 * j)) & 0xFFu, e5m2));
-            }
+            for (int j = 0; j < 4; ++j)
+                v[j] = qf_e8m0_decode(s[mx_col_scale_index(r / MX_BLOCK, c + j, stride, rows, swz)]) * v[j];
         } else {
             const float sc = qf_e8m0_decode(s[mx_row_scale_index(r, c / MX_BLOCK, stride, swz)]);
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
-                qf_from_f32(out + idx + j, sc * qf_fp8_decode_dt((word >> (8 * j)) & 0xFFu, e5m2));
+            for (int j = 0; j < 4; ++j) v[j] = sc * v[j];
+        }
+        if (vec) {
+            qf_store4(out + idx, v);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) qf_from_f32(out + idx + j, v[j]);
         }
     }
 }

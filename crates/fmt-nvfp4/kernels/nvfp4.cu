@@ -31,11 +31,10 @@ __device__ __forceinline__ float nv_block_encode_scale(qf_u32 sdb, float s_dec) 
     return qf_fmin(qf_rcp(qf_e4m3_decode(sdb) * s_dec), qf_f32_max());
 }
 
-// dequant_factor: (float(sdb) * amax) * f32(1 / (6 * e4m3_max)), TE's f32 arithmetic; where
+// dequant_factor: (float(sdb) * amax) * rcp, rcp = f32(1 / (6 * e4m3_max)), TE's f32 arithmetic; where
 // that overflows for a finite amax (above f32::MAX / 448), the same expression in double,
 // rounded once to f32 (scale.rs `dequant_factor`: zero codes must not become 0 * inf = NaN).
-__device__ __forceinline__ float nv_dequant_factor(qf_u32 sdb, float amax, int e4m3_max) {
-    const float rcp = qf_rcp(6.0f * (float)e4m3_max);
+__device__ __forceinline__ float nv_dequant_factor_rcp(qf_u32 sdb, float amax, float rcp) {
     const float sf = qf_e4m3_decode(sdb);
     const float f = (sf * amax) * rcp;
     const bool f_finite = fabsf(f) <= qf_f32_max();
@@ -44,6 +43,10 @@ __device__ __forceinline__ float nv_dequant_factor(qf_u32 sdb, float amax, int e
         return f;
     }
     return __double2float_rn(((double)sf * (double)amax) * (double)rcp);
+}
+// The same with `rcp = f32(1 / (6 * e4m3_max))` computed here.
+__device__ __forceinline__ float nv_dequant_factor(qf_u32 sdb, float amax, int e4m3_max) {
+    return nv_dequant_factor_rcp(sdb, amax, qf_rcp(6.0f * (float)e4m3_max));
 }
 
 // ---- sr.rs -------------------------------------------------------------------------------------
@@ -346,11 +349,32 @@ __device__ void nvfp4_dequant_row_impl(const qf_u8* __restrict__ q, qf_u64 m, qf
                                        OT* __restrict__ out) {
     const qf_u64 half_k = k / 2u;
     const qf_u64 n = m * half_k;
+    const float rcp = qf_rcp(6.0f * (float)e4m3_max);
+    if (qf_aligned16(q) && qf_aligned16(out)) {
+        // A word of 4 bytes (8 values) per step, consecutive threads on consecutive words so
+        // loads and stores coalesce; k % 16 == 0, so a word lies in one row and one block.
+#pragma unroll 4
+        for (qf_u64 t = qf_global_thread(); t < n / 4u; t += qf_grid_threads()) {
+            const qf_u64 i = 4u * t;
+            const qf_u64 r = qf_div_u64(i, half_k), p = i - r * half_k;
+            const float f = nv_dequant_factor_rcp(
+                scales[qf_scale_index(r, p / (NV_BLOCK / 2), stride, swz)], amax[per_row ? r : 0], rcp);
+            const qf_u32 w = *reinterpret_cast<const qf_u32*>(q + i);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float v[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) v[e] = qf_e2m1_decode(w >> (16 * h + 4 * e)) * f;
+                qf_store4(out + r * k + 2u * p + 4 * h, v);
+            }
+        }
+        return;
+    }
     for (qf_u64 i = qf_global_thread(); i < n; i += qf_grid_threads()) {
         const qf_u64 r = i / half_k, p = i % half_k;
         const qf_u64 b = p / (NV_BLOCK / 2);
-        const float f = nv_dequant_factor(scales[qf_scale_index(r, b, stride, swz)],
-                                          amax[per_row ? r : 0], e4m3_max);
+        const float f = nv_dequant_factor_rcp(scales[qf_scale_index(r, b, stride, swz)],
+                                              amax[per_row ? r : 0], rcp);
         const qf_u32 byte = q[i];
         qf_from_f32(out + r * k + 2u * p, qf_e2m1_decode(byte & 0xFu) * f);
         qf_from_f32(out + r * k + 2u * p + 1u, qf_e2m1_decode(byte >> 4) * f);

@@ -25,21 +25,51 @@ __device__ __forceinline__ qf_u32 qf_block_max_u32(qf_u32 v) {
     return r;
 }
 
-// Tensor amax: `*out = max(*out, amax(x[0..n]))` as f32 bits. Grid-stride over aligned groups of
-// four elements (16-byte loads for f32, 8-byte for bf16/f16), then the tail.
+// The largest amax key of the elements in one 16-byte word of a tensor.
+__device__ __forceinline__ qf_u32 qf_amax_key16(uint4 w, const float*) {
+    const qf_u32 k0 = max(qf_amax_key(__uint_as_float(w.x)), qf_amax_key(__uint_as_float(w.y)));
+    const qf_u32 k1 = max(qf_amax_key(__uint_as_float(w.z)), qf_amax_key(__uint_as_float(w.w)));
+    return max(k0, k1);
+}
+// bf16: a value's key is its magnitude bits shifted up 16 (0 for NaN), so the maximum is taken on
+// the 16-bit magnitudes and shifted once.
+__device__ __forceinline__ qf_u32 qf_amax_key16(uint4 w, const qf_bf16*) {
+    const qf_u32 words[4] = {w.x, w.y, w.z, w.w};
+    qf_u32 m = 0u;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const qf_u32 h = (words[i / 2] >> (16 * (i % 2))) & 0x7FFFu;
+        m = max(m, h > 0x7F80u ? 0u : h);
+    }
+    return m << 16;
+}
+__device__ __forceinline__ qf_u32 qf_amax_key16(uint4 w, const qf_f16*) {
+    const qf_u32 words[4] = {w.x, w.y, w.z, w.w};
+    qf_u32 m = 0u;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        m = max(m, qf_amax_key(qf_f16_bits_to_f32((qf_u16)(words[i / 2] >> (16 * (i % 2))))));
+    return m;
+}
+
+// Tensor amax: `*out = max(*out, amax(x[0..n]))` as f32 bits. Grid-stride over 16-byte words
+// (4 f32 or 8 bf16/f16 elements) when `x` is 16-byte aligned, then the tail; element by element
+// otherwise.
 template <typename T>
 __device__ void qf_amax_impl(const T* __restrict__ x, qf_u64 n, qf_u32* __restrict__ out) {
     qf_u32 m = 0u;
-    const qf_u64 n4 = n / 4u;
     const qf_u64 stride = qf_grid_threads();
-    for (qf_u64 i = qf_global_thread(); i < n4; i += stride) {
-        float v[4];
-        qf_load4(x + 4u * i, v);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) m = max(m, qf_amax_key(v[j]));
-    }
     const qf_u64 t = qf_global_thread();
-    if (t < n - 4u * n4) m = max(m, qf_amax_key(qf_to_f32(x[4u * n4 + t])));
+    if (qf_aligned16(x)) {
+        const qf_u64 per = 16u / sizeof(T);
+        const qf_u64 nw = n / per;
+        const uint4* __restrict__ xw = reinterpret_cast<const uint4*>(x);
+#pragma unroll 4
+        for (qf_u64 i = t; i < nw; i += stride) m = max(m, qf_amax_key16(xw[i], x));
+        if (t < n - per * nw) m = max(m, qf_amax_key(qf_to_f32(x[per * nw + t])));
+    } else {
+        for (qf_u64 i = t; i < n; i += stride) m = max(m, qf_amax_key(qf_to_f32(x[i])));
+    }
     m = qf_block_max_u32(m);
     if (threadIdx.x == 0 && m != 0u) atomicMax(out, m);
 }
