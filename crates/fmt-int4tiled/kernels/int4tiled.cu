@@ -21,10 +21,10 @@ __device__ __forceinline__ int i4_nibble_k(int j) { return (j & 3) * 8 + (j >> 2
 __device__ __forceinline__ qf_u64 i4_word_index(qf_u64 n, qf_u64 k0, qf_u64 k_padded, int ikt) {
     const qf_u64 slab = (qf_u64)ikt * 16u;
     const qf_u64 nt = n / I4_N_TILE, nr = n % I4_N_TILE;
-    const qf_u64 kot = k0 / slab, r = k0 % slab;
+    const qf_u64 kot = qf_div_u64(k0, slab), r = k0 - kot * slab;
     const qf_u64 p = r / 32u, kk = r % 32u;
     const qf_u64 t = nr * 4u + (kk / 2u) % 4u;
-    const qf_u64 slabs = k_padded / slab;
+    const qf_u64 slabs = qf_div_u64(k_padded, slab);
     return ((nt * slabs + kot) * I4_LANES + t) * (qf_u64)(ikt / 2) + p;
 }
 
@@ -240,6 +240,42 @@ __device__ void int4_dequant_impl(const qf_u32* __restrict__ packed, const qf_u1
     const qf_u64 total = experts * n * k;
     const qf_u64 expert_words = n_padded * k_padded / 8u;
     const qf_u64 expert_sz = (k_padded / (qf_u64)g) * n_padded * 2u;
+    const int odd = i4_round_odd<OT>();
+    if (k % 32u == 0u && qf_aligned16(out)) {
+        // One 32-column block of a row per step: its four words (word c holds columns
+        // 2c + {0, 1} of each 8-column run q, in nibbles q and q + 4) and one scale/zero pair
+        // (g is a multiple of 32), the (expert, row, block) division once per 32 values, the
+        // values stored 4 at a time.
+        const qf_u64 half = (qf_u64)(ikt / 2);
+        const qf_u64 kbs = k / 32u;
+        for (qf_u64 t = qf_global_thread(); t < total / 32u; t += qf_grid_threads()) {
+            const qf_u64 er = qf_div_u64(t, kbs), base = 32u * (t - er * kbs);
+            const qf_u64 e = qf_div_u64(er, n), row = er - e * n;
+            const qf_u64 w0 = e * expert_words + i4_word_index(row, base, k_padded, ikt);
+            qf_u32 w[4];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) w[c] = packed[w0 + (qf_u64)c * half];
+            const qf_u16* s = sz + e * expert_sz + (qf_div_u64(base, (qf_u64)g) * n_padded + row) * 2u;
+            const double scale = (double)qf_bf16_bits_to_f32(s[0]);
+            const double z = (double)qf_bf16_bits_to_f32(s[1]);
+            OT* o = out + er * k + base;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                float v[8];
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int u = (int)((w[c] >> (4 * (q + 4 * h))) & 0xFu);
+                        v[2 * c + h] = i4_round_sum((double)(u - 8) * scale, z, odd);
+                    }
+                }
+                qf_store4(o + 8 * q, v);
+                qf_store4(o + 8 * q + 4, v + 4);
+            }
+        }
+        return;
+    }
     for (qf_u64 i = qf_global_thread(); i < total; i += qf_grid_threads()) {
         const qf_u64 kk = i % k, row = (i / k) % n, e = i / (n * k);
         const qf_u64 r32 = kk % 32u;
@@ -250,7 +286,7 @@ __device__ void int4_dequant_impl(const qf_u32* __restrict__ packed, const qf_u1
         const qf_u16* s = sz + e * expert_sz + ((kk / (qf_u64)g) * n_padded + row) * 2u;
         const double p = (double)(u - 8) * (double)qf_bf16_bits_to_f32(s[0]);
         const double z = (double)qf_bf16_bits_to_f32(s[1]);
-        qf_from_f32(out + i, i4_round_sum(p, z, i4_round_odd<OT>()));
+        qf_from_f32(out + i, i4_round_sum(p, z, odd));
     }
 }
 

@@ -30,11 +30,14 @@ __device__ __forceinline__ qf_u32 mx_code(qf_u32 key, int ocp, int e5m2) {
     return biased > emax ? biased - emax : 0u;  // saturating_sub
 }
 
-// Cfg::encode: fp8(x * mult), or TE's fma(x, mult, +0) (an input -0.0 gives +0) when
-// plus_zero is set.
-__device__ __forceinline__ qf_u32 mx_encode(float x, float mult, int plus_zero, int e5m2) {
-    const float p = (plus_zero && x == 0.0f) ? 0.0f : x * mult;
-    return qf_fp8_encode_dt(p, e5m2);
+// Cfg::encode of four values (each with its multiplier) as one little-endian word: fp8(x * mult),
+// or TE's fma(x, mult, +0) (an input -0.0 gives +0) when plus_zero is set.
+__device__ __forceinline__ qf_u32 mx_encode4(const float v[4], const float mult[4], int plus_zero,
+                                             int e5m2) {
+    float p[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) p[j] = (plus_zero && v[j] == 0.0f) ? 0.0f : v[j] * mult[j];
+    return qf_fp8x4_encode_dt(p[0], p[1], p[2], p[3], e5m2);
 }
 
 __device__ __forceinline__ qf_u64 mx_row_scale_index(qf_u64 r, qf_u64 kb, qf_u64 stride, int swz) {
@@ -44,10 +47,6 @@ __device__ __forceinline__ qf_u64 mx_row_scale_index(qf_u64 r, qf_u64 kb, qf_u64
 __device__ __forceinline__ qf_u64 mx_col_scale_index(qf_u64 mb, qf_u64 col, qf_u64 stride,
                                                      qf_u64 rows, int swz) {
     return swz ? qf_swizzled_index(col, mb, rows) : mb * stride + col;
-}
-
-__device__ __forceinline__ qf_u32 mx_pack(const qf_u32 c[4]) {
-    return c[0] | (c[1] << 8) | (c[2] << 16) | (c[3] << 24);
 }
 
 // One block per 32-row x 128-column tile (M and K are multiples of 32, so a tile holds whole
@@ -110,11 +109,10 @@ __device__ void mxfp8_cast_impl(const T* __restrict__ x, qf_u64 m, qf_u64 k, int
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const qf_u64 r = r0 + 4 * warp + i;
-                    qf_u32 code[4];
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) code[j] = mx_encode(v[i][j], mult, plus_zero, e5m2);
-                    if (rd != nullptr) *reinterpret_cast<qf_u32*>(rd + r * k + c) = mx_pack(code);
-                    if (cd != nullptr) *reinterpret_cast<qf_u32*>(cd + r * k + c) = mx_pack(code);
+                    const float m4[4] = {mult, mult, mult, mult};
+                    const qf_u32 word = mx_encode4(v[i], m4, plus_zero, e5m2);
+                    if (rd != nullptr) *reinterpret_cast<qf_u32*>(rd + r * k + c) = word;
+                    if (cd != nullptr) *reinterpret_cast<qf_u32*>(cd + r * k + c) = word;
                     if (rs != nullptr && (lane & 7) == 0)
                         rs[mx_row_scale_index(r, kb, rs_stride, swz)] = (qf_u8)tile_code;
                 }
@@ -131,10 +129,8 @@ __device__ void mxfp8_cast_impl(const T* __restrict__ x, qf_u64 m, qf_u64 k, int
                     const qf_u64 r = r0 + 4 * warp + i;
                     const qf_u32 code_r = mx_code(rk[i], ocp, e5m2);
                     const float mult = qf_e8m0_exp2_rcp(code_r);
-                    qf_u32 code[4];
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) code[j] = mx_encode(v[i][j], mult, plus_zero, e5m2);
-                    *reinterpret_cast<qf_u32*>(rd + r * k + c) = mx_pack(code);
+                    const float m4[4] = {mult, mult, mult, mult};
+                    *reinterpret_cast<qf_u32*>(rd + r * k + c) = mx_encode4(v[i], m4, plus_zero, e5m2);
                     if ((lane & 7) == 0) rs[mx_row_scale_index(r, kb, rs_stride, swz)] = (qf_u8)code_r;
                 }
             }
@@ -152,10 +148,7 @@ __device__ void mxfp8_cast_impl(const T* __restrict__ x, qf_u64 m, qf_u64 k, int
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const qf_u64 r = r0 + 4 * warp + i;
-                    qf_u32 code[4];
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) code[j] = mx_encode(v[i][j], mult[j], plus_zero, e5m2);
-                    *reinterpret_cast<qf_u32*>(cd + r * k + c) = mx_pack(code);
+                    *reinterpret_cast<qf_u32*>(cd + r * k + c) = mx_encode4(v[i], mult, plus_zero, e5m2);
                 }
             }
         }
