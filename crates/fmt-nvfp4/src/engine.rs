@@ -24,7 +24,7 @@
 //! [`crate::sr`]), the Hadamard sums in index order, 4over6 candidates and tree sums.
 
 use half::bf16;
-use quant_core::block_max::{NanRule, block_abs_max};
+use quant_core::block_max::{NanRule, block_abs_max, block_abs_max_bf16};
 use quant_core::codec::{e2m1, e4m3};
 use quant_core::cpu::{amax_f32, fmax_nan_loses};
 use quant_core::simd::Level;
@@ -38,6 +38,8 @@ use crate::quantizer::FourOverSix;
 use crate::rht::R;
 use crate::scale::{self, BLOCK, RCP_6};
 use crate::sr;
+#[cfg(target_arch = "x86_64")]
+use crate::x86_encode::Run;
 
 /// Input rows per task: eight block rows; 64 bytes of every transposed output row.
 const SLAB: usize = 128;
@@ -443,16 +445,16 @@ fn rowwise_chunk(
         let w = &wide[r * CHUNK..r * CHUNK + cw];
         let out = &mut rd[r * k / 2 + c0 / 2..r * k / 2 + (c0 + cw) / 2];
         let tile = p.two_d.then(|| &tile_amax[r / BLOCK]);
-        let sdb = rowwise_run(p, i0 + r, row_global(p, i0 + r), kb0, w, tile, out);
+        let sdb = rowwise_run(p, i0 + r, row_global(p, i0 + r), kb0, w, &mut [], tile, out);
         put_row_scales(p, rs, rstride, r, kb0, &sdb[..cw / BLOCK]);
     }
 }
 
 /// Rowwise 1-D quantization of a slab with no other output (the common inference
-/// case), row by row: each row's run of a chunk is read in place (f32) or widened into
-/// an L1-resident `wide` (16-bit), instead of the whole chunk being widened into an
-/// L2-resident buffer first and read back (a copy, even for f32, that was a fifth of
-/// the profile).
+/// case), row by row: each row's run of a chunk is read in place (f32, and bf16 where
+/// the AVX-512 encoder takes its bits) or widened into an L1-resident `wide` (other
+/// 16-bit input), instead of the whole chunk being widened into an L2-resident buffer
+/// first and read back (a copy, even for f32, that was a fifth of the profile).
 ///
 /// With `own_amax` (row-scaled), each row's amax is taken first, from the row just
 /// fetched (a row of at most a few tens of KiB stays in L1/L2 for the quantization
@@ -486,8 +488,7 @@ fn rowwise_only<T: Element>(
         for (c, (xs, os)) in xr.chunks(CHUNK).zip(or.chunks_mut(CHUNK / 2)).enumerate() {
             let ahead = (r + AHEAD) * k + c * CHUNK;
             simd::prefetch(x.get(ahead..ahead + xs.len()).unwrap_or(&[]));
-            let w = quant_core::widened(xs, &mut wide[..xs.len()]);
-            let sdb = rowwise_run(p, i0 + r, g, c * NB, w, None, os);
+            let sdb = rowwise_run(p, i0 + r, g, c * NB, xs, wide, None, os);
             put_row_scales(p, rs, rstride, r, c * NB, &sdb[..xs.len() / BLOCK]);
         }
     }
@@ -513,33 +514,58 @@ fn row_global(p: &Params<'_>, i: usize) -> (f32, f32) {
     global(p.row_amax.of_row(i), p.e4m3_max)
 }
 
-/// Row `i`'s run `w` (at most [`CHUNK`] values from block `kb0`) under nearest or
+/// Row `i`'s run `xs` (at most [`CHUNK`] values from block `kb0`) under nearest or
 /// stochastic rounding, with the row's global scales `(se, sd)`: block amaxes (or the
 /// 2-D `tile` amaxes), scales, packed codes into `out`. Returns the run's scale codes.
+///
+/// A 16-bit run is widened into `wide` first, unless [`encoder_bits`] encodes it from
+/// its bits; an f32 run is read in place (`wide` may then be empty).
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn rowwise_run(
+fn rowwise_run<T: Element>(
     p: &Params<'_>,
     i: usize,
     (se, sd): (f32, f32),
     kb0: usize,
-    w: &[f32],
+    xs: &[T],
+    wide: &mut [f32],
     tile: Option<&[f32; NB]>,
     out: &mut [u8],
 ) -> [u8; NB] {
-    let nb = w.len() / BLOCK;
+    let nb = xs.len() / BLOCK;
+    let bits16 = encoder_bits(p, xs);
+    let w: &[f32] = match bits16 {
+        Some(_) => &[],
+        None => {
+            debug_assert!(T::DTYPE == quant_core::DType::F32 || wide.len() >= xs.len());
+            quant_core::widened(xs, wide.get_mut(..xs.len()).unwrap_or_default())
+        }
+    };
     let amax = match tile {
         Some(t) => *t,
         None => {
             let mut bits = [0u32; NB];
-            block_abs_max(p.level, w, NanRule::Ignore, &mut bits[..nb]);
+            match bits16 {
+                Some(b) => block_abs_max_bf16(p.level, b, NanRule::Ignore, &mut bits[..nb]),
+                None => block_abs_max(p.level, w, NanRule::Ignore, &mut bits[..nb]),
+            }
             bits.map(f32::from_bits)
         }
     };
     let mut sdb = [0u8; NB];
     let mut enc = [0f32; NB];
     block_scales(&amax[..nb], se, sd, &mut sdb[..nb], &mut enc[..nb]);
-    match p.seed {
-        None => {
+    match (p.seed, bits16) {
+        #[cfg(target_arch = "x86_64")]
+        (None, Some(b)) => {
+            let done = crate::x86_encode::encode_run_rn(Run::Bf16(b), &enc[..nb], out);
+            debug_assert!(done, "encoder_bits checked what the encoder needs");
+        }
+        #[cfg(target_arch = "x86_64")]
+        (None, None)
+            if p.level == Level::Avx512
+                && crate::x86_encode::encode_run_rn(Run::F32(w), &enc[..nb], out) => {}
+        (None, _) => {
             for ((o, v), &e) in out
                 .chunks_exact_mut(BLOCK / 2)
                 .zip(w.chunks_exact(BLOCK))
@@ -548,7 +574,7 @@ fn rowwise_run(
                 encode_pack_rn(v, e, o);
             }
         }
-        Some(seed) => {
+        (Some(seed), _) => {
             let blocks: [u32; NB] = std::array::from_fn(|b| (kb0 + b) as u32);
             let bits = philox_lanes(
                 &blocks,
@@ -569,6 +595,19 @@ fn rowwise_run(
         }
     }
     sdb
+}
+
+/// The bf16 bits of `xs` when the AVX-512 encoder takes them directly (nearest
+/// rounding, [`Level::Avx512`] dispatched, VBMI present): the run then skips the
+/// widening copy, its block maxima and codes reading the bits.
+#[inline(always)]
+fn encoder_bits<'a, T: Element>(p: &Params<'_>, xs: &'a [T]) -> Option<&'a [u16]> {
+    #[cfg(target_arch = "x86_64")]
+    if p.seed.is_none() && p.level == Level::Avx512 && crate::x86_encode::supported() {
+        return quant_core::dtype::bf16_slice_bits(xs);
+    }
+    let _ = (p, xs);
+    None
 }
 
 /// 4over6 rowwise: the scalar candidate functions of [`crate::kernel`], block by block.

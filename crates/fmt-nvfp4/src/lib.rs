@@ -122,6 +122,9 @@ pub mod sr;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)] // AVX-512 intrinsics; every block has a SAFETY comment
 mod x86;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // AVX-512 intrinsics; every block has a SAFETY comment
+mod x86_encode;
 
 pub use quantizer::{FourOverSix, Nvfp4Quantizer, with_scale_layout};
 

@@ -835,6 +835,13 @@ impl Format for Nvfp4Quantizer {
             .collect()
     }
 
+    /// Every byte of the packed data is written by every quantization (each row and
+    /// each transposed column is whole blocks), so re-quantizing skips zeroing it.
+    /// Scale buffers keep their padding cells, which only the zeroing sets.
+    fn overwrites(&self, desc: &BufferDesc) -> bool {
+        desc.name.ends_with("_data")
+    }
+
     /// The global amax is needed before the first block scale; with RHT the columnwise
     /// operand is transformed once more for its post-transform amax. Row-scaled
     /// rowwise-only 1-D output reads each row twice, but the second time from cache

@@ -623,3 +623,46 @@ fn input_passes_count_the_amax_passes() {
         assert_eq!(q(opts, usage).input_passes(), passes, "{opts:?} {usage}");
     }
 }
+
+/// Re-quantizing into a tensor that holds other data rewrites every byte: the packed
+/// data is not zeroed first (`Format::overwrites`), so each mode must write all of it.
+#[test]
+fn requantizing_over_old_data_equals_a_fresh_quantization() {
+    let modes: [&[&str]; 8] = [
+        &[],
+        &["2d"],
+        &["sr", "seed=3"],
+        &["4over6=mse"],
+        &["row-scaled"],
+        &["row-scaled", "4over6", "swizzled"],
+        &["2d", "swizzled"],
+        &["rht"],
+    ];
+    let mut runs = 0;
+    for opts in modes {
+        for usage in [Usage::ROWWISE, Usage::COLUMNWISE, Usage::BOTH] {
+            // Some combinations are refused (row-scaled needs rowwise, ...).
+            let Ok(quant) = Nvfp4Quantizer::from_spec(opts, usage) else {
+                continue;
+            };
+            for [m, k] in [[16, 16], [48, 80], [144, 272]] {
+                let old: Vec<bf16> = data(m * k, 1).into_iter().map(bf16::from_f32).collect();
+                let new: Vec<bf16> = data(m * k, 2).into_iter().map(bf16::from_f32).collect();
+                let x_old = HostTensor::bf16(&old, &[m, k]).unwrap();
+                let x_new = HostTensor::bf16(&new, &[m, k]).unwrap();
+                let mut t = quant_core::format::quantize(&quant, &x_old).unwrap();
+                t.quantize_from(&x_new).unwrap();
+                runs += 1;
+                let fresh = quant_core::format::quantize(&quant, &x_new).unwrap();
+                for (a, b) in t.buffers().iter().zip(fresh.buffers()) {
+                    assert!(
+                        a.bytes() == b.bytes(),
+                        "{opts:?} {usage:?} [{m}, {k}]: {} differs",
+                        a.desc().name
+                    );
+                }
+            }
+        }
+    }
+    assert!(runs >= 18 * 3, "only {runs} combinations ran");
+}

@@ -107,7 +107,8 @@ fn portable(xs: &[f32], nan: NanRule) -> u32 {
 /// `bf16::to_bits`): the same keys, as f32 patterns, as [`block_abs_max`] of the
 /// widened values, without widening them. At [`Level::Avx512`] with blocks a multiple of
 /// 32 values, each block is one 32-lane maximum per vector (16-bit lanes), then sixteen
-/// blocks fold together as in [`block_abs_max`].
+/// blocks fold together as in [`block_abs_max`]; a block of 16 (NVFP4's) is one vector
+/// widened in the register.
 ///
 /// ```
 /// use half::bf16;
@@ -127,9 +128,12 @@ pub fn block_abs_max_bf16(level: Level, xs: &[u16], nan: NanRule, out: &mut [u32
         return;
     };
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512 && Level::Avx512.is_supported() && n.is_multiple_of(2 * x86::LANES) {
+    if level == Level::Avx512
+        && Level::Avx512.is_supported()
+        && (n == x86::LANES || n.is_multiple_of(2 * x86::LANES))
+    {
         // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512`, checked just above);
-        // `xs` holds `out.len()` blocks of `n` values, `n` a nonzero multiple of 32.
+        // `xs` holds `out.len()` blocks of `n` values, `n` 16 or a nonzero multiple of 32.
         unsafe { x86::block_abs_max_bf16(xs, n, nan, out) };
         return;
     }
@@ -168,11 +172,11 @@ fn block_len(what: &str, values: usize, out: &mut [u32]) -> Option<usize> {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::{
-        __m512i, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps,
-        _mm512_cmple_epu16_mask, _mm512_loadu_ps, _mm512_loadu_si512, _mm512_mask_max_epu16,
-        _mm512_max_epu16, _mm512_max_epu32, _mm512_max_ps, _mm512_permutex2var_epi32,
-        _mm512_reduce_max_epu32, _mm512_set1_epi16, _mm512_set1_epi32, _mm512_setzero_ps,
-        _mm512_setzero_si512, _mm512_slli_epi32, _mm512_storeu_si512,
+        __m512i, _mm256_loadu_si256, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps,
+        _mm512_cmple_epu16_mask, _mm512_cvtepu16_epi32, _mm512_loadu_ps, _mm512_loadu_si512,
+        _mm512_mask_max_epu16, _mm512_max_epu16, _mm512_max_epu32, _mm512_max_ps,
+        _mm512_permutex2var_epi32, _mm512_reduce_max_epu32, _mm512_set1_epi16, _mm512_set1_epi32,
+        _mm512_setzero_ps, _mm512_setzero_si512, _mm512_slli_epi32, _mm512_storeu_si512,
     };
 
     use super::NanRule;
@@ -342,15 +346,49 @@ mod x86 {
         )
     }
 
+    /// The lane maxima of one 16-value bf16 block: its values widened to f32 patterns
+    /// (`vpmovzxwd`, shift) and keyed as [`lanes_max`] keys f32 values.
+    ///
+    /// # Safety
+    /// `p .. p + 16` must be readable; the CPU has AVX-512 BW.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn lanes_max_bf16_16(p: *const u16, nan: NanRule) -> __m512i {
+        // SAFETY: `p .. p + 16` (32 bytes) is readable (one unaligned 256-bit load).
+        let x = unsafe { _mm256_loadu_si256(p.cast()) };
+        let mag = _mm512_and_si512(
+            _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(x)),
+            _mm512_set1_epi32(0x7FFF_FFFF),
+        );
+        match nan {
+            // As in `lanes_max`: `vmaxps` keeps the zero accumulator against a NaN.
+            NanRule::Ignore => {
+                _mm512_castps_si512(_mm512_max_ps(_mm512_castsi512_ps(mag), _mm512_setzero_ps()))
+            }
+            NanRule::Propagate => mag,
+        }
+    }
+
     /// [`super::block_abs_max_bf16`] with AVX-512.
     ///
     /// # Safety
-    /// The CPU must have AVX-512 F and BW; `xs.len() == out.len() * n`, `n` a nonzero
-    /// multiple of 32.
+    /// The CPU must have AVX-512 F and BW; `xs.len() == out.len() * n`, `n` 16 or a
+    /// nonzero multiple of 32.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) unsafe fn block_abs_max_bf16(xs: &[u16], n: usize, nan: NanRule, out: &mut [u32]) {
         debug_assert_eq!(xs.len(), out.len() * n);
+        if n == LANES {
+            fold_blocks(
+                out,
+                #[inline(always)]
+                // SAFETY: block `b < out.len()` is `16b .. 16b + 16`, inside `xs`; the
+                // CPU has AVX-512 BW (the caller's contract).
+                |b| unsafe { lanes_max_bf16_16(xs.as_ptr().add(b * LANES), nan) },
+            );
+            return;
+        }
+        debug_assert!(n.is_multiple_of(2 * LANES));
         fold_blocks(
             out,
             #[inline(always)]
@@ -425,7 +463,7 @@ mod tests {
 
     #[test]
     fn bf16_bits_give_the_keys_of_the_widened_values() {
-        for n in [0, 1, 16, 32, 64, 96, 128] {
+        for n in [0, 1, 16, 32, 48, 64, 96, 128] {
             for blocks in [1, 2, 15, 16, 17, 33] {
                 for (seed, nan) in [(7, NanRule::Ignore), (9, NanRule::Propagate)] {
                     // Every special survives the truncation to bf16 (NaN payloads in

@@ -1,0 +1,342 @@
+//! The AVX-512 body of rowwise encoding: scaled values to packed E2M1 nibbles, four
+//! blocks (64 values, 32 bytes) per step.
+//!
+//! The portable loop ([`crate::engine`]'s `encode_pack_rn`) vectorizes to one vector
+//! per block and ends each block with a `vpmovqb` store of its 8 bytes; on Zen 4 that
+//! narrowing store was the most-sampled instruction of the NVFP4 quantize profile.
+//! Here a block's codes are paired in 64-bit lanes as there (`q | q >> 28` leaves byte
+//! `2j | 2j+1 << 4` in the low byte of lane `j`), and four blocks' lanes are gathered
+//! by two `vpermt2b` (VBMI) and a byte blend into one 32-byte store.
+//!
+//! The code of each lane is [`e2m1::encode`]'s arithmetic, lane for lane:
+//!
+//! ```text
+//!   |x| >= 1:  (|x| - 126<<23 + 2^21 - 1 + lsb) >> 22   (round the first mantissa bit
+//!              to nearest even; lsb = bit 22)
+//!   |x| <  1:  bits(2|x| + 2^23) - bits(2^23)           (the float adder rounds)
+//!   then min(code, 7) | sign << 3, and 7 for NaN
+//! ```
+//!
+//! `2|x| + 2^23` is taken as one fused multiply-add: `2|x|` is exact, so the fused and
+//! the separate operations round the same sum once.
+
+use std::arch::x86_64::{
+    __m256i, __m512, __m512i, _mm_storel_epi64, _mm256_loadu_si256, _mm256_storeu_si256,
+    _mm512_add_epi32, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps,
+    _mm512_castsi512_si256, _mm512_cmpgt_epu32_mask, _mm512_cmplt_epu32_mask, _mm512_cvtepi64_epi8,
+    _mm512_cvtepu16_epi32, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_blend_epi8,
+    _mm512_mask_blend_epi32, _mm512_mask_mov_epi32, _mm512_min_epu32, _mm512_mul_ps,
+    _mm512_or_si512, _mm512_permutex2var_epi8, _mm512_set1_epi32, _mm512_set1_ps,
+    _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srli_epi64, _mm512_sub_epi32,
+    _mm512_ternarylogic_epi32,
+};
+
+use crate::scale::BLOCK;
+
+/// A run of input values: f32, or bf16 as bits (widened in the register).
+#[derive(Clone, Copy)]
+pub(crate) enum Run<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [u16]),
+}
+
+impl Run<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Run::F32(w) => w.len(),
+            Run::Bf16(w) => w.len(),
+        }
+    }
+}
+
+/// Encodes whole blocks: byte `j` of block `b` holds the codes of `x[16b + 2j] * enc[b]`
+/// (low nibble) and `x[16b + 2j + 1] * enc[b]` (high nibble), the bytes of the portable
+/// `encode_pack_rn` block by block (bf16 values widened exactly first). Returns `false`
+/// (nothing written) unless the CPU has AVX-512 F, BW and VBMI and the lengths agree
+/// (`x.len() == 16 * enc.len() == 2 * out.len()`); the caller then runs the portable
+/// loop.
+#[inline]
+pub(crate) fn encode_run_rn(x: Run<'_>, enc: &[f32], out: &mut [u8]) -> bool {
+    if x.len() != BLOCK * enc.len() || out.len() * 2 != x.len() || !supported() {
+        return false;
+    }
+    match x {
+        // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked above).
+        Run::F32(w) => unsafe { encode_f32(w, enc, out) },
+        // SAFETY: as above.
+        Run::Bf16(w) => unsafe { encode_bf16(w, enc, out) },
+    }
+    true
+}
+
+/// Whether this CPU runs [`encode_run_rn`]'s instructions (cached by `std`).
+#[inline]
+pub(crate) fn supported() -> bool {
+    std::is_x86_feature_detected!("avx512f")
+        && std::is_x86_feature_detected!("avx512bw")
+        && std::is_x86_feature_detected!("avx512vbmi")
+        && std::is_x86_feature_detected!("fma")
+}
+
+/// [`encode_run_rn`] of f32 values after its checks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
+fn encode_f32(w: &[f32], enc: &[f32], out: &mut [u8]) {
+    encode_blocks(
+        #[inline(always)]
+        |b| {
+            let v = &w[b * BLOCK..(b + 1) * BLOCK];
+            // SAFETY: `v` is 16 f32 (one unaligned 512-bit load).
+            unsafe { _mm512_loadu_ps(v.as_ptr()) }
+        },
+        enc,
+        out,
+    );
+}
+
+/// [`encode_run_rn`] of bf16 bits after its checks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
+fn encode_bf16(w: &[u16], enc: &[f32], out: &mut [u8]) {
+    encode_blocks(
+        #[inline(always)]
+        |b| {
+            let v = &w[b * BLOCK..(b + 1) * BLOCK];
+            // SAFETY: `v` is 16 u16 (one unaligned 256-bit load).
+            let v = unsafe { _mm256_loadu_si256(v.as_ptr().cast::<__m256i>()) };
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(v)))
+        },
+        enc,
+        out,
+    );
+}
+
+/// The block loop: `load(b)` gives block `b`'s 16 values.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
+fn encode_blocks(load: impl Fn(usize) -> __m512, enc: &[f32], out: &mut [u8]) {
+    let k = Consts::new();
+    let pairs = |b: usize| pair_bytes(codes(_mm512_mul_ps(load(b), _mm512_set1_ps(enc[b])), &k));
+    let nb = enc.len();
+    let mut b = 0;
+    while b + 4 <= nb {
+        let ab = _mm512_permutex2var_epi8(pairs(b), k.gather, pairs(b + 1));
+        let cd = _mm512_permutex2var_epi8(pairs(b + 2), k.gather, pairs(b + 3));
+        // Bytes 0..16 of `ab` are blocks b, b+1; bytes 16..32 of `cd` are b+2, b+3.
+        let abcd = _mm512_castsi512_si256(_mm512_mask_blend_epi8(0xFFFF_0000, ab, cd));
+        let o = &mut out[b * BLOCK / 2..(b + 4) * BLOCK / 2];
+        // SAFETY: `o` is 32 bytes (one unaligned 256-bit store).
+        unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast::<__m256i>(), abcd) };
+        b += 4;
+    }
+    for b in b..nb {
+        let o = &mut out[b * BLOCK / 2..(b + 1) * BLOCK / 2];
+        // SAFETY: `o` is 8 bytes (one unaligned 64-bit store).
+        unsafe { _mm_storel_epi64(o.as_mut_ptr().cast(), _mm512_cvtepi64_epi8(pairs(b))) };
+    }
+}
+
+/// The constants of [`codes`] and of the byte gather, built once per run.
+struct Consts {
+    abs: __m512i,
+    norm_bias: __m512i,
+    one: __m512i,
+    one_bits: __m512i,
+    inf_bits: __m512i,
+    two: __m512,
+    magic: __m512,
+    magic_bits: __m512i,
+    seven: __m512i,
+    sign: __m512i,
+    /// `vpermt2b` indices: byte `8i` of the first source for `i < 8`, of the second
+    /// for `8 <= i < 16`; the same again at 16..32.
+    gather: __m512i,
+}
+
+impl Consts {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn new() -> Consts {
+        let mut gather = [0u8; 64];
+        for (i, g) in gather.iter_mut().enumerate().take(32) {
+            let j = i % 16;
+            *g = if j < 8 {
+                8 * j as u8
+            } else {
+                64 + 8 * (j as u8 - 8)
+            };
+        }
+        Consts {
+            abs: _mm512_set1_epi32(0x7FFF_FFFF),
+            // `2^21 - 1 - (126 << 23)`, wrapping: the rounding bias with the exponent
+            // rebase folded in.
+            norm_bias: _mm512_set1_epi32(((1u32 << 21) - 1).wrapping_sub(126 << 23) as i32),
+            one: _mm512_set1_epi32(1),
+            one_bits: _mm512_set1_epi32(0x3F80_0000),
+            inf_bits: _mm512_set1_epi32(0x7F80_0000),
+            two: _mm512_set1_ps(2.0),
+            magic: _mm512_set1_ps(8_388_608.0),
+            magic_bits: _mm512_set1_epi32(0x4B00_0000),
+            seven: _mm512_set1_epi32(7),
+            sign: _mm512_set1_epi32(8),
+            // SAFETY: both types are 64 bytes of plain integers; every bit pattern is
+            // valid for each.
+            gather: unsafe { std::mem::transmute::<[u8; 64], __m512i>(gather) },
+        }
+    }
+}
+
+/// The E2M1 code of each lane of `v` (in the low 4 bits of its u32 lane).
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+fn codes(v: __m512, k: &Consts) -> __m512i {
+    let bits = _mm512_castps_si512(v);
+    let abits = _mm512_and_si512(bits, k.abs);
+    let lsb = _mm512_and_si512(_mm512_srli_epi32::<22>(abits), k.one);
+    let norm = _mm512_srli_epi32::<22>(_mm512_add_epi32(_mm512_add_epi32(abits, k.norm_bias), lsb));
+    let sub = _mm512_sub_epi32(
+        _mm512_castps_si512(_mm512_fmadd_ps(_mm512_castsi512_ps(abits), k.two, k.magic)),
+        k.magic_bits,
+    );
+    let small = _mm512_cmplt_epu32_mask(abits, k.one_bits);
+    let code = _mm512_min_epu32(_mm512_mask_blend_epi32(small, norm, sub), k.seven);
+    // code | (bits >> 28) & 8
+    let signed = _mm512_ternarylogic_epi32::<0xEA>(_mm512_srli_epi32::<28>(bits), k.sign, code);
+    let nan = _mm512_cmpgt_epu32_mask(abits, k.inf_bits);
+    _mm512_mask_mov_epi32(signed, nan, k.seven)
+}
+
+/// Pairs of codes in each 64-bit lane folded into its low byte: `lo | hi << 4`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn pair_bytes(codes: __m512i) -> __m512i {
+    _mm512_or_si512(codes, _mm512_srli_epi64::<28>(codes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quant_core::codec::e2m1;
+
+    /// The portable bytes: codes of `w[i] * enc[i / 16]`, packed low nibble first.
+    fn portable(w: &[f32], enc: &[f32]) -> Vec<u8> {
+        let codes: Vec<u8> = w
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| e2m1::encode(x * enc[i / BLOCK]))
+            .collect();
+        codes.chunks_exact(2).map(|p| p[0] | p[1] << 4).collect()
+    }
+
+    #[test]
+    fn encode_run_equals_the_portable_codes() {
+        if !supported() {
+            eprintln!("no AVX-512 VBMI: skipped");
+            return;
+        }
+        // Every special value and every threshold neighbourhood, in every lane
+        // position and sign, over runs of 0..=9 blocks (the 4-block step and its tail).
+        let mut specials = vec![
+            0.0f32,
+            -0.0,
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            1e-45,
+            f32::from_bits(0x7FC0_0001),
+            f32::from_bits(0xFF80_0001),
+        ];
+        for t in [
+            0.25f32, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0,
+        ] {
+            for d in -2i32..=2 {
+                let v = f32::from_bits((t.to_bits() as i32 + d) as u32);
+                specials.extend([v, -v]);
+            }
+        }
+        let mut s = 0x9E37_79B9u32;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            s
+        };
+        for nb in 0..=9 {
+            for round in 0..40 {
+                let w: Vec<f32> = (0..nb * BLOCK)
+                    .map(|i| {
+                        let r = next();
+                        if (i + round) % 3 == 0 {
+                            specials[r as usize % specials.len()]
+                        } else {
+                            (r >> 8) as f32 / (1 << 24) as f32 * 14.0 - 7.0
+                        }
+                    })
+                    .collect();
+                let enc: Vec<f32> = (0..nb)
+                    .map(|b| [1.0, 0.5, 3.0, 1e30, 1e-30][(b + round) % 5])
+                    .collect();
+                let mut out = vec![0xAAu8; nb * BLOCK / 2];
+                assert!(encode_run_rn(Run::F32(&w), &enc, &mut out));
+                assert_eq!(out, portable(&w, &enc), "{nb} blocks, round {round}");
+                // The same values through bf16 (each value's bf16 bits, widened).
+                let hi: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+                let wide: Vec<f32> = hi
+                    .iter()
+                    .map(|&h| f32::from_bits(u32::from(h) << 16))
+                    .collect();
+                assert!(encode_run_rn(Run::Bf16(&hi), &enc, &mut out));
+                assert_eq!(
+                    out,
+                    portable(&wide, &enc),
+                    "bf16, {nb} blocks, round {round}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn encode_run_sweeps_every_f32_bit_pattern_class() {
+        if !supported() {
+            eprintln!("no AVX-512 VBMI: skipped");
+            return;
+        }
+        // Every 2^12-th bit pattern (both signs, all exponents, NaN and infinity).
+        let w: Vec<f32> = (0..1u32 << 20)
+            .map(|i| f32::from_bits(i << 12 | i >> 8))
+            .collect();
+        let enc = vec![1.0f32; w.len() / BLOCK];
+        let mut out = vec![0u8; w.len() / 2];
+        assert!(encode_run_rn(Run::F32(&w), &enc, &mut out));
+        assert_eq!(out, portable(&w, &enc));
+    }
+
+    #[test]
+    fn encode_run_sweeps_every_bf16_value() {
+        if !supported() {
+            eprintln!("no AVX-512 VBMI: skipped");
+            return;
+        }
+        // All 65536 bf16 patterns, under three encode multipliers.
+        let hi: Vec<u16> = (0..=u16::MAX).collect();
+        let wide: Vec<f32> = hi
+            .iter()
+            .map(|&h| f32::from_bits(u32::from(h) << 16))
+            .collect();
+        for e in [1.0f32, 0.75, 3.0e5] {
+            let enc = vec![e; hi.len() / BLOCK];
+            let mut out = vec![0u8; hi.len() / 2];
+            assert!(encode_run_rn(Run::Bf16(&hi), &enc, &mut out));
+            assert_eq!(out, portable(&wide, &enc), "multiplier {e}");
+        }
+    }
+
+    #[test]
+    fn encode_run_refuses_what_does_not_fit() {
+        let mut out = [0u8; 8];
+        assert!(!encode_run_rn(Run::F32(&[0.0; 15]), &[1.0], &mut out));
+        assert!(!encode_run_rn(Run::F32(&[0.0; 16]), &[1.0, 1.0], &mut out));
+        assert!(!encode_run_rn(Run::Bf16(&[0; 16]), &[1.0], &mut out[..7]));
+    }
+}
