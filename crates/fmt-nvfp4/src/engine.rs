@@ -99,6 +99,9 @@ struct Scratch {
     pairs: Vec<u8>,
     /// Transposed pairs, `[CHUNK][SLAB/2]`.
     tposed: Vec<u8>,
+    /// Column magnitude maxima of one 16-row group's span (f32 patterns), `[SPAN]`,
+    /// sized on first use ([`rowwise_2d_only`]).
+    col_max: Vec<u32>,
 }
 
 impl Scratch {
@@ -108,6 +111,7 @@ impl Scratch {
             codes: vec![0; BLOCK * CHUNK],
             pairs: vec![0; SLAB / 2 * CHUNK],
             tposed: vec![0; SLAB / 2 * CHUNK],
+            col_max: Vec::new(),
         }
     }
 }
@@ -378,6 +382,12 @@ fn slab<T: Element>(
         rowwise_only(p, k, rstride, job.i0, x, rd, rs, own, &mut s.wide[..CHUNK]);
         return;
     }
+    if let (None, true, None, Some((rd, rs))) =
+        (&job.col, p.two_d, p.four_over_six, job.row.as_mut())
+    {
+        rowwise_2d_only(p, k, rstride, job.i0, x, rd, rs, s);
+        return;
+    }
     for c0 in (0..k).step_by(CHUNK) {
         let cw = CHUNK.min(k - c0);
         let nb = cw / BLOCK;
@@ -490,6 +500,88 @@ fn rowwise_only<T: Element>(
             simd::prefetch(x.get(ahead..ahead + xs.len()).unwrap_or(&[]));
             let sdb = rowwise_run(p, i0 + r, g, c * NB, xs, wide, None, os);
             put_row_scales(p, rs, rstride, r, c * NB, &sdb[..xs.len() / BLOCK]);
+        }
+    }
+}
+
+/// Columns of one span of [`rowwise_2d_only`]: 16 rows of it (128-256 KiB) stay in L2
+/// between the span's two passes.
+const SPAN: usize = 16 * CHUNK;
+
+/// 2-D rowwise quantization of a slab with no other output (2-D weights for inference),
+/// one 16-row group at a time, in spans of [`SPAN`] columns, each read twice while it
+/// is in L2: first the column magnitude maxima of the group's 16 rows (NaN ignored),
+/// folded per block into the span's 16x16 tile amaxes; then each row's runs encoded
+/// against their tiles by [`rowwise_run`]. (The slab walk instead widens 256-column runs
+/// of 128 rows, 512 bytes to 1 KiB a row apart, which the prefetchers follow poorly.)
+///
+/// A tile's amax is the maximum over the same 256 magnitudes, NaN ignored, in either
+/// order: the column maxima first, then the block fold, here; per-row block maxima
+/// first in the slab walk.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn rowwise_2d_only<T: Element>(
+    p: &Params<'_>,
+    k: usize,
+    rstride: usize,
+    i0: usize,
+    x: &[T],
+    rd: &mut [u8],
+    rs: &mut [u8],
+    s: &mut Scratch,
+) {
+    let span = SPAN.min(k);
+    s.col_max.resize(span, 0);
+    for (g, xg) in x.chunks_exact(BLOCK * k).enumerate() {
+        for c0 in (0..k).step_by(span) {
+            let cw = span.min(k - c0);
+            let keys = &mut s.col_max[..cw];
+            keys.fill(0);
+            for xr in xg.chunks_exact(k) {
+                column_keys(&xr[c0..c0 + cw], keys, &mut s.wide[..CHUNK]);
+            }
+            let mut tiles = [0u32; SPAN / BLOCK];
+            let tiles = &mut tiles[..cw / BLOCK];
+            block_abs_max(p.level, bytemuck::cast_slice(keys), NanRule::Ignore, tiles);
+            for rr in 0..BLOCK {
+                let r = g * BLOCK + rr;
+                let xr = &xg[rr * k + c0..rr * k + c0 + cw];
+                let or = &mut rd[r * k / 2 + c0 / 2..r * k / 2 + (c0 + cw) / 2];
+                let global = row_global(p, i0 + r);
+                for (c, (xs, os)) in xr.chunks(CHUNK).zip(or.chunks_mut(CHUNK / 2)).enumerate() {
+                    let kb0 = (c0 + c * CHUNK) / BLOCK;
+                    let nb = xs.len() / BLOCK;
+                    let mut tile = [0f32; NB];
+                    for (t, &b) in tile.iter_mut().zip(&tiles[c * NB..c * NB + nb]) {
+                        *t = f32::from_bits(b);
+                    }
+                    let sdb = rowwise_run(p, i0 + r, global, kb0, xs, &mut s.wide, Some(&tile), os);
+                    put_row_scales(p, rs, rstride, r, kb0, &sdb[..nb]);
+                }
+            }
+        }
+    }
+}
+
+/// Folds one row's run `xs` into the column maxima `keys` (f32 magnitude patterns, NaN
+/// ignored: a NaN's key is 0, a select rather than a branch so the loop vectorizes
+/// without masked stores). bf16 runs fold their 16-bit
+/// magnitudes without widening (the pattern of the widened magnitude is the 16 bits
+/// shifted up, an order-preserving map).
+#[inline(always)]
+fn column_keys<T: Element>(xs: &[T], keys: &mut [u32], wide: &mut [f32]) {
+    if let Some(bits) = quant_core::dtype::bf16_slice_bits(xs) {
+        for (k, &b) in keys.iter_mut().zip(bits) {
+            let mag = u32::from(b & 0x7FFF) << 16;
+            *k = (*k).max(if mag > 0x7F80_0000 { 0 } else { mag });
+        }
+        return;
+    }
+    for (xc, kc) in xs.chunks(CHUNK).zip(keys.chunks_mut(CHUNK)) {
+        let w = quant_core::widened(xc, &mut wide[..xc.len()]);
+        for (k, &v) in kc.iter_mut().zip(w) {
+            let mag = v.to_bits() & 0x7FFF_FFFF;
+            *k = (*k).max(if mag > 0x7F80_0000 { 0 } else { mag });
         }
     }
 }

@@ -69,7 +69,15 @@ fn option_sets() -> Vec<(Vec<&'static str>, Usage)> {
 
 #[test]
 fn engine_equals_reference_at_every_level() {
-    let shapes = [[16, 16], [48, 272], [144, 528], [272, 48], [16, 784]];
+    // [32, 4368]: two spans of the 2-D rowwise walk, the second ending in a partial chunk.
+    let shapes = [
+        [16, 16],
+        [48, 272],
+        [144, 528],
+        [272, 48],
+        [16, 784],
+        [32, 4368],
+    ];
     let mut checked = 0usize;
     let levels = simd::for_each_supported_level(|level| {
         for (si, &[m, k]) in shapes.iter().enumerate() {
