@@ -8,27 +8,18 @@
 //! `2j | 2j+1 << 4` in the low byte of lane `j`), and four blocks' lanes are gathered
 //! by two `vpermt2b` (VBMI) and a byte blend into one 32-byte store.
 //!
-//! The code of each lane is [`e2m1::encode`]'s arithmetic, lane for lane:
-//!
-//! ```text
-//!   |x| >= 1:  (|x| - 126<<23 + 2^21 - 1 + lsb) >> 22   (round the first mantissa bit
-//!              to nearest even; lsb = bit 22)
-//!   |x| <  1:  bits(2|x| + 2^23) - bits(2^23)           (the float adder rounds)
-//!   then min(code, 7) | sign << 3, and 7 for NaN
-//! ```
-//!
-//! `2|x| + 2^23` is taken as one fused multiply-add: `2|x|` is exact, so the fused and
-//! the separate operations round the same sum once.
+//! Each lane's code comes from two 32-entry tables on the bucket `|x| >> 21` (see
+//! [`codes`]), filled from the scalar [`quant_core::codec::e2m1::encode`] when a run starts.
 
 use std::arch::x86_64::{
     __m256i, __m512, __m512i, _mm_storel_epi64, _mm256_loadu_si256, _mm256_storeu_si256,
-    _mm512_add_epi32, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps,
-    _mm512_castsi512_si256, _mm512_cmpgt_epu32_mask, _mm512_cmplt_epu32_mask, _mm512_cvtepi64_epi8,
-    _mm512_cvtepu16_epi32, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_blend_epi8,
-    _mm512_mask_blend_epi32, _mm512_mask_mov_epi32, _mm512_min_epu32, _mm512_mul_ps,
-    _mm512_or_si512, _mm512_permutex2var_epi8, _mm512_set1_epi32, _mm512_set1_ps,
-    _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srli_epi64, _mm512_sub_epi32,
-    _mm512_ternarylogic_epi32,
+    _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps, _mm512_castsi512_si256,
+    _mm512_cmple_epu32_mask, _mm512_cvtepi64_epi8, _mm512_cvtepu16_epi32, _mm512_loadu_ps,
+    _mm512_loadu_si512, _mm512_mask_blend_epi8, _mm512_mask_blend_epi32,
+    _mm512_mask_ternarylogic_epi32, _mm512_max_epu32, _mm512_min_epu32, _mm512_mul_ps,
+    _mm512_or_si512, _mm512_permutex2var_epi8, _mm512_permutex2var_epi32, _mm512_set1_epi32,
+    _mm512_set1_ps, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srli_epi64,
+    _mm512_test_epi32_mask,
 };
 
 use crate::scale::BLOCK;
@@ -75,11 +66,10 @@ pub(crate) fn supported() -> bool {
     std::is_x86_feature_detected!("avx512f")
         && std::is_x86_feature_detected!("avx512bw")
         && std::is_x86_feature_detected!("avx512vbmi")
-        && std::is_x86_feature_detected!("fma")
 }
 
 /// [`encode_run_rn`] of f32 values after its checks.
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 fn encode_f32(w: &[f32], enc: &[f32], out: &mut [u8]) {
     encode_blocks(
         #[inline(always)]
@@ -94,7 +84,7 @@ fn encode_f32(w: &[f32], enc: &[f32], out: &mut [u8]) {
 }
 
 /// [`encode_run_rn`] of bf16 bits after its checks.
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 fn encode_bf16(w: &[u16], enc: &[f32], out: &mut [u8]) {
     encode_blocks(
         #[inline(always)]
@@ -111,7 +101,7 @@ fn encode_bf16(w: &[u16], enc: &[f32], out: &mut [u8]) {
 
 /// The block loop: `load(b)` gives block `b`'s 16 values.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 fn encode_blocks(load: impl Fn(usize) -> __m512, enc: &[f32], out: &mut [u8]) {
     let k = Consts::new();
     let pairs = |b: usize| pair_bytes(codes(_mm512_mul_ps(load(b), _mm512_set1_ps(enc[b])), &k));
@@ -134,18 +124,34 @@ fn encode_blocks(load: impl Fn(usize) -> __m512, enc: &[f32], out: &mut [u8]) {
     }
 }
 
+/// First and last bucket of [`codes`]: `|x| >> 21` (exponent and two mantissa bits) of
+/// 0.1875 (every bucket below rounds to code 0) and of 8 (every bucket from it on,
+/// infinity and NaN included, saturates to code 7).
+const FIRST_BUCKET: u32 = 0x3E40_0000 >> 21;
+const LAST_BUCKET: u32 = 0x4100_0000 >> 21;
+
+/// Code of the first value of bucket `b` (`|x| >> 21`), at index `b & 31`, for `b` in
+/// `FIRST_BUCKET..=LAST_BUCKET` (a test rebuilds both tables from [`quant_core::codec::e2m1::encode`]).
+const AT_START: [u32; 32] = [
+    4, 4, 5, 6, 6, 6, 7, 7, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2, 3, 4,
+];
+/// Code of the rest of bucket `b`, at index `b & 31`.
+const INSIDE: [u32; 32] = [
+    4, 5, 5, 6, 6, 7, 7, 7, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 3, 3, 4,
+];
+
 /// The constants of [`codes`] and of the byte gather, built once per run.
 struct Consts {
     abs: __m512i,
-    norm_bias: __m512i,
-    one: __m512i,
-    one_bits: __m512i,
+    first: __m512i,
+    last: __m512i,
+    rest: __m512i,
     inf_bits: __m512i,
-    two: __m512,
-    magic: __m512,
-    magic_bits: __m512i,
-    seven: __m512i,
     sign: __m512i,
+    /// Code of a bucket's first value, and of the rest of the bucket, by `bucket & 31`
+    /// (entries 0..16, 16..32).
+    at_start: [__m512i; 2],
+    inside: [__m512i; 2],
     /// `vpermt2b` indices: byte `8i` of the first source for `i < 8`, of the second
     /// for `8 <= i < 16`; the same again at 16..32.
     gather: __m512i,
@@ -166,17 +172,13 @@ impl Consts {
         }
         Consts {
             abs: _mm512_set1_epi32(0x7FFF_FFFF),
-            // `2^21 - 1 - (126 << 23)`, wrapping: the rounding bias with the exponent
-            // rebase folded in.
-            norm_bias: _mm512_set1_epi32(((1u32 << 21) - 1).wrapping_sub(126 << 23) as i32),
-            one: _mm512_set1_epi32(1),
-            one_bits: _mm512_set1_epi32(0x3F80_0000),
+            first: _mm512_set1_epi32(FIRST_BUCKET as i32),
+            last: _mm512_set1_epi32(LAST_BUCKET as i32),
+            rest: _mm512_set1_epi32((1 << 21) - 1),
             inf_bits: _mm512_set1_epi32(0x7F80_0000),
-            two: _mm512_set1_ps(2.0),
-            magic: _mm512_set1_ps(8_388_608.0),
-            magic_bits: _mm512_set1_epi32(0x4B00_0000),
-            seven: _mm512_set1_epi32(7),
             sign: _mm512_set1_epi32(8),
+            at_start: halves(&AT_START),
+            inside: halves(&INSIDE),
             // SAFETY: both types are 64 bytes of plain integers; every bit pattern is
             // valid for each.
             gather: unsafe { std::mem::transmute::<[u8; 64], __m512i>(gather) },
@@ -184,24 +186,37 @@ impl Consts {
     }
 }
 
-/// The E2M1 code of each lane of `v` (in the low 4 bits of its u32 lane).
+/// A 32-entry table as the two registers of a `vpermt2d`.
 #[inline]
-#[target_feature(enable = "avx512f,fma")]
+#[target_feature(enable = "avx512f")]
+fn halves(t: &[u32; 32]) -> [__m512i; 2] {
+    // SAFETY: each half is 16 u32 (one unaligned 512-bit load).
+    unsafe { [0, 16].map(|o| _mm512_loadu_si512(t[o..].as_ptr().cast())) }
+}
+
+/// The E2M1 code of each lane of `v` (in the low 4 bits of its u32 lane).
+///
+/// Every rounding threshold of E2M1 (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) is the first
+/// value of a bucket of `|x| >> 21` (the exponent and two mantissa bits), so a bucket
+/// has one code for its first value (where a tie may round down) and one for the rest:
+/// two table lookups on the clamped bucket and a select on the 21 bits below it. The
+/// sign goes on as bit 3 except for NaN (code `0x7` whatever its sign), which clamps to
+/// the last bucket with infinity.
+#[inline]
+#[target_feature(enable = "avx512f")]
 fn codes(v: __m512, k: &Consts) -> __m512i {
     let bits = _mm512_castps_si512(v);
     let abits = _mm512_and_si512(bits, k.abs);
-    let lsb = _mm512_and_si512(_mm512_srli_epi32::<22>(abits), k.one);
-    let norm = _mm512_srli_epi32::<22>(_mm512_add_epi32(_mm512_add_epi32(abits, k.norm_bias), lsb));
-    let sub = _mm512_sub_epi32(
-        _mm512_castps_si512(_mm512_fmadd_ps(_mm512_castsi512_ps(abits), k.two, k.magic)),
-        k.magic_bits,
+    let bucket = _mm512_min_epu32(
+        _mm512_max_epu32(_mm512_srli_epi32::<21>(abits), k.first),
+        k.last,
     );
-    let small = _mm512_cmplt_epu32_mask(abits, k.one_bits);
-    let code = _mm512_min_epu32(_mm512_mask_blend_epi32(small, norm, sub), k.seven);
-    // code | (bits >> 28) & 8
-    let signed = _mm512_ternarylogic_epi32::<0xEA>(_mm512_srli_epi32::<28>(bits), k.sign, code);
-    let nan = _mm512_cmpgt_epu32_mask(abits, k.inf_bits);
-    _mm512_mask_mov_epi32(signed, nan, k.seven)
+    let start = _mm512_permutex2var_epi32(k.at_start[0], bucket, k.at_start[1]);
+    let rest = _mm512_permutex2var_epi32(k.inside[0], bucket, k.inside[1]);
+    let code = _mm512_mask_blend_epi32(_mm512_test_epi32_mask(abits, k.rest), start, rest);
+    let not_nan = _mm512_cmple_epu32_mask(abits, k.inf_bits);
+    // code | (bits >> 28) & 8, where not NaN.
+    _mm512_mask_ternarylogic_epi32::<0xF8>(code, not_nan, _mm512_srli_epi32::<28>(bits), k.sign)
 }
 
 /// Pairs of codes in each 64-bit lane folded into its low byte: `lo | hi << 4`.
@@ -224,6 +239,25 @@ mod tests {
             .map(|(i, &x)| e2m1::encode(x * enc[i / BLOCK]))
             .collect();
         codes.chunks_exact(2).map(|p| p[0] | p[1] << 4).collect()
+    }
+
+    #[test]
+    fn buckets_cover_the_thresholds() {
+        // Below the first bucket every value is code 0, from the last one on code 7; in
+        // between each threshold starts a bucket (the lookup's premise).
+        assert_eq!(e2m1::encode(f32::from_bits((FIRST_BUCKET << 21) - 1)), 0);
+        assert_eq!(e2m1::encode(f32::from_bits(LAST_BUCKET << 21)), 7);
+        for t in [0.25f32, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0] {
+            assert_eq!(t.to_bits() & ((1 << 21) - 1), 0, "{t}");
+        }
+        let (mut at_start, mut inside) = ([0u32; 32], [0u32; 32]);
+        for bucket in FIRST_BUCKET..=LAST_BUCKET {
+            let t = (bucket & 31) as usize;
+            at_start[t] = u32::from(e2m1::encode(f32::from_bits(bucket << 21)));
+            inside[t] = u32::from(e2m1::encode(f32::from_bits(bucket << 21 | 1)));
+        }
+        assert_eq!(at_start, AT_START);
+        assert_eq!(inside, INSIDE);
     }
 
     #[test]
