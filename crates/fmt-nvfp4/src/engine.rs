@@ -29,7 +29,7 @@ use quant_core::codec::{e2m1, e4m3};
 use quant_core::cpu::{amax_f32, fmax_nan_loses};
 use quant_core::simd::Level;
 use quant_core::strips::{Strip, column_strips};
-use quant_core::{Element, Result, simd};
+use quant_core::{DType, Element, Result, simd};
 use rayon::prelude::*;
 
 use crate::kernel::{Amax, four_over_six_candidates, tree_sum_16};
@@ -99,9 +99,6 @@ struct Scratch {
     pairs: Vec<u8>,
     /// Transposed pairs, `[CHUNK][SLAB/2]`.
     tposed: Vec<u8>,
-    /// Column magnitude maxima of one 16-row group's span (f32 patterns), `[SPAN]`,
-    /// sized on first use ([`rowwise_2d_only`]).
-    col_max: Vec<u32>,
 }
 
 impl Scratch {
@@ -111,7 +108,6 @@ impl Scratch {
             codes: vec![0; BLOCK * CHUNK],
             pairs: vec![0; SLAB / 2 * CHUNK],
             tposed: vec![0; SLAB / 2 * CHUNK],
-            col_max: Vec::new(),
         }
     }
 }
@@ -510,14 +506,13 @@ const SPAN: usize = 16 * CHUNK;
 
 /// 2-D rowwise quantization of a slab with no other output (2-D weights for inference),
 /// one 16-row group at a time, in spans of [`SPAN`] columns, each read twice while it
-/// is in L2: first the column magnitude maxima of the group's 16 rows (NaN ignored),
-/// folded per block into the span's 16x16 tile amaxes; then each row's runs encoded
-/// against their tiles by [`rowwise_run`]. (The slab walk instead widens 256-column runs
-/// of 128 rows, 512 bytes to 1 KiB a row apart, which the prefetchers follow poorly.)
+/// is in L2: first each row's block maxima folded over the group into the span's 16x16
+/// tile amaxes ([`span_tiles`]), then each row's runs encoded against their tiles by
+/// [`rowwise_run`]. (The slab walk instead widens 256-column runs of 128 rows, 512
+/// bytes to 1 KiB a row apart, which the prefetchers follow poorly.)
 ///
-/// A tile's amax is the maximum over the same 256 magnitudes, NaN ignored, in either
-/// order: the column maxima first, then the block fold, here; per-row block maxima
-/// first in the slab walk.
+/// A tile's amax is the maximum over the same 256 magnitudes, NaN ignored, as in the
+/// slab walk, and the same value whatever the order of the maxima.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn rowwise_2d_only<T: Element>(
@@ -531,18 +526,19 @@ fn rowwise_2d_only<T: Element>(
     s: &mut Scratch,
 ) {
     let span = SPAN.min(k);
-    s.col_max.resize(span, 0);
     for (g, xg) in x.chunks_exact(BLOCK * k).enumerate() {
         for c0 in (0..k).step_by(span) {
             let cw = span.min(k - c0);
-            let keys = &mut s.col_max[..cw];
-            keys.fill(0);
-            for xr in xg.chunks_exact(k) {
-                column_keys(&xr[c0..c0 + cw], keys, &mut s.wide[..CHUNK]);
-            }
             let mut tiles = [0u32; SPAN / BLOCK];
             let tiles = &mut tiles[..cw / BLOCK];
-            block_abs_max(p.level, bytemuck::cast_slice(keys), NanRule::Ignore, tiles);
+            let rows = |rr: usize| {
+                // As in `rowwise_only`: the span of a row a few rows ahead (into the
+                // next group at the end of this one) is fetched while this row folds.
+                let ahead = (g * BLOCK + rr + AHEAD) * k + c0;
+                simd::prefetch(x.get(ahead..ahead + cw).unwrap_or(&[]));
+                &xg[rr * k + c0..rr * k + c0 + cw]
+            };
+            span_tiles(p.level, rows, &mut s.wide[..CHUNK], tiles);
             for rr in 0..BLOCK {
                 let r = g * BLOCK + rr;
                 let xr = &xg[rr * k + c0..rr * k + c0 + cw];
@@ -563,25 +559,33 @@ fn rowwise_2d_only<T: Element>(
     }
 }
 
-/// Folds one row's run `xs` into the column maxima `keys` (f32 magnitude patterns, NaN
-/// ignored: a NaN's key is 0, a select rather than a branch so the loop vectorizes
-/// without masked stores). bf16 runs fold their 16-bit
-/// magnitudes without widening (the pattern of the widened magnitude is the 16 bits
-/// shifted up, an order-preserving map).
+/// The 16x16 tile amaxes of one group span (`rows(rr)`: row `rr`'s `cw` values) into
+/// `tiles` (f32 patterns of NaN-ignoring magnitude maxima): each row's block maxima, as
+/// [`rowwise_run`] takes them (bf16 from its bits), folded over the 16 rows.
 #[inline(always)]
-fn column_keys<T: Element>(xs: &[T], keys: &mut [u32], wide: &mut [f32]) {
-    if let Some(bits) = quant_core::dtype::bf16_slice_bits(xs) {
-        for (k, &b) in keys.iter_mut().zip(bits) {
-            let mag = u32::from(b & 0x7FFF) << 16;
-            *k = (*k).max(if mag > 0x7F80_0000 { 0 } else { mag });
+fn span_tiles<'a, T: Element>(
+    level: Level,
+    rows: impl Fn(usize) -> &'a [T],
+    wide: &mut [f32],
+    tiles: &mut [u32],
+) {
+    tiles.fill(0);
+    let mut row = [0u32; SPAN / BLOCK];
+    for rr in 0..BLOCK {
+        let xs = rows(rr);
+        let row = &mut row[..tiles.len()];
+        if let Some(bits) = quant_core::dtype::bf16_slice_bits(xs) {
+            block_abs_max_bf16(level, bits, NanRule::Ignore, row);
+        } else if let (DType::F32, Ok(w)) = (T::DTYPE, bytemuck::try_cast_slice::<T, f32>(xs)) {
+            block_abs_max(level, w, NanRule::Ignore, row);
+        } else {
+            for (xc, rc) in xs.chunks(CHUNK).zip(row.chunks_mut(NB)) {
+                let w = quant_core::widened(xc, &mut wide[..xc.len()]);
+                block_abs_max(level, w, NanRule::Ignore, rc);
+            }
         }
-        return;
-    }
-    for (xc, kc) in xs.chunks(CHUNK).zip(keys.chunks_mut(CHUNK)) {
-        let w = quant_core::widened(xc, &mut wide[..xc.len()]);
-        for (k, &v) in kc.iter_mut().zip(w) {
-            let mag = v.to_bits() & 0x7FFF_FFFF;
-            *k = (*k).max(if mag > 0x7F80_0000 { 0 } else { mag });
+        for (t, &b) in tiles.iter_mut().zip(row.iter()) {
+            *t = (*t).max(b);
         }
     }
 }
@@ -629,7 +633,7 @@ fn rowwise_run<T: Element>(
     let w: &[f32] = match bits16 {
         Some(_) => &[],
         None => {
-            debug_assert!(T::DTYPE == quant_core::DType::F32 || wide.len() >= xs.len());
+            debug_assert!(T::DTYPE == DType::F32 || wide.len() >= xs.len());
             quant_core::widened(xs, wide.get_mut(..xs.len()).unwrap_or_default())
         }
     };
