@@ -654,8 +654,19 @@ fn rowwise_run<T: Element>(
     match (p.seed, bits16) {
         #[cfg(target_arch = "x86_64")]
         (None, Some(b)) => {
-            let done = crate::x86_encode::encode_run_rn(Run::Bf16(b), &enc[..nb], out);
-            debug_assert!(done, "encoder_bits checked what the encoder needs");
+            if !crate::x86_encode::encode_run_rn(Run::Bf16(b), &enc[..nb], out) {
+                // Not reached while `encoder_bits` checks what the encoder needs; if it
+                // were, the bits are widened block by block, exactly.
+                for ((o, v), &e) in out
+                    .chunks_exact_mut(BLOCK / 2)
+                    .zip(b.chunks_exact(BLOCK))
+                    .zip(&enc)
+                {
+                    let v: [f32; BLOCK] =
+                        std::array::from_fn(|j| f32::from_bits(u32::from(v[j]) << 16));
+                    encode_pack_rn(&v, e, o);
+                }
+            }
         }
         #[cfg(target_arch = "x86_64")]
         (None, None)
