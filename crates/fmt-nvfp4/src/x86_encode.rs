@@ -22,6 +22,8 @@ use std::arch::x86_64::{
     _mm512_test_epi32_mask,
 };
 
+use quant_core::simd::Level;
+
 use crate::scale::BLOCK;
 
 /// A run of input values: f32, or bf16 as bits (widened in the register).
@@ -60,12 +62,11 @@ pub(crate) fn encode_run_rn(x: Run<'_>, enc: &[f32], out: &mut [u8]) -> bool {
     true
 }
 
-/// Whether this CPU runs [`encode_run_rn`]'s instructions (cached by `std`).
+/// Whether this CPU runs [`encode_run_rn`]'s instructions: the project's AVX-512 level
+/// (F, BW and the rest, detected once) and VBMI (cached by `std`).
 #[inline]
 pub(crate) fn supported() -> bool {
-    std::is_x86_feature_detected!("avx512f")
-        && std::is_x86_feature_detected!("avx512bw")
-        && std::is_x86_feature_detected!("avx512vbmi")
+    Level::Avx512.is_supported() && std::is_x86_feature_detected!("avx512vbmi")
 }
 
 /// [`encode_run_rn`] of f32 values after its checks.
