@@ -151,8 +151,14 @@ pub(crate) fn columnwise<T: Element>(
     }
     let level = simd::level();
     out.par_chunks_mut(SLAB * k).enumerate().for_each_init(
-        || (vec![0u8; SLAB / 2 * CHUNK], vec![0f32; SLAB * CHUNK]),
-        |(pairs, vals), (s, o)| {
+        || {
+            (
+                vec![0u8; SLAB / 2 * CHUNK],
+                vec![0f32; BLOCK * CHUNK],
+                Box::new([[0f32; CHUNK]; BLOCK]),
+            )
+        },
+        |(pairs, vals, inv), (s, o)| {
             simd::dispatch(
                 level,
                 #[inline(always)]
@@ -179,8 +185,7 @@ pub(crate) fn columnwise<T: Element>(
                             }
                             for q in 0..BLOCK / 2 {
                                 let src = &pairs[(g * BLOCK / 2 + q) * CHUNK..][..cw];
-                                let (lo, hi) =
-                                    vals[(g * BLOCK + 2 * q) * CHUNK..].split_at_mut(CHUNK);
+                                let (lo, hi) = vals[2 * q * CHUNK..].split_at_mut(CHUNK);
                                 for (((a, b), &byte), &f) in lo[..cw]
                                     .iter_mut()
                                     .zip(hi[..cw].iter_mut())
@@ -194,8 +199,9 @@ pub(crate) fn columnwise<T: Element>(
                             if rht_on {
                                 inverse_group(
                                     level,
-                                    &vals[g * BLOCK * CHUNK..][..BLOCK * CHUNK],
+                                    vals,
                                     cw,
+                                    inv,
                                     &mut o[g * BLOCK * k..][..BLOCK * k],
                                     k,
                                     c0,
@@ -204,7 +210,7 @@ pub(crate) fn columnwise<T: Element>(
                                 for i in 0..BLOCK {
                                     let r = g * BLOCK + i;
                                     T::narrow_slice(
-                                        &vals[r * CHUNK..r * CHUNK + cw],
+                                        &vals[i * CHUNK..i * CHUNK + cw],
                                         &mut o[r * k + c0..r * k + c0 + cw],
                                     );
                                 }
@@ -218,40 +224,38 @@ pub(crate) fn columnwise<T: Element>(
 }
 
 /// The inverse Hadamard transform of one 16-row group, vectorized across columns:
-/// `v_i = sum_j y_j * R[i][j]` in f64, index order, rounded once to `T`. With AVX-512 the
-/// sums come from a fast Walsh-Hadamard transform, equal wherever they are finite
-/// ([`crate::rht_x86::inverse_sums`]); a column with a non-finite sum is summed again in
-/// index order.
+/// `v_i = sum_j y_j * R[i][j]` in f64, index order, rounded once to `T`. With AVX-512
+/// the sums come from a fast Walsh-Hadamard transform, equal wherever they are finite,
+/// rounded in registers to the f32 whose narrowing to `T` is that one rounding
+/// ([`crate::rht_x86::inverse_sums`]), into `wide`; the rows are then narrowed.
 #[inline(always)]
 fn inverse_group<T: Element>(
     level: simd::Level,
     y: &[f32],
     cw: usize,
+    wide: &mut [[f32; CHUNK]; BLOCK],
     out: &mut [T],
     k: usize,
     c0: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
     if level == simd::Level::Avx512 {
-        let mut v = [[0f64; CHUNK]; BLOCK];
-        if crate::rht_x86::inverse_sums(y, CHUNK, cw, &mut v) {
-            for c in 0..cw {
-                if v.iter().any(|vi| !vi[c].is_finite()) {
-                    let col: [f32; BLOCK] = std::array::from_fn(|j| y[j * CHUNK + c]);
-                    for (vi, s) in v.iter_mut().zip(rht::inverse_16(&col)) {
-                        vi[c] = s;
-                    }
-                }
-            }
-            for (i, vi) in v.iter().enumerate() {
-                for (o, &a) in out[i * k + c0..i * k + c0 + cw].iter_mut().zip(&vi[..cw]) {
-                    *o = T::from_f64(a);
-                }
+        use crate::rht_x86::Narrow;
+        // f32 output is the nearest f32; narrower ones round the round-to-odd f32 once
+        // more, which is one rounding of the f64 (`Element::from_f64`).
+        let narrow = if T::DTYPE == quant_core::DType::F32 {
+            Narrow::Nearest
+        } else {
+            Narrow::Odd
+        };
+        if crate::rht_x86::inverse_sums(y, CHUNK, cw, narrow, wide) {
+            for (i, w) in wide.iter().enumerate() {
+                T::narrow_slice(&w[..cw], &mut out[i * k + c0..i * k + c0 + cw]);
             }
             return;
         }
     }
-    let _ = level;
+    let _ = wide;
     for (i, ri) in rht::R.iter().enumerate() {
         let mut acc = [0f64; CHUNK];
         for (j, &rij) in ri.iter().enumerate() {

@@ -10,10 +10,12 @@
 //! Zen 4), and a portable unrolled form spilled them to the stack.
 
 use std::arch::x86_64::{
-    __m512, __m512d, _mm256_loadu_ps, _mm512_add_pd, _mm512_add_ps, _mm512_cvtps_pd,
-    _mm512_loadu_ps, _mm512_mul_pd, _mm512_mul_ps, _mm512_set1_pd, _mm512_set1_ps,
-    _mm512_setzero_pd, _mm512_setzero_ps, _mm512_storeu_pd, _mm512_storeu_ps, _mm512_sub_pd,
-    _mm512_sub_ps,
+    __m512, __m512d, _CMP_EQ_OQ, _CMP_NEQ_UQ, _MM_FROUND_NO_EXC, _MM_FROUND_TO_ZERO,
+    _mm256_castps_si256, _mm256_castsi256_ps, _mm256_loadu_ps, _mm256_mask_or_epi32,
+    _mm256_set1_epi32, _mm256_storeu_ps, _mm512_add_pd, _mm512_add_ps, _mm512_cmp_pd_mask,
+    _mm512_cvt_roundpd_ps, _mm512_cvtpd_ps, _mm512_cvtps_pd, _mm512_fmadd_pd, _mm512_loadu_ps,
+    _mm512_mul_ps, _mm512_set1_pd, _mm512_set1_ps, _mm512_setzero_pd, _mm512_setzero_ps,
+    _mm512_storeu_ps, _mm512_sub_pd, _mm512_sub_ps,
 };
 
 use quant_core::simd::Level;
@@ -107,39 +109,59 @@ unsafe fn sums<const N: usize>(x: &[f32], stride: usize, cols: usize, out: &mut 
 /// Columns per step of [`inverse_sums`] (f64 lanes of one vector).
 pub(crate) const INVERSE_COLS: usize = 8;
 
-/// For each of the `cols` columns (a multiple of [`INVERSE_COLS`]) `c`: `out[i][c] =
-/// sum_j y[j * stride + c] * R[i][j]` in f64, computed as `s_i * 0.25 * (H16 y)_i` by a
-/// fast Walsh-Hadamard transform (64 adds per 16 values where the sums take 256).
+/// How [`inverse_sums`] rounds its f64 sums to the f32 it stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Narrow {
+    /// Round to nearest even: the f32 output itself (`v as f32`).
+    Nearest,
+    /// Round to odd ([`quant_core::dtype::f64_to_f32_round_odd`]): a value whose
+    /// nearest-even narrowing to bf16 or f16 is the single rounding of the f64 sum.
+    Odd,
+}
+
+/// For each of the `cols` columns (a multiple of [`INVERSE_COLS`]) `c`: `out[i][c]` is
+/// `sum_j y[j * stride + c] * R[i][j]` in f64, rounded to f32 as `narrow` says. The sums
+/// are `s_i * 0.25 * (H16 y)_i`, from a fast Walsh-Hadamard transform (64 adds per 16
+/// values where the sums take 256), and rounded in registers.
 ///
 /// The order of the sums differs from [`crate::rht::inverse_16`]'s, and the results are
 /// still the same wherever they are finite: the 16 values of a column share one block
 /// factor, so they are E2M1 multiples of it rounded to f32, within a factor 12 of each
 /// other (or subnormal), and every partial sum of them is exact in f64, in any order.
-/// Where a result is not finite (an infinite or NaN input), the caller recomputes its
-/// column in index order. Returns `false`, writing nothing, unless the CPU has AVX-512
-/// and the lengths fit.
+/// A column whose values are not all finite (its sum `(H16 y)_0 = sum_j y_j` is then
+/// not finite; with finite values every sum is below `4 * f32::MAX`) is summed again
+/// in index order. Returns `false`, writing nothing, unless the CPU has AVX-512 and the
+/// lengths fit.
 #[inline(always)]
 pub(crate) fn inverse_sums<const N: usize>(
     y: &[f32],
     stride: usize,
     cols: usize,
-    out: &mut [[f64; N]; DIM],
+    narrow: Narrow,
+    out: &mut [[f32; N]; DIM],
 ) -> bool {
     if !fits(y.len(), stride, cols, INVERSE_COLS, N) {
         return false;
     }
-    // SAFETY: the CPU has AVX-512 F (checked above); the lengths were checked above.
-    unsafe { fwht(y, stride, cols, out) };
+    // SAFETY: the CPU has AVX-512 F, DQ and VL (checked above, in `Level::Avx512`); the
+    // lengths were checked above.
+    unsafe { fwht(y, stride, cols, narrow, out) };
     true
 }
 
 /// [`inverse_sums`] after its checks.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F; `cols % 8 == 0`, `cols <= N` and
+/// The CPU must have AVX-512 F, DQ and VL; `cols % 8 == 0`, `cols <= N` and
 /// `15 * stride + cols <= y.len()`.
-#[target_feature(enable = "avx512f")]
-unsafe fn fwht<const N: usize>(y: &[f32], stride: usize, cols: usize, out: &mut [[f64; N]; DIM]) {
+#[target_feature(enable = "avx512f,avx512dq,avx512vl")]
+unsafe fn fwht<const N: usize>(
+    y: &[f32],
+    stride: usize,
+    cols: usize,
+    narrow: Narrow,
+    out: &mut [[f32; N]; DIM],
+) {
     // `s_i * 0.25`: exact scalings.
     let post: [__m512d; DIM] = std::array::from_fn(|i| {
         _mm512_set1_pd(if (SIGN_MASK >> i) & 1 == 1 {
@@ -148,6 +170,7 @@ unsafe fn fwht<const N: usize>(y: &[f32], stride: usize, cols: usize, out: &mut 
             0.25
         })
     });
+    let one = _mm256_set1_epi32(1);
     for c in (0..cols).step_by(INVERSE_COLS) {
         let mut v: [__m512d; DIM] = std::array::from_fn(|j| {
             // SAFETY: `j * stride + c + 8 <= 15 * stride + cols <= y.len()`; one unaligned
@@ -166,12 +189,38 @@ unsafe fn fwht<const N: usize>(y: &[f32], stride: usize, cols: usize, out: &mut 
             }
             h *= 2;
         }
+        // `v[0] - v[0]` is 0 where the column's values are finite, NaN elsewhere.
+        let finite =
+            _mm512_cmp_pd_mask::<_CMP_EQ_OQ>(_mm512_sub_pd(v[0], v[0]), _mm512_setzero_pd());
         for (i, o) in out.iter_mut().enumerate() {
             // `+ 0.0`: an exact zero is `+0` in index order (the sums start from `+0.0`),
-            // but `-0.25 * +0` here.
-            let vi = _mm512_add_pd(_mm512_mul_pd(v[i], post[i]), _mm512_setzero_pd());
-            // SAFETY: `c + 8 <= cols <= N`; one unaligned 512-bit store.
-            unsafe { _mm512_storeu_pd(o.as_mut_ptr().add(c), vi) };
+            // but `-0.25 * +0` here. The product is exact, so one fused step rounds the
+            // same as a multiply and an add.
+            let vi = _mm512_fmadd_pd(v[i], post[i], _mm512_setzero_pd());
+            let f = match narrow {
+                Narrow::Nearest => _mm512_cvtpd_ps(vi),
+                Narrow::Odd => {
+                    // Truncated (RZ never overflows to infinity), then the last bit set
+                    // where that was inexact.
+                    let t = _mm512_cvt_roundpd_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(vi);
+                    let inexact = _mm512_cmp_pd_mask::<_CMP_NEQ_UQ>(_mm512_cvtps_pd(t), vi);
+                    let t = _mm256_castps_si256(t);
+                    _mm256_castsi256_ps(_mm256_mask_or_epi32(t, inexact, t, one))
+                }
+            };
+            // SAFETY: `c + 8 <= cols <= N`; one unaligned 256-bit store.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(c), f) };
+        }
+        if finite != 0xFF {
+            for l in (0..INVERSE_COLS).filter(|l| finite & (1 << l) == 0) {
+                let col: [f32; DIM] = std::array::from_fn(|j| y[j * stride + c + l]);
+                for (o, s) in out.iter_mut().zip(crate::rht::inverse_16(&col)) {
+                    o[c + l] = match narrow {
+                        Narrow::Nearest => s as f32,
+                        Narrow::Odd => quant_core::dtype::f64_to_f32_round_odd(s),
+                    };
+                }
+            }
         }
     }
 }
@@ -241,17 +290,36 @@ mod tests {
                 y[j * stride + c] = e * f;
             }
         }
-        let mut out = [[0f64; 32]; DIM];
-        assert!(inverse_sums(&y, stride, 16, &mut out));
-        for c in 0..16 {
-            let col: [f32; DIM] = std::array::from_fn(|j| y[j * stride + c]);
-            let want = crate::rht::inverse_16(&col);
-            for i in 0..DIM {
-                if want[i].is_finite() {
-                    assert_eq!(out[i][c].to_bits(), want[i].to_bits(), "c {c} i {i}");
+        // Non-finite columns: an infinity, opposite infinities (NaN sums), a NaN.
+        y[3] = f32::INFINITY;
+        y[stride + 4] = f32::INFINITY;
+        y[2 * stride + 4] = f32::NEG_INFINITY;
+        y[5 * stride + 9] = f32::NAN;
+        // Sums beyond f32::MAX (4 * 2^127 at most), and sums that cancel to zero.
+        for j in 0..DIM {
+            y[j * stride + 10] = f32::MAX;
+            y[j * stride + 11] = if j % 2 == 0 { 1.5 } else { -1.5 };
+        }
+        for narrow in [Narrow::Nearest, Narrow::Odd] {
+            let mut out = [[0f32; 32]; DIM];
+            assert!(inverse_sums(&y, stride, 16, narrow, &mut out));
+            for c in 0..16 {
+                let col: [f32; DIM] = std::array::from_fn(|j| y[j * stride + c]);
+                let want = crate::rht::inverse_16(&col);
+                for i in 0..DIM {
+                    let want = match narrow {
+                        Narrow::Nearest => want[i] as f32,
+                        Narrow::Odd => quant_core::dtype::f64_to_f32_round_odd(want[i]),
+                    };
+                    assert_eq!(
+                        out[i][c].to_bits(),
+                        want.to_bits(),
+                        "{narrow:?} c {c} i {i}"
+                    );
                 }
             }
         }
-        assert!(!inverse_sums(&y, stride, 12, &mut out));
+        let mut out = [[0f32; 32]; DIM];
+        assert!(!inverse_sums(&y, stride, 12, Narrow::Odd, &mut out));
     }
 }
