@@ -131,10 +131,21 @@ pub(crate) fn rowwise<T: Element>(op: &Operand<'_>, m: usize, k: usize, out: &mu
         });
 }
 
-/// Output rows per columnwise task (64 bytes of every stored row).
+/// Output rows per columnwise task, at least: 64 bytes of every stored row.
 const SLAB: usize = 128;
+/// Most [`SLAB`]s one task takes.
+const MAX_SLABS: usize = 8;
 /// Stored rows (output columns) per chunk.
 const CHUNK: usize = 256;
+
+/// Output rows per columnwise task: a multiple of [`SLAB`], as many as leaves about
+/// four tasks per worker. Each task reads `rows / 2` bytes of every stored row, and the
+/// stored rows are `m / 2` bytes apart (a page, for a large `m`): longer runs leave
+/// fewer page walks and short DRAM bursts per byte.
+fn task_rows(m: usize) -> usize {
+    let per_worker = m / (4 * SLAB * rayon::current_num_threads().max(1));
+    SLAB * per_worker.clamp(1, MAX_SLABS)
+}
 
 /// Columnwise: `[k, m]` codes and scales (of `x^T`) to `out` in the logical `[m, k]`
 /// layout, undoing the Hadamard transform when `rht`.
@@ -150,10 +161,14 @@ pub(crate) fn columnwise<T: Element>(
         return;
     }
     let level = simd::level();
-    out.par_chunks_mut(SLAB * k).enumerate().for_each_init(
+    let slab = task_rows(m);
+    // Stored rows of the next chunk prefetched per 16-row group (a full task's groups
+    // cover the chunk): their runs are far apart, which the hardware prefetchers miss.
+    let ahead = CHUNK.div_ceil(slab / BLOCK);
+    out.par_chunks_mut(slab * k).enumerate().for_each_init(
         || {
             (
-                vec![0u8; SLAB / 2 * CHUNK],
+                vec![0u8; slab / 2 * CHUNK],
                 vec![0f32; BLOCK * CHUNK],
                 Box::new([[0f32; CHUNK]; BLOCK]),
             )
@@ -165,7 +180,7 @@ pub(crate) fn columnwise<T: Element>(
                 || {
                     let rows = o.len() / k;
                     let half = rows / 2;
-                    let p0 = s * SLAB / 2;
+                    let p0 = s * slab / 2;
                     for c0 in (0..k).step_by(CHUNK) {
                         let cw = CHUNK.min(k - c0);
                         // Stored rows c0.. (columns of x), this slab's bytes, transposed.
@@ -178,7 +193,11 @@ pub(crate) fn columnwise<T: Element>(
                             half,
                         );
                         for g in 0..rows / BLOCK {
-                            let mb = s * SLAB / BLOCK + g;
+                            let next = c0 + CHUNK;
+                            for r in next + g * ahead..(next + (g + 1) * ahead).min(k) {
+                                simd::prefetch(&op.data[r * (m / 2) + p0..][..half]);
+                            }
+                            let mb = s * slab / BLOCK + g;
                             let mut f = [0f32; CHUNK];
                             for (c, f) in f[..cw].iter_mut().enumerate() {
                                 *f = op.factor(c0 + c, mb, stride);

@@ -120,7 +120,14 @@ fn engine_equals_reference_at_every_level() {
 /// Dequantization at every level equals the level-independent scalar formula.
 #[test]
 fn dequantize_is_level_independent() {
-    let (m, k) = (144, 528);
+    // The second shape is tall enough for columnwise tasks of several 128-row slabs
+    // (their count follows `m` and the worker count), with a partial last one.
+    for (m, k) in [(144, 528), (4112, 48)] {
+        dequantize_is_level_independent_at(m, k);
+    }
+}
+
+fn dequantize_is_level_independent_at(m: usize, k: usize) {
     let base = data(m * k, 3);
     let x = HostTensor::f32(&base, &[m, k])
         .unwrap()
