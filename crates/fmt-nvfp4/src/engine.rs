@@ -691,26 +691,47 @@ fn rowwise_run<T: Element>(
                 seed,
             );
             let bytes = block_bytes(&bits);
-            for (((o, v), &e), rb) in out
-                .chunks_exact_mut(BLOCK / 2)
-                .zip(w.chunks_exact(BLOCK))
-                .zip(&enc)
-                .zip(&bytes)
+            #[cfg(target_arch = "x86_64")]
             {
-                encode_pack_sr(v, e, rb, o);
+                use crate::x86_encode::{Run, encode_run_sr};
+                let run = match bits16 {
+                    Some(b) => Some(Run::Bf16(b)),
+                    None if p.level == Level::Avx512 => Some(Run::F32(w)),
+                    None => None,
+                };
+                if run.is_some_and(|r| encode_run_sr(r, &enc[..nb], &bytes[..nb], out)) {
+                    return sdb;
+                }
+            }
+            for (b, ((o, &e), rb)) in out
+                .chunks_exact_mut(BLOCK / 2)
+                .zip(&enc[..nb])
+                .zip(&bytes)
+                .enumerate()
+            {
+                match bits16 {
+                    // Not reached while `encoder_bits` checks what the encoder needs.
+                    Some(h) => {
+                        let v: [f32; BLOCK] = std::array::from_fn(|j| {
+                            f32::from_bits(u32::from(h[b * BLOCK + j]) << 16)
+                        });
+                        encode_pack_sr(&v, e, rb, o);
+                    }
+                    None => encode_pack_sr(&w[b * BLOCK..(b + 1) * BLOCK], e, rb, o),
+                }
             }
         }
     }
     sdb
 }
 
-/// The bf16 bits of `xs` when the AVX-512 encoder takes them directly (nearest
-/// rounding, [`Level::Avx512`] dispatched, VBMI present): the run then skips the
-/// widening copy, its block maxima and codes reading the bits.
+/// The bf16 bits of `xs` when the AVX-512 encoder takes them directly (nearest or
+/// stochastic rounding, [`Level::Avx512`] dispatched, VBMI present): the run then skips
+/// the widening copy, its block maxima and codes reading the bits.
 #[inline(always)]
 fn encoder_bits<'a, T: Element>(p: &Params<'_>, xs: &'a [T]) -> Option<&'a [u16]> {
     #[cfg(target_arch = "x86_64")]
-    if p.seed.is_none() && p.level == Level::Avx512 && crate::x86_encode::supported() {
+    if p.level == Level::Avx512 && crate::x86_encode::supported() {
         return quant_core::dtype::bf16_slice_bits(xs);
     }
     let _ = (p, xs);

@@ -12,14 +12,15 @@
 //! [`codes`]), filled from the scalar [`quant_core::codec::e2m1::encode`] when a run starts.
 
 use std::arch::x86_64::{
-    __m256i, __m512, __m512i, _mm_storel_epi64, _mm256_loadu_si256, _mm256_storeu_si256,
-    _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps, _mm512_castsi512_si256,
-    _mm512_cmple_epu32_mask, _mm512_cvtepi64_epi8, _mm512_cvtepu16_epi32, _mm512_loadu_ps,
+    __m128i, __m256i, __m512, __m512i, _mm_loadu_si128, _mm_storel_epi64, _mm256_loadu_si256,
+    _mm256_storeu_si256, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps,
+    _mm512_castsi512_si256, _mm512_cmple_epu32_mask, _mm512_cvtepi32_ps, _mm512_cvtepi64_epi8,
+    _mm512_cvtepu8_epi32, _mm512_cvtepu16_epi32, _mm512_fmadd_ps, _mm512_loadu_ps,
     _mm512_loadu_si512, _mm512_mask_blend_epi8, _mm512_mask_blend_epi32,
     _mm512_mask_ternarylogic_epi32, _mm512_max_epu32, _mm512_min_epu32, _mm512_mul_ps,
-    _mm512_or_si512, _mm512_permutex2var_epi8, _mm512_permutex2var_epi32, _mm512_set1_epi32,
-    _mm512_set1_ps, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srli_epi64,
-    _mm512_test_epi32_mask,
+    _mm512_or_si512, _mm512_permutex2var_epi8, _mm512_permutex2var_epi32, _mm512_permutexvar_epi32,
+    _mm512_set1_epi32, _mm512_set1_ps, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srli_epi64,
+    _mm512_sub_epi32, _mm512_test_epi32_mask,
 };
 
 use quant_core::simd::Level;
@@ -50,14 +51,28 @@ impl Run<'_> {
 /// loop.
 #[inline]
 pub(crate) fn encode_run_rn(x: Run<'_>, enc: &[f32], out: &mut [u8]) -> bool {
+    encode_run(x, enc, None, out)
+}
+
+/// [`encode_run_rn`] under stochastic rounding: value `e` of block `b` takes the random
+/// byte `rnd[b][e]`, the bytes of the portable `encode_pack_sr` (TE's rule,
+/// [`crate::sr::stochastic_round_e2m1`]). Also `false` unless `rnd` has a row per block.
+#[inline]
+pub(crate) fn encode_run_sr(x: Run<'_>, enc: &[f32], rnd: &[[u8; BLOCK]], out: &mut [u8]) -> bool {
+    rnd.len() == enc.len() && encode_run(x, enc, Some(rnd), out)
+}
+
+/// [`encode_run_rn`] (`rnd` `None`) or [`encode_run_sr`] after the random bytes' check.
+#[inline]
+fn encode_run(x: Run<'_>, enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8]) -> bool {
     if x.len() != BLOCK * enc.len() || out.len() * 2 != x.len() || !supported() {
         return false;
     }
     match x {
         // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked above).
-        Run::F32(w) => unsafe { encode_f32(w, enc, out) },
+        Run::F32(w) => unsafe { encode_f32(w, enc, rnd, out) },
         // SAFETY: as above.
-        Run::Bf16(w) => unsafe { encode_bf16(w, enc, out) },
+        Run::Bf16(w) => unsafe { encode_bf16(w, enc, rnd, out) },
     }
     true
 }
@@ -69,10 +84,10 @@ pub(crate) fn supported() -> bool {
     Level::Avx512.is_supported() && std::is_x86_feature_detected!("avx512vbmi")
 }
 
-/// [`encode_run_rn`] of f32 values after its checks.
+/// [`encode_run`] of f32 values after its checks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-fn encode_f32(w: &[f32], enc: &[f32], out: &mut [u8]) {
-    encode_blocks(
+fn encode_f32(w: &[f32], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8]) {
+    encode_with(
         #[inline(always)]
         |b| {
             let v = &w[b * BLOCK..(b + 1) * BLOCK];
@@ -80,14 +95,15 @@ fn encode_f32(w: &[f32], enc: &[f32], out: &mut [u8]) {
             unsafe { _mm512_loadu_ps(v.as_ptr()) }
         },
         enc,
+        rnd,
         out,
-    );
+    )
 }
 
-/// [`encode_run_rn`] of bf16 bits after its checks.
+/// [`encode_run`] of bf16 bits after its checks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-fn encode_bf16(w: &[u16], enc: &[f32], out: &mut [u8]) {
-    encode_blocks(
+fn encode_bf16(w: &[u16], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8]) {
+    encode_with(
         #[inline(always)]
         |b| {
             let v = &w[b * BLOCK..(b + 1) * BLOCK];
@@ -96,17 +112,43 @@ fn encode_bf16(w: &[u16], enc: &[f32], out: &mut [u8]) {
             _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(v)))
         },
         enc,
+        rnd,
         out,
-    );
+    )
 }
 
-/// The block loop: `load(b)` gives block `b`'s 16 values.
+/// The block loop under either rounding: `load(b)` gives block `b`'s 16 values.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-fn encode_blocks(load: impl Fn(usize) -> __m512, enc: &[f32], out: &mut [u8]) {
+fn encode_with(
+    load: impl Fn(usize) -> __m512,
+    enc: &[f32],
+    rnd: Option<&[[u8; BLOCK]]>,
+    out: &mut [u8],
+) {
     let k = Consts::new();
-    let pairs = |b: usize| pair_bytes(codes(_mm512_mul_ps(load(b), _mm512_set1_ps(enc[b])), &k));
-    let nb = enc.len();
+    let scaled = |b: usize| _mm512_mul_ps(load(b), _mm512_set1_ps(enc[b]));
+    match rnd {
+        None => encode_blocks(|b| codes(scaled(b), &k), &k, out),
+        Some(rnd) => encode_blocks(
+            |b| {
+                // SAFETY: a row is 16 bytes (one unaligned 128-bit load).
+                let r = unsafe { _mm_loadu_si128(rnd[b].as_ptr().cast()) };
+                sr_codes(scaled(b), r, &k)
+            },
+            &k,
+            out,
+        ),
+    }
+}
+
+/// The block loop: `code(b)` gives block `b`'s 16 codes (one per u32 lane), `out` holds
+/// 8 bytes per block.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+fn encode_blocks(code: impl Fn(usize) -> __m512i, k: &Consts, out: &mut [u8]) {
+    let pairs = |b: usize| pair_bytes(code(b));
+    let nb = out.len() * 2 / BLOCK;
     let mut b = 0;
     while b + 4 <= nb {
         let ab = _mm512_permutex2var_epi8(pairs(b), k.gather, pairs(b + 1));
@@ -141,7 +183,18 @@ const INSIDE: [u32; 32] = [
     4, 5, 5, 6, 6, 7, 7, 7, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 3, 3, 4,
 ];
 
-/// The constants of [`codes`] and of the byte gather, built once per run.
+/// Stochastic rounding's code of `t` (jittered, not NaN) by `(bits(t) >> 22) & 15` for
+/// `bits(t) >> 22` clamped to `251..=266`: the grid points 0.5, 1, 1.5, 2, 3, 4 and 6
+/// each start such a bucket (252, 254, .. 259), the rule truncates to the grid below,
+/// `t < 0.5` (bucket 251 and under) is code 0 and everything from 6 on saturates to 7.
+/// A test rebuilds it from the scalar rule.
+const SR_CODES: [u32; 16] = [4, 5, 6, 7, 7, 7, 7, 7, 7, 7, 7, 0, 1, 1, 2, 3];
+/// The clamp of [`SR_CODES`]' index: the buckets of 0.375 (it and all below are under
+/// 0.5) and of 64 (far past 6: it and all above saturate).
+const SR_FIRST: u32 = 251;
+const SR_LAST: u32 = 266;
+
+/// The constants of [`codes`], [`sr_codes`] and of the byte gather, built once per run.
 struct Consts {
     abs: __m512i,
     first: __m512i,
@@ -156,6 +209,15 @@ struct Consts {
     /// `vpermt2b` indices: byte `8i` of the first source for `i < 8`, of the second
     /// for `8 <= i < 16`; the same again at 16..32.
     gather: __m512i,
+    /// [`sr_codes`]: the bits of 1.0 and 4.0, the exponent mask, 9 in the exponent
+    /// field, the bucket clamp and the code table.
+    one: __m512i,
+    four: __m512i,
+    exponent: __m512i,
+    nine: __m512i,
+    sr_first: __m512i,
+    sr_last: __m512i,
+    sr_codes: __m512i,
 }
 
 impl Consts {
@@ -183,6 +245,14 @@ impl Consts {
             // SAFETY: both types are 64 bytes of plain integers; every bit pattern is
             // valid for each.
             gather: unsafe { std::mem::transmute::<[u8; 64], __m512i>(gather) },
+            one: _mm512_set1_epi32(0x3F80_0000),
+            four: _mm512_set1_epi32(0x4080_0000),
+            exponent: _mm512_set1_epi32(0x7F80_0000),
+            nine: _mm512_set1_epi32(9 << 23),
+            sr_first: _mm512_set1_epi32(SR_FIRST as i32),
+            sr_last: _mm512_set1_epi32(SR_LAST as i32),
+            // SAFETY: 16 u32 (one unaligned 512-bit load).
+            sr_codes: unsafe { _mm512_loadu_si512(SR_CODES.as_ptr().cast()) },
         }
     }
 }
@@ -217,6 +287,36 @@ fn codes(v: __m512, k: &Consts) -> __m512i {
     let code = _mm512_mask_blend_epi32(_mm512_test_epi32_mask(abits, k.rest), start, rest);
     let not_nan = _mm512_cmple_epu32_mask(abits, k.inf_bits);
     // code | (bits >> 28) & 8, where not NaN.
+    _mm512_mask_ternarylogic_epi32::<0xF8>(code, not_nan, _mm512_srli_epi32::<28>(bits), k.sign)
+}
+
+/// The stochastic-rounding code of each lane of `v`, lane `e` taking the random byte
+/// `e` of `r` (the engine's `sr_code`, TE's rule).
+///
+/// The jitter `r * step / 256` is `r` times a power of two: 2^-9 below 2, 2^-8 below 4,
+/// 2^-7 from 4 on (NaN included), the exponent of `|v|` clamped to `[1, 4]` less 9.
+/// The product is exact, so one fused multiply-add gives the rule's `t = |v| + r *
+/// step / 256`. The rule truncates `t` to the E2M1 grid below it; every grid point
+/// starts a bucket of `t >> 22`, so the code is a lookup on the clamped bucket
+/// ([`SR_CODES`]). The sign goes on as in [`codes`]; NaN is code `0x7`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn sr_codes(v: __m512, r: __m128i, k: &Consts) -> __m512i {
+    let bits = _mm512_castps_si512(v);
+    let abits = _mm512_and_si512(bits, k.abs);
+    let clamped = _mm512_min_epu32(_mm512_max_epu32(abits, k.one), k.four);
+    let jitter = _mm512_sub_epi32(_mm512_and_si512(clamped, k.exponent), k.nine);
+    let t = _mm512_fmadd_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(r)),
+        _mm512_castsi512_ps(jitter),
+        _mm512_castsi512_ps(abits),
+    );
+    let bucket = _mm512_min_epu32(
+        _mm512_max_epu32(_mm512_srli_epi32::<22>(_mm512_castps_si512(t)), k.sr_first),
+        k.sr_last,
+    );
+    let code = _mm512_permutexvar_epi32(bucket, k.sr_codes);
+    let not_nan = _mm512_cmple_epu32_mask(abits, k.inf_bits);
     _mm512_mask_ternarylogic_epi32::<0xF8>(code, not_nan, _mm512_srli_epi32::<28>(bits), k.sign)
 }
 
@@ -365,6 +465,113 @@ mod tests {
             assert!(encode_run_rn(Run::Bf16(&hi), &enc, &mut out));
             assert_eq!(out, portable(&wide, &enc), "multiplier {e}");
         }
+    }
+
+    /// The portable stochastic-rounding bytes: TE's rule, then the exact encoding of its
+    /// grid value (value `i` takes random byte `rnd[i / 16][i % 16]`).
+    fn portable_sr(w: &[f32], enc: &[f32], rnd: &[[u8; BLOCK]]) -> Vec<u8> {
+        let codes: Vec<u8> = w
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| {
+                let r = u32::from(rnd[i / BLOCK][i % BLOCK]);
+                e2m1::encode(crate::sr::stochastic_round_e2m1(x * enc[i / BLOCK], r))
+            })
+            .collect();
+        codes.chunks_exact(2).map(|p| p[0] | p[1] << 4).collect()
+    }
+
+    #[test]
+    fn sr_buckets_follow_the_rule() {
+        // The first value of each bucket and the last one, with no jitter (byte 0), give
+        // the table's code; below the first bucket everything is 0, above the last 7.
+        for bucket in SR_FIRST..=SR_LAST {
+            let want = SR_CODES[(bucket & 15) as usize];
+            for t in [
+                f32::from_bits(bucket << 22),
+                f32::from_bits((bucket << 22) | 0x3F_FFFF),
+            ] {
+                if bucket == SR_FIRST && t < 0.5 || bucket > SR_FIRST {
+                    let got = e2m1::encode(crate::sr::stochastic_round_e2m1(t, 0));
+                    assert_eq!(u32::from(got), want, "bucket {bucket} t {t}");
+                }
+            }
+        }
+        assert_eq!(f32::from_bits((SR_FIRST + 1) << 22), 0.5);
+        assert_eq!(f32::from_bits(SR_LAST << 22), 64.0);
+    }
+
+    #[test]
+    fn encode_run_sr_equals_the_rule() {
+        if !supported() {
+            eprintln!("no AVX-512 VBMI: skipped");
+            return;
+        }
+        let mut s = 0x2545_F491u32;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            s
+        };
+        // Every bf16 value under three multipliers, each with random bytes and with
+        // the extreme bytes 0 and 255 (every grid crossing of the jitter).
+        let hi: Vec<u16> = (0..=u16::MAX).collect();
+        let wide: Vec<f32> = hi
+            .iter()
+            .map(|&h| f32::from_bits(u32::from(h) << 16))
+            .collect();
+        let nb = hi.len() / BLOCK;
+        for e in [1.0f32, 0.75, 3.0e5] {
+            let enc = vec![e; nb];
+            for fill in [None, Some(0u8), Some(255), Some(128)] {
+                let rnd: Vec<[u8; BLOCK]> = (0..nb)
+                    .map(|_| std::array::from_fn(|_| fill.unwrap_or_else(|| next() as u8)))
+                    .collect();
+                let want = portable_sr(&wide, &enc, &rnd);
+                let mut out = vec![0u8; hi.len() / 2];
+                assert!(encode_run_sr(Run::Bf16(&hi), &enc, &rnd, &mut out));
+                assert_eq!(out, want, "bf16, multiplier {e}, bytes {fill:?}");
+                out.fill(0);
+                assert!(encode_run_sr(Run::F32(&wide), &enc, &rnd, &mut out));
+                assert_eq!(out, want, "f32, multiplier {e}, bytes {fill:?}");
+            }
+        }
+        // f32 values off the bf16 grid: every 4096th bit pattern, runs of 0..=9 blocks
+        // for the 4-block step and its tail.
+        let w: Vec<f32> = (0..1u32 << 20)
+            .map(|i| f32::from_bits(i << 12 | i >> 8))
+            .collect();
+        let enc = vec![1.0f32; w.len() / BLOCK];
+        let rnd: Vec<[u8; BLOCK]> = (0..enc.len())
+            .map(|_| std::array::from_fn(|_| next() as u8))
+            .collect();
+        let mut out = vec![0u8; w.len() / 2];
+        assert!(encode_run_sr(Run::F32(&w), &enc, &rnd, &mut out));
+        assert_eq!(out, portable_sr(&w, &enc, &rnd));
+        for nb in 0..=9 {
+            let n = nb * BLOCK;
+            let mut out = vec![0xAAu8; n / 2];
+            assert!(encode_run_sr(
+                Run::F32(&w[..n]),
+                &enc[..nb],
+                &rnd[..nb],
+                &mut out
+            ));
+            assert_eq!(
+                out,
+                portable_sr(&w[..n], &enc[..nb], &rnd[..nb]),
+                "{nb} blocks"
+            );
+        }
+        // Random bytes must cover every block.
+        let mut out = [0u8; 16];
+        assert!(!encode_run_sr(
+            Run::F32(&w[..32]),
+            &[1.0; 2],
+            &rnd[..1],
+            &mut out
+        ));
     }
 
     #[test]
