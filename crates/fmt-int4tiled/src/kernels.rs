@@ -64,8 +64,18 @@ use crate::qparams::{
 /// finite, one f32 multiply by it stands in for the division (module docs: exact on the
 /// bf16 path, checked on the f32 path); otherwise, and for the rare f32 group that lands
 /// near a rounding boundary, the exact f64 product.
+///
+/// On the bf16 path with bf16 input, [`Level::Avx512`] and AVX-512 BF16 round in
+/// hardware ([`crate::x86::nibbles_bf16_if_supported`]) where the scale is at least
+/// 2^-100 (its subnormal flush then cannot change a nibble).
 #[inline(always)]
-fn group_nibbles<T: Element>(path: QParamsPath, xs: &[T], p: &GroupParams, u: &mut [u8]) {
+fn group_nibbles<T: Element>(
+    level: Level,
+    path: QParamsPath,
+    xs: &[T],
+    p: &GroupParams,
+    u: &mut [u8],
+) {
     let fast = if p.min_val.is_finite() {
         f32_reciprocal(p.scale)
     } else {
@@ -73,6 +83,15 @@ fn group_nibbles<T: Element>(path: QParamsPath, xs: &[T], p: &GroupParams, u: &m
     };
     match (path, fast) {
         (QParamsPath::Bf16, Some(r)) => {
+            #[cfg(target_arch = "x86_64")]
+            if level == Level::Avx512
+                && p.scale >= MIN_HARDWARE_SCALE
+                && let Some(bits) = bf16_slice_bits(xs)
+                && crate::x86::nibbles_bf16_if_supported(bits, p.min_val, r, u)
+            {
+                return;
+            }
+            let _ = level;
             for (o, &x) in u.iter_mut().zip(xs) {
                 *o = to_nibble(rb_no_nan(rb_no_nan(x.to_f32() - p.min_val) * r));
             }
@@ -91,6 +110,9 @@ fn group_nibbles<T: Element>(path: QParamsPath, xs: &[T], p: &GroupParams, u: &m
         _ => group_nibbles_f64(path, xs, p, u),
     }
 }
+
+/// Smallest scale [`group_nibbles`] hands to the hardware bf16 rounding: 2^-100.
+const MIN_HARDWARE_SCALE: f32 = f32::from_bits(27 << 23);
 
 /// [`rb`] of a value that is not NaN (infinities are fine): the rounding without the NaN
 /// select. On the fast path nothing is NaN: a group holding a NaN or an infinity has a
@@ -315,8 +337,8 @@ pub(crate) fn quantize_tile<T: Element>(
                 let gi = g0 + i;
                 let u = &mut s.u[gi * g..(gi + 1) * g];
                 match bits {
-                    Some(_) => group_nibbles(path, &src[i * g..(i + 1) * g], p, u),
-                    None => group_nibbles(path, &w[i * g..(i + 1) * g], p, u),
+                    Some(_) => group_nibbles(level, path, &src[i * g..(i + 1) * g], p, u),
+                    None => group_nibbles(level, path, &w[i * g..(i + 1) * g], p, u),
                 }
                 let row = sz.row_mut(gi);
                 row[nr * 2] = p.scale_bf16;
@@ -551,7 +573,7 @@ mod tests {
                 ..GroupParams::default()
             };
             let mut u = vec![0u8; xs.len()];
-            group_nibbles(QParamsPath::F32, &xs, &p, &mut u);
+            group_nibbles(Level::Scalar, QParamsPath::F32, &xs, &p, &mut u);
             let want: Vec<u8> = xs.iter().map(|&x| to_nibble(x / s)).collect();
             assert_eq!(u, want, "scale = {s:e}");
         }
@@ -600,11 +622,64 @@ mod tests {
                     let (mn, mx) = min_max(&xs);
                     let p = group_params(path, mn, mx, e);
                     let mut got = vec![0u8; xs.len()];
-                    group_nibbles(path, &xs, &p, &mut got);
+                    group_nibbles(Level::Scalar, path, &xs, &p, &mut got);
                     assert_eq!(got, want, "{path:?}, eps {e:e}, round {round}");
+                    // bf16 input at this CPU's level: AVX-512 BF16 rounds in hardware.
+                    let xb: Vec<bf16> = xs.iter().map(|&x| bf16::from_f32(x)).collect();
+                    got.fill(0xFF);
+                    group_nibbles(quant_core::simd::level(), path, &xb, &p, &mut got);
+                    assert_eq!(got, want, "bf16 input, {path:?}, eps {e:e}, round {round}");
                 }
             }
         }
+    }
+
+    /// The hardware bf16 rounding flushes subnormals: groups of subnormal and tiny values
+    /// whose scales run from the smallest (where a flush would change nibbles) across
+    /// [`MIN_HARDWARE_SCALE`] give the specification's nibbles.
+    #[test]
+    fn subnormal_groups_near_the_hardware_scale_bound() {
+        use crate::qparams::{EPS_V2, quantize_group};
+        let mut st = 0x0123_4567_89AB_CDEFu64;
+        let mut taken = 0;
+        for e in -26i32..=6 {
+            // Group maxima about 15 * 2^(e - 100): scales from 2^-126 to past the bound.
+            let top = 15.0 * 2f32.powi(e - 100);
+            for round in 0..40 {
+                let xs: Vec<bf16> = (0..64)
+                    .map(|i| {
+                        let r = xorshift(&mut st);
+                        let v = match (i + round) % 4 {
+                            // Subnormal bf16 values of either sign.
+                            0 => f32::from_bits((r >> 45) as u32 & 0x007F_0000),
+                            1 => -f32::from_bits((r >> 45) as u32 & 0x007F_0000),
+                            2 => 0.0,
+                            _ => (r >> 40) as f32 / (1u64 << 24) as f32 * top,
+                        };
+                        bf16::from_f32(v)
+                    })
+                    .collect();
+                let wide: Vec<f32> = xs.iter().map(|x| x.to_f32()).collect();
+                let mut want = vec![0u8; xs.len()];
+                quantize_group(QParamsPath::Bf16, &wide, EPS_V2, &mut want);
+                let (mn, mx) = min_max(&wide);
+                let p = group_params(QParamsPath::Bf16, mn, mx, EPS_V2);
+                taken += usize::from(p.scale >= MIN_HARDWARE_SCALE);
+                let mut got = vec![0xFFu8; xs.len()];
+                group_nibbles(
+                    quant_core::simd::level(),
+                    QParamsPath::Bf16,
+                    &xs,
+                    &p,
+                    &mut got,
+                );
+                assert_eq!(got, want, "scale {:e}, round {round}", p.scale);
+            }
+        }
+        assert!(
+            taken > 200,
+            "too few groups reached the hardware bound: {taken}"
+        );
     }
 
     #[test]

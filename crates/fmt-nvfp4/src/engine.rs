@@ -662,9 +662,7 @@ fn rowwise_run<T: Element>(
                     .zip(b.chunks_exact(BLOCK))
                     .zip(&enc)
                 {
-                    let v: [f32; BLOCK] =
-                        std::array::from_fn(|j| f32::from_bits(u32::from(v[j]) << 16));
-                    encode_pack_rn(&v, e, o);
+                    encode_pack_rn(&widen_bf16_block(v), e, o);
                 }
             }
         }
@@ -711,18 +709,20 @@ fn rowwise_run<T: Element>(
             {
                 match bits16 {
                     // Not reached while `encoder_bits` checks what the encoder needs.
-                    Some(h) => {
-                        let v: [f32; BLOCK] = std::array::from_fn(|j| {
-                            f32::from_bits(u32::from(h[b * BLOCK + j]) << 16)
-                        });
-                        encode_pack_sr(&v, e, rb, o);
-                    }
+                    Some(h) => encode_pack_sr(&widen_bf16_block(&h[b * BLOCK..]), e, rb, o),
                     None => encode_pack_sr(&w[b * BLOCK..(b + 1) * BLOCK], e, rb, o),
                 }
             }
         }
     }
     sdb
+}
+
+/// The first block of `bits` (bf16 patterns, at least [`BLOCK`]) widened exactly: the
+/// fallback of a run the AVX-512 encoders refuse.
+#[inline(always)]
+fn widen_bf16_block(bits: &[u16]) -> [f32; BLOCK] {
+    std::array::from_fn(|j| f32::from_bits(u32::from(bits[j]) << 16))
 }
 
 /// The bf16 bits of `xs` when the AVX-512 encoder takes them directly (nearest or
