@@ -55,7 +55,8 @@ use quant_core::{DType, Element, widened};
 use crate::format::Geometry;
 use crate::layout::{K_TILE, LANES, N_TILE};
 use crate::qparams::{
-    GroupParams, QParamsPath, group_params, min_max, min_max_bf16, nibble_and_margin, rb, to_nibble,
+    GroupParams, QParamsPath, group_params_batch, min_max, min_max_bf16, nibble_and_margin, rb,
+    to_nibble,
 };
 
 /// Nibbles of one group: `u = to_nibble(op((x - min_val) / scale))`, division-free.
@@ -308,31 +309,26 @@ pub(crate) fn quantize_tile<T: Element>(
         for g0 in (0..real).step_by(BATCH) {
             let nb = BATCH.min(real - g0);
             let src = &x[n * geo.k + g0 * g..n * geo.k + (g0 + nb) * g];
-            let mut ranges = [(0f32, 0f32); BATCH];
+            let (mut lo, mut hi) = ([0f32; BATCH], [0f32; BATCH]);
             // bf16 is read as it is: its extremes from the bits, its nibbles widened in
             // registers. Other 16-bit input is widened once into the scratch.
             let bits = bf16_slice_bits(src);
             let w: &[f32] = match bits {
                 Some(b) => {
-                    for (r, bg) in ranges.iter_mut().zip(b.chunks_exact(g)) {
-                        *r = min_max_bf16(bg);
+                    for (i, bg) in b.chunks_exact(g).enumerate() {
+                        (lo[i], hi[i]) = min_max_bf16(bg);
                     }
                     &[]
                 }
                 None => {
                     let w = widened(src, &mut s.wide[..nb * g]);
-                    for (r, wg) in ranges.iter_mut().zip(w.chunks_exact(g)) {
-                        *r = min_max(wg);
+                    for (i, wg) in w.chunks_exact(g).enumerate() {
+                        (lo[i], hi[i]) = min_max(wg);
                     }
                     w
                 }
             };
-            // A plain loop, not `array::map`: its closure stayed out of line, compiled
-            // outside the dispatched function.
-            let mut params = [GroupParams::default(); BATCH];
-            for (p, &(mn, mx)) in params.iter_mut().zip(&ranges) {
-                *p = group_params(path, mn, mx, eps);
-            }
+            let params = group_params_batch(path, &lo, &hi, eps);
             for (i, p) in params[..nb].iter().enumerate() {
                 let gi = g0 + i;
                 let u = &mut s.u[gi * g..(gi + 1) * g];
@@ -471,7 +467,7 @@ fn round_odd_sum(p: f32, z: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qparams::NEAR_HALF;
+    use crate::qparams::{NEAR_HALF, group_params};
 
     /// Marsaglia's xorshift64: reproducible test data without a dependency.
     fn xorshift(s: &mut u64) -> u64 {
