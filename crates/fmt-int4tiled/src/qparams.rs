@@ -466,7 +466,7 @@ mod tests {
         ];
         for round in 0..2000 {
             let pick = |r: u64| {
-                if r % 5 == 0 {
+                if r.is_multiple_of(5) {
                     specials[(r >> 8) as usize % specials.len()]
                 } else {
                     f32::from_bits((r >> 16) as u32)
