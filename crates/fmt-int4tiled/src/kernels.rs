@@ -397,6 +397,14 @@ pub(crate) fn dequantize_rows<T: Element>(
         let n = n0 + r;
         let (nt, nr) = (n / N_TILE, n % N_TILE);
         let tile = &words[nt * geo.k_padded..(nt + 1) * geo.k_padded];
+        // Every row of a tile reads all of its lines (the rows' lanes interleave), so the
+        // tile's first row waits on each of them: fetch an eighth of the next tile per
+        // row, which covers it by the time its first row starts.
+        let next = (nt + 1) * geo.k_padded;
+        let part = geo.k_padded / N_TILE;
+        if let Some(ahead) = words.get(next + nr * part..next + (nr + 1) * part) {
+            quant_core::simd::prefetch(ahead);
+        }
         // Plain loops, not `extend(map)`: they must inline into the dispatched function.
         for (gi, w) in scratch.wide.chunks_exact_mut(16).enumerate() {
             let at = (gi * geo.n_padded + n) * 2;
