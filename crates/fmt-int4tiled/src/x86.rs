@@ -19,15 +19,15 @@
 //! `vpermd` and one masked store per slab.
 
 use std::arch::x86_64::{
-    __m512, __m512i, _mm_storeu_si128, _mm256_loadu_si256, _mm512_add_ps, _mm512_and_si512,
-    _mm512_castps_si512, _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cvtepi32_epi8,
-    _mm512_cvtepu8_epi16, _mm512_cvtepu16_epi32, _mm512_cvtne2ps_pbh, _mm512_extracti64x4_epi64,
-    _mm512_loadu_si512, _mm512_mask_mov_epi32, _mm512_mask_storeu_epi32, _mm512_maskz_loadu_epi32,
-    _mm512_max_epi16, _mm512_min_epi16, _mm512_mul_ps, _mm512_or_si512, _mm512_permutexvar_epi16,
-    _mm512_permutexvar_epi32, _mm512_set1_epi16, _mm512_set1_epi32, _mm512_set1_ps,
-    _mm512_setr_epi32, _mm512_setzero_si512, _mm512_shuffle_i32x4, _mm512_slli_epi32,
+    __m512, __m512i, _mm256_loadu_si256, _mm256_storeu_si256, _mm512_add_ps, _mm512_and_si512,
+    _mm512_castps_si512, _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cvtepu8_epi16,
+    _mm512_cvtepu16_epi32, _mm512_cvtne2ps_pbh, _mm512_extracti64x4_epi64, _mm512_loadu_si512,
+    _mm512_mask_mov_epi32, _mm512_mask_storeu_epi32, _mm512_maskz_loadu_epi32, _mm512_max_epi16,
+    _mm512_min_epi16, _mm512_mul_ps, _mm512_or_si512, _mm512_permutex2var_epi8,
+    _mm512_permutexvar_epi16, _mm512_permutexvar_epi32, _mm512_set1_epi16, _mm512_set1_epi32,
+    _mm512_set1_ps, _mm512_setr_epi32, _mm512_setzero_si512, _mm512_shuffle_i32x4,
     _mm512_sllv_epi32, _mm512_srlv_epi32, _mm512_storeu_si512, _mm512_sub_ps,
-    _mm512_zextsi256_si512,
+    _mm512_unpackhi_epi16, _mm512_unpacklo_epi16, _mm512_zextsi256_si512,
 };
 
 use quant_core::Element;
@@ -212,55 +212,65 @@ pub(crate) fn lookup_row_u32(
 
 /// The bf16 path's nibbles of one group through AVX-512 BF16 (see
 /// [`nibbles_bf16_if_supported`]).
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+///
+/// The bf16 -> f32 widenings are in-lane unpacks (one operation per 16 values, where
+/// the order-keeping zero-extension and shift take two), so each widen-and-narrow round
+/// permutes the lanes by [`unpack_order`]; every step between is lane-wise, and the
+/// final `vpermt2b` that gathers each lane's nibble byte undoes the three rounds.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx512vbmi")]
 fn nibbles_bf16(xs: &[u16], min_val: f32, r: f32, u: &mut [u8]) {
     let mn = _mm512_set1_ps(min_val);
     let rr = _mm512_set1_ps(r);
     let zero = _mm512_setzero_si512();
     let fifteen = _mm512_set1_epi16(0x4170); // bf16 15.0
     let magic = _mm512_set1_ps(8_388_608.0); // 2^23
+    // SAFETY: 64 bytes (one unaligned 512-bit load).
+    let gather = unsafe { _mm512_loadu_si512(NIBBLE_GATHER.as_ptr().cast()) };
+    let low = |v| _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v));
+    let high = |v| _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, v));
     for (x, o) in xs.chunks_exact(32).zip(u.chunks_exact_mut(32)) {
         // SAFETY: `x` is 32 u16 (one unaligned 512-bit load).
         let v = unsafe { _mm512_loadu_si512(x.as_ptr().cast()) };
-        let t = to_bf16(
-            _mm512_sub_ps(widen_low(v), mn),
-            _mm512_sub_ps(widen_high(v), mn),
-        );
-        let q = to_bf16(
-            _mm512_mul_ps(widen_low(t), rr),
-            _mm512_mul_ps(widen_high(t), rr),
-        );
+        let t = to_bf16(_mm512_sub_ps(low(v), mn), _mm512_sub_ps(high(v), mn));
+        let q = to_bf16(_mm512_mul_ps(low(t), rr), _mm512_mul_ps(high(t), rr));
         // Clamped to [0, 15] as integers (bf16 order is integer order for positive
         // values; negative ones, -0 included, are negative i16), then rounded half to
-        // even by the 2^23 addition, the integer in the low bits.
+        // even by the 2^23 addition, the integer in the low byte of each lane.
         let q = _mm512_min_epi16(_mm512_max_epi16(q, zero), fifteen);
-        let lo = _mm512_castps_si512(_mm512_add_ps(widen_low(q), magic));
-        let hi = _mm512_castps_si512(_mm512_add_ps(widen_high(q), magic));
-        // SAFETY: `o` is 32 bytes: two unaligned 128-bit stores.
-        unsafe {
-            _mm_storeu_si128(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(lo));
-            _mm_storeu_si128(o.as_mut_ptr().add(16).cast(), _mm512_cvtepi32_epi8(hi));
-        }
+        let lo = _mm512_castps_si512(_mm512_add_ps(low(q), magic));
+        let hi = _mm512_castps_si512(_mm512_add_ps(high(q), magic));
+        let bytes = _mm512_permutex2var_epi8(lo, gather, hi);
+        // SAFETY: `o` is 32 bytes (one unaligned 256-bit store).
+        unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), _mm512_castsi512_si256(bytes)) };
     }
 }
 
-/// bf16 lanes 0..16 of `v` as f32.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn widen_low(v: __m512i) -> __m512 {
-    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
-        _mm512_castsi512_si256(v),
-    )))
+/// Where an unpack-widen-narrow round takes lane `n` of its 32 from: `unpacklo_epi16`
+/// puts 16-bit lanes `8L..8L+4` of each 128-bit lane `L` into dwords `4L..4L+4`,
+/// `unpackhi_epi16` lanes `8L+4..8L+8`, and `vcvtne2ps2bf16` writes the low result
+/// first.
+const fn unpack_order(n: usize) -> usize {
+    let m = n % 16;
+    8 * (m / 4) + m % 4 + if n < 16 { 0 } else { 4 }
 }
 
-/// bf16 lanes 16..32 of `v` as f32.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn widen_high(v: __m512i) -> __m512 {
-    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
-        _mm512_extracti64x4_epi64::<1>(v),
-    )))
-}
+/// `vpermt2b` indices of [`nibbles_bf16`]: byte `e` (element `e` of the group's 32)
+/// reads the low byte of the dword that holds it after three rounds of
+/// [`unpack_order`] (dwords `0..16` of the first source, `16..32` of the second).
+const NIBBLE_GATHER: [u8; 64] = {
+    let mut g = [0u8; 64];
+    let mut slot = 0;
+    while slot < 32 {
+        let e = unpack_order(unpack_order(unpack_order(slot)));
+        g[e] = if slot < 16 {
+            4 * slot
+        } else {
+            64 + 4 * (slot - 16)
+        } as u8;
+        slot += 1;
+    }
+    g
+};
 
 /// `lo` and `hi` rounded to bf16 (nearest even; subnormals flushed to zero), lanes 0..16
 /// from `lo`.
@@ -275,7 +285,7 @@ fn to_bf16(lo: __m512, hi: __m512) -> __m512i {
 /// (the multiply form of `kernels::group_nibbles` on the bf16 path), each `rb` one
 /// `vcvtne2ps2bf16` per 32 values where the portable rounding takes five integer
 /// operations per 16. Returns `false` (nothing written) unless the CPU has AVX-512 and
-/// AVX-512 BF16 and `xs` and `u` have the same length, a multiple of 32.
+/// AVX-512 BF16 and VBMI and `xs` and `u` have the same length, a multiple of 32.
 ///
 /// The instruction flushes subnormal inputs and results to zero. The caller passes only
 /// scales of at least 2^-100 (`r <= 2^100`): a subnormal `t = x - min_val` then gives
@@ -287,11 +297,12 @@ pub(crate) fn nibbles_bf16_if_supported(xs: &[u16], min_val: f32, r: f32, u: &mu
     if !(xs.len().is_multiple_of(32)
         && u.len() == xs.len()
         && Level::Avx512.is_supported()
-        && std::is_x86_feature_detected!("avx512bf16"))
+        && std::is_x86_feature_detected!("avx512bf16")
+        && std::is_x86_feature_detected!("avx512vbmi"))
     {
         return false;
     }
-    // SAFETY: the CPU has AVX-512 F, BW (`Level::Avx512`) and BF16 (checked above).
+    // SAFETY: the CPU has AVX-512 F, BW (`Level::Avx512`), BF16 and VBMI (checked above).
     unsafe { nibbles_bf16(xs, min_val, r, u) };
     true
 }
