@@ -259,31 +259,43 @@ pub struct GroupParams {
 /// eager op order of `path`.
 #[inline(always)]
 pub fn group_params(path: QParamsPath, mn: f32, mx: f32, eps: f32) -> GroupParams {
+    let (scale, zero, min_val) = scale_zero_min(path, mn, mx, eps);
+    GroupParams::new(scale, zero, min_val)
+}
+
+/// `(scale, zero, min_val)` of a group with extremes `mn`, `mx`, each a bf16 value held
+/// in an f32: the arithmetic of [`group_params`] and [`group_params_batch`].
+#[inline(always)]
+fn scale_zero_min(path: QParamsPath, mn: f32, mx: f32, eps: f32) -> (f32, f32, f32) {
     match path {
         QParamsPath::Bf16 => {
             let range = rb(mx - mn);
             let scale = rb(clamp_min(rb(range * RCP_15), eps));
             let scale8 = rb(scale * 8.0);
             let zero = rb(mn + scale8);
-            let min_val = rb(zero - scale8);
-            GroupParams {
-                scale,
-                min_val,
-                scale_bf16: bf16::from_f32(scale),
-                zero_bf16: bf16::from_f32(zero),
-            }
+            (scale, zero, rb(zero - scale8))
         }
         QParamsPath::F32 => {
             let scale_f = clamp_min((mx - mn) * RCP_15, eps);
             let zero = rb(mn + scale_f * 8.0);
             let scale = rb(scale_f);
-            let min_val = rb(zero - rb(scale * 8.0));
-            GroupParams {
-                scale,
-                min_val,
-                scale_bf16: bf16::from_f32(scale),
-                zero_bf16: bf16::from_f32(zero),
-            }
+            (scale, zero, rb(zero - rb(scale * 8.0)))
+        }
+    }
+}
+
+impl GroupParams {
+    /// The params of `scale`, `zero` and `min_val`, each already rounded to bf16 ([`rb`]):
+    /// their top halves are the bf16 bits (what `bf16::from_f32` gives them, NaN
+    /// included, without its NaN branch).
+    #[inline(always)]
+    fn new(scale: f32, zero: f32, min_val: f32) -> GroupParams {
+        let bits = |x: f32| bf16::from_bits((x.to_bits() >> 16) as u16);
+        GroupParams {
+            scale,
+            min_val,
+            scale_bf16: bits(scale),
+            zero_bf16: bits(zero),
         }
     }
 }
@@ -325,34 +337,10 @@ pub(crate) fn group_params_batch<const N: usize>(
     eps: f32,
 ) -> [GroupParams; N] {
     let (mut scale, mut zero, mut min_val) = ([0f32; N], [0f32; N], [0f32; N]);
-    match path {
-        QParamsPath::Bf16 => {
-            for i in 0..N {
-                let range = rb(hi[i] - lo[i]);
-                scale[i] = rb(clamp_min(rb(range * RCP_15), eps));
-                let scale8 = rb(scale[i] * 8.0);
-                zero[i] = rb(lo[i] + scale8);
-                min_val[i] = rb(zero[i] - scale8);
-            }
-        }
-        QParamsPath::F32 => {
-            for i in 0..N {
-                let scale_f = clamp_min((hi[i] - lo[i]) * RCP_15, eps);
-                zero[i] = rb(lo[i] + scale_f * 8.0);
-                scale[i] = rb(scale_f);
-                min_val[i] = rb(zero[i] - rb(scale[i] * 8.0));
-            }
-        }
+    for i in 0..N {
+        (scale[i], zero[i], min_val[i]) = scale_zero_min(path, lo[i], hi[i], eps);
     }
-    // `scale` and `zero` are bf16 values already: their top halves are the bf16 bits
-    // (`bf16::from_f32` of them, NaN included).
-    let bits = |x: f32| bf16::from_bits((x.to_bits() >> 16) as u16);
-    std::array::from_fn(|i| GroupParams {
-        scale: scale[i],
-        min_val: min_val[i],
-        scale_bf16: bits(scale[i]),
-        zero_bf16: bits(zero[i]),
-    })
+    std::array::from_fn(|i| GroupParams::new(scale[i], zero[i], min_val[i]))
 }
 
 #[cfg(test)]
