@@ -27,9 +27,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::{self, Mode};
 use crate::kernels::{WIDE, decode_pow2, decode_scaled};
-use crate::per_tensor::decode_transposed;
 use crate::scale::{AmaxEpsilon, Fp8Dtype, compute_scale_from_amax};
-use crate::transpose::transpose_bytes;
+use crate::transpose::{decode_transposed, transpose_bytes};
 use quant_core::simd;
 
 /// Block edge.
@@ -361,7 +360,9 @@ impl Format for Fp8BlockQuantizer {
             Direction::Columnwise => {
                 let q = buffer_by_name(bufs, "columnwise_data")?.bytes();
                 let s = buffer_by_name(bufs, "columnwise_scale_inv")?.as_slice::<f32>()?;
-                // q is [K, M]: the scale of logical (i, j) is that of stored (j, i).
+                // q is [K, M]: the scale of logical (i, j) is that of stored (j, i);
+                // columnwise blocks are 128 rows tall, one per slab of the decoder.
+                const _: () = assert!(BLOCK == crate::transpose::SLAB);
                 decode_transposed(
                     dt,
                     q,

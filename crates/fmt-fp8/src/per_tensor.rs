@@ -17,11 +17,10 @@ use quant_core::{
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::engine::CHUNK as COLS;
 use crate::engine::{self, Mode};
-use crate::kernels::{WIDE, decode_cols, decode_scaled, encode_scaled};
+use crate::kernels::{WIDE, decode_scaled, encode_scaled};
 use crate::scale::{AmaxEpsilon, Fp8Dtype, compute_scale_from_amax};
-use crate::transpose::{SLAB, TILE, transpose_bytes};
+use crate::transpose::{decode_transposed, transpose_bytes};
 use quant_core::simd;
 
 /// Elements per parallel work item for streaming passes.
@@ -191,61 +190,6 @@ fn encode_transposed<T: Element>(
         Some(col),
         None,
     )
-}
-
-/// Dequantizes the transposed `q` (`[k, m]`) into `out` (`[m, k]`). `scale_inv(i, j0,
-/// s)` fills `s` with the scale_inv of logical elements `(i, j0..j0 + s.len())`.
-pub(crate) fn decode_transposed<T: Element>(
-    dt: Fp8Dtype,
-    q: &[u8],
-    m: usize,
-    k: usize,
-    scale_inv: impl Fn(usize, usize, &mut [f32]) + Sync,
-    out: &mut [T],
-) {
-    if m == 0 || k == 0 {
-        return;
-    }
-    let level = simd::level();
-    out.par_chunks_mut(SLAB * k).enumerate().for_each_init(
-        || vec![0u8; SLAB * COLS],
-        |tile, (s, o)| {
-            simd::dispatch(
-                level,
-                #[inline(always)]
-                || {
-                    let i0 = s * SLAB;
-                    let rows = o.len() / k;
-                    let mut si = [0f32; COLS];
-                    let mut wide = WIDE;
-                    for c0 in (0..k).step_by(COLS) {
-                        let cw = COLS.min(k - c0);
-                        for j in (0..cw).step_by(TILE) {
-                            let bw = TILE.min(cw - j);
-                            simd::transpose_bytes(
-                                &q[(c0 + j) * m + i0..],
-                                m,
-                                &mut tile[j..],
-                                COLS,
-                                bw,
-                                rows,
-                            );
-                        }
-                        for r in 0..rows {
-                            scale_inv(i0 + r, c0, &mut si[..cw]);
-                            decode_cols(
-                                dt,
-                                &tile[r * COLS..r * COLS + cw],
-                                &si[..cw],
-                                &mut o[r * k + c0..r * k + c0 + cw],
-                                &mut wide,
-                            );
-                        }
-                    }
-                },
-            )
-        },
-    );
 }
 
 /// NaN-ignoring `max |x|` over the whole tensor, in parallel.

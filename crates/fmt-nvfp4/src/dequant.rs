@@ -15,6 +15,7 @@
 //! its 16 elements, so an exact input value (e.g. a zero) generally comes back nonzero.
 
 use quant_core::codec::e2m1;
+use quant_core::strips::task_rows;
 use quant_core::{Element, simd};
 use rayon::prelude::*;
 
@@ -133,19 +134,10 @@ pub(crate) fn rowwise<T: Element>(op: &Operand<'_>, m: usize, k: usize, out: &mu
 
 /// Output rows per columnwise task, at least: 64 bytes of every stored row.
 const SLAB: usize = 128;
-/// Most [`SLAB`]s one task takes.
+/// Most [`SLAB`]s one task takes ([`task_rows`]).
 const MAX_SLABS: usize = 8;
 /// Stored rows (output columns) per chunk.
 const CHUNK: usize = 256;
-
-/// Output rows per columnwise task: a multiple of [`SLAB`], as many as leaves about
-/// four tasks per worker. Each task reads `rows / 2` bytes of every stored row, and the
-/// stored rows are `m / 2` bytes apart (a page, for a large `m`): longer runs leave
-/// fewer page walks and short DRAM bursts per byte.
-fn task_rows(m: usize) -> usize {
-    let per_worker = m / (4 * SLAB * rayon::current_num_threads().max(1));
-    SLAB * per_worker.clamp(1, MAX_SLABS)
-}
 
 /// Columnwise: `[k, m]` codes and scales (of `x^T`) to `out` in the logical `[m, k]`
 /// layout, undoing the Hadamard transform when `rht`.
@@ -161,7 +153,8 @@ pub(crate) fn columnwise<T: Element>(
         return;
     }
     let level = simd::level();
-    let slab = task_rows(m);
+    // Each task reads `slab / 2` bytes of every stored row, `m / 2` bytes apart.
+    let slab = task_rows(m, SLAB, MAX_SLABS);
     // Stored rows of the next chunk prefetched per 16-row group (a full task's groups
     // cover the chunk): their runs are far apart, which the hardware prefetchers miss.
     let ahead = CHUNK.div_ceil(slab / BLOCK);

@@ -115,6 +115,28 @@ pub fn column_strips<T: Send>(
     }))
 }
 
+/// Rows of `m` one task of a transposing kernel takes: a multiple of `slab`, at most
+/// `max_slabs` of them, as many as leave about four tasks per rayon worker (so small
+/// tensors still split across every thread).
+///
+/// A kernel that reads (or writes) the transposed `[K, M]` operand while walking row
+/// slabs of the `[M, K]` one touches every stored row once per task, in a run as long
+/// as the task is tall. Those rows are `M` elements apart (pages apart for a large `M`),
+/// which no hardware prefetcher follows across, so each run pays a page walk and a
+/// short DRAM burst: taller tasks make the runs longer and fewer. The cap keeps a
+/// task's transposition tile within L2.
+///
+/// ```
+/// use quant_core::strips::task_rows;
+/// let rows = task_rows(8192, 128, 4);
+/// assert!(rows % 128 == 0 && (128..=512).contains(&rows));
+/// assert_eq!(task_rows(100, 128, 4), 128);
+/// ```
+pub fn task_rows(m: usize, slab: usize, max_slabs: usize) -> usize {
+    let per_worker = m / (4 * slab * rayon::current_num_threads().max(1));
+    slab * per_worker.clamp(1, max_slabs.max(1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
