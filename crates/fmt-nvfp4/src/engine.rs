@@ -800,46 +800,50 @@ fn four_over_six_rows(
     }
 }
 
-/// The columnwise operand of one 16-row group: `v[i][c]` for rows `i` of the group, or
-/// `bf16(sum_i v[i][c] * R[i][j])` (in index order from `+0.0`) with RHT.
+/// The columnwise operand of one 16-row group: `v[i][c]` for rows `i` of the group (a
+/// view of `wide`, no copy), or `bf16(sum_i v[i][c] * R[i][j])` (in index order from
+/// `+0.0`) with RHT, computed into `buf`.
 #[inline(always)]
-fn group_values(
+fn group_values<'a>(
     p: &Params<'_>,
-    wide: &[f32],
+    wide: &'a [f32],
     g: usize,
     cw: usize,
-    out: &mut [[f32; CHUNK]; BLOCK],
-) {
-    if p.rht {
-        // The sums into `out`, with AVX-512 or portably, then rounded to bf16 in place.
-        #[cfg(target_arch = "x86_64")]
-        let summed = p.level == Level::Avx512
-            && crate::rht_x86::hadamard_sums(&wide[g * BLOCK * CHUNK..], CHUNK, cw, out);
-        #[cfg(not(target_arch = "x86_64"))]
-        let summed = false;
-        if !summed {
-            for o in out.iter_mut() {
-                o[..cw].fill(0.0);
-            }
-            for (i, ri) in R.iter().enumerate() {
-                let v = &wide[(g * BLOCK + i) * CHUNK..][..cw];
-                for (a, &rij) in out.iter_mut().zip(ri) {
-                    for (a, &x) in a[..cw].iter_mut().zip(v) {
-                        *a += x * rij;
-                    }
+    buf: &'a mut [[f32; CHUNK]; BLOCK],
+) -> &'a [[f32; CHUNK]; BLOCK] {
+    if !p.rht {
+        let rows = &wide[g * BLOCK * CHUNK..(g + 1) * BLOCK * CHUNK];
+        return rows
+            .as_chunks::<CHUNK>()
+            .0
+            .try_into()
+            .expect("a 16-row group of the widened chunk is 16 rows of CHUNK");
+    }
+    // The sums into `buf`, with AVX-512 or portably, then rounded to bf16 in place.
+    #[cfg(target_arch = "x86_64")]
+    let summed = p.level == Level::Avx512
+        && crate::rht_x86::hadamard_sums(&wide[g * BLOCK * CHUNK..], CHUNK, cw, buf);
+    #[cfg(not(target_arch = "x86_64"))]
+    let summed = false;
+    if !summed {
+        for o in buf.iter_mut() {
+            o[..cw].fill(0.0);
+        }
+        for (i, ri) in R.iter().enumerate() {
+            let v = &wide[(g * BLOCK + i) * CHUNK..][..cw];
+            for (a, &rij) in buf.iter_mut().zip(ri) {
+                for (a, &x) in a[..cw].iter_mut().zip(v) {
+                    *a += x * rij;
                 }
             }
         }
-        for o in out.iter_mut() {
-            for o in &mut o[..cw] {
-                *o = bf16::from_f32(*o).to_f32();
-            }
-        }
-    } else {
-        for (i, o) in out.iter_mut().enumerate() {
-            o[..cw].copy_from_slice(&wide[(g * BLOCK + i) * CHUNK..][..cw]);
+    }
+    for o in buf.iter_mut() {
+        for o in &mut o[..cw] {
+            *o = bf16::from_f32(*o).to_f32();
         }
     }
+    buf
 }
 
 /// Columnwise quantization of one chunk of the slab (rows of `x^T` = columns of `x`).
@@ -871,14 +875,15 @@ fn columnwise_chunk(
             }
         }
     }
-    let mut vals = [[0f32; CHUNK]; BLOCK];
+    let mut buf = [[0f32; CHUNK]; BLOCK];
+    let mut scales = [[0u8; SLAB / BLOCK]; CHUNK];
     for g in 0..groups {
-        group_values(p, &s.wide, g, cw, &mut vals);
+        let vals = group_values(p, &s.wide, g, cw, &mut buf);
         let mb = (i0 / BLOCK + g) as u32;
         let mut sdb = [0u8; CHUNK];
         let codes = &mut s.codes[..BLOCK * CHUNK];
         if let Some(mode) = p.four_over_six {
-            four_over_six_cols(p, mode, &vals, cw, nb, g, tile_amax, c0, &mut sdb, codes);
+            four_over_six_cols(p, mode, vals, cw, nb, g, tile_amax, c0, &mut sdb, codes);
         } else {
             let mut amax = [0f32; CHUNK];
             if p.two_d {
@@ -943,15 +948,24 @@ fn columnwise_chunk(
                 *d = a | (b << 4);
             }
         }
-        // Scales of this group: column (k = c0 + c) row, block column mb.
-        for (c, &code) in sdb[..cw].iter().enumerate() {
-            let kk = c0 + c;
-            if p.swizzled {
-                let at = (g / 4) * TILE_BYTES + (kk % 32) * 16 + ((kk % 128) / 32) * 4 + g % 4;
-                col.scales.row_mut(kk / 128)[at] = code;
-            } else {
-                col.scales.row_mut(kk)[g] = code;
+        for (sc, &code) in scales[..cw].iter_mut().zip(&sdb[..cw]) {
+            sc[g] = code;
+        }
+    }
+    // Scales: the slab's block column `g` of column (stored row) `kk = c0 + c`, written
+    // per stored row after all groups (one scattered byte per group was a tenth of
+    // the profile).
+    for (c, sc) in scales[..cw].iter().enumerate() {
+        let kk = c0 + c;
+        if p.swizzled {
+            // Groups 4t..4t+4 are four consecutive bytes of 128x4 tile `t`.
+            let row = col.scales.row_mut(kk / 128);
+            let at = (kk % 32) * 16 + ((kk % 128) / 32) * 4;
+            for (t, four) in sc[..groups].chunks(4).enumerate() {
+                row[t * TILE_BYTES + at..][..four.len()].copy_from_slice(four);
             }
+        } else {
+            col.scales.row_mut(kk)[..groups].copy_from_slice(&sc[..groups]);
         }
     }
     // [rows/2][cw] pairs -> [cw][rows/2] bytes, one strip row per column of x.
@@ -1104,7 +1118,7 @@ pub(crate) fn amaxes<T: Element>(
                             }
                         }
                         if want_y {
-                            let mut vals = [[0f32; CHUNK]; BLOCK];
+                            let mut buf = [[0f32; CHUNK]; BLOCK];
                             for c0 in (0..k).step_by(CHUNK) {
                                 let cw = CHUNK.min(k - c0);
                                 for r in 0..nrows {
@@ -1114,7 +1128,7 @@ pub(crate) fn amaxes<T: Element>(
                                     );
                                 }
                                 for g in 0..nrows / BLOCK {
-                                    group_values(&p, &wide, g, cw, &mut vals);
+                                    let vals = group_values(&p, &wide, g, cw, &mut buf);
                                     for v in vals.iter() {
                                         ay = fmax_nan_loses(ay, amax_f32(&v[..cw]));
                                     }
