@@ -800,8 +800,8 @@ fn four_over_six_rows(
     }
 }
 
-/// The columnwise operand of one 16-row group: `v[i][c]` for rows `i` of the group (a
-/// view of `wide`, no copy), or `bf16(sum_i v[i][c] * R[i][j])` (in index order from
+/// The columnwise operand of one 16-row group, 16 rows of [`CHUNK`]: `v[i][c]` for rows
+/// `i` of the group (a view of `wide`, no copy), or `bf16(sum_i v[i][c] * R[i][j])` (in index order from
 /// `+0.0`) with RHT, computed into `buf`.
 #[inline(always)]
 fn group_values<'a>(
@@ -810,14 +810,11 @@ fn group_values<'a>(
     g: usize,
     cw: usize,
     buf: &'a mut [[f32; CHUNK]; BLOCK],
-) -> &'a [[f32; CHUNK]; BLOCK] {
+) -> &'a [[f32; CHUNK]] {
     if !p.rht {
-        let rows = &wide[g * BLOCK * CHUNK..(g + 1) * BLOCK * CHUNK];
-        return rows
+        return wide[g * BLOCK * CHUNK..(g + 1) * BLOCK * CHUNK]
             .as_chunks::<CHUNK>()
-            .0
-            .try_into()
-            .expect("a 16-row group of the widened chunk is 16 rows of CHUNK");
+            .0;
     }
     // The sums into `buf`, with AVX-512 or portably, then rounded to bf16 in place.
     #[cfg(target_arch = "x86_64")]
@@ -982,7 +979,7 @@ fn columnwise_chunk(
 fn four_over_six_cols(
     p: &Params<'_>,
     mode: FourOverSix,
-    vals: &[[f32; CHUNK]; BLOCK],
+    vals: &[[f32; CHUNK]],
     cw: usize,
     nb: usize,
     g: usize,
