@@ -175,12 +175,7 @@ mod tests {
     fn odd_rounding_is_exact_for_bf16_targets() {
         // Randomized: compare with an exact rational rounding done in i128.
         let mut state = 0x1234_5678_9abc_def0u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = || crate::test_rng::xorshift(&mut state);
         for _ in 0..200_000 {
             let s = bf16::from_bits((next() as u16) & 0x7F7F | 0x0080);
             let z = bf16::from_bits((next() as u16) & 0xFF7F);

@@ -476,14 +476,7 @@ fn round_odd_sum(p: f32, z: f32) -> f32 {
 mod tests {
     use super::*;
     use crate::qparams::{NEAR_HALF, group_params};
-
-    /// Marsaglia's xorshift64: reproducible test data without a dependency.
-    fn xorshift(s: &mut u64) -> u64 {
-        *s ^= *s << 13;
-        *s ^= *s >> 7;
-        *s ^= *s << 17;
-        *s
-    }
+    use crate::test_rng::xorshift;
 
     /// Word `c`'s nibble `q < 4` is `u[8q + 2c]` and nibble `q + 4` is `u[8q + 2c + 1]`
     /// (the tinygemm lane layout, spelled out one nibble at a time).

@@ -801,8 +801,8 @@ fn four_over_six_rows(
 }
 
 /// The columnwise operand of one 16-row group, 16 rows of [`CHUNK`]: `v[i][c]` for rows
-/// `i` of the group (a view of `wide`, no copy), or `bf16(sum_i v[i][c] * R[i][j])` (in index order from
-/// `+0.0`) with RHT, computed into `buf`.
+/// `i` of the group (a view of `wide`, no copy), or `bf16(sum_i v[i][c] * R[i][j])` (in
+/// index order from `+0.0`) with RHT, computed into `buf`.
 #[inline(always)]
 fn group_values<'a>(
     p: &Params<'_>,

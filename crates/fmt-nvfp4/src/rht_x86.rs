@@ -119,6 +119,16 @@ pub(crate) enum Narrow {
     Odd,
 }
 
+impl Narrow {
+    /// `v` rounded to f32 this way (the scalar form of the in-register rounding).
+    pub(crate) fn round(self, v: f64) -> f32 {
+        match self {
+            Narrow::Nearest => v as f32,
+            Narrow::Odd => quant_core::dtype::f64_to_f32_round_odd(v),
+        }
+    }
+}
+
 /// For each of the `cols` columns (a multiple of [`INVERSE_COLS`]) `c`: `out[i][c]` is
 /// `sum_j y[j * stride + c] * R[i][j]` in f64, rounded to f32 as `narrow` says. The sums
 /// are `s_i * 0.25 * (H16 y)_i`, from a fast Walsh-Hadamard transform (64 adds per 16
@@ -215,10 +225,7 @@ unsafe fn fwht<const N: usize>(
             for l in (0..INVERSE_COLS).filter(|l| finite & (1 << l) == 0) {
                 let col: [f32; DIM] = std::array::from_fn(|j| y[j * stride + c + l]);
                 for (o, s) in out.iter_mut().zip(crate::rht::inverse_16(&col)) {
-                    o[c + l] = match narrow {
-                        Narrow::Nearest => s as f32,
-                        Narrow::Odd => quant_core::dtype::f64_to_f32_round_odd(s),
-                    };
+                    o[c + l] = narrow.round(s);
                 }
             }
         }
@@ -239,9 +246,7 @@ mod tests {
         let mut s = 0x9E37_79B9u32;
         let mut x: Vec<f32> = (0..DIM * stride)
             .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
+                let s = crate::test_rng::xorshift32(&mut s);
                 // Wide magnitudes, so the order of the sums shows.
                 f32::from_bits(0x3000_0000 + (s >> 4) % 0x1C00_0000)
                     * if s & 1 == 1 { -1.0 } else { 1.0 }
@@ -283,9 +288,7 @@ mod tests {
                 0x0000_0100 + (c as u32) * 0x0340_0000 % 0x7E00_0000 + (c as u32 * 7919),
             );
             for j in 0..DIM {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
+                let s = crate::test_rng::xorshift32(&mut s);
                 let e = e2m1[(s % 8) as usize] * if s & 8 == 8 { -1.0 } else { 1.0 };
                 y[j * stride + c] = e * f;
             }
@@ -307,10 +310,7 @@ mod tests {
                 let col: [f32; DIM] = std::array::from_fn(|j| y[j * stride + c]);
                 let want = crate::rht::inverse_16(&col);
                 for i in 0..DIM {
-                    let want = match narrow {
-                        Narrow::Nearest => want[i] as f32,
-                        Narrow::Odd => quant_core::dtype::f64_to_f32_round_odd(want[i]),
-                    };
+                    let want = narrow.round(want[i]);
                     assert_eq!(
                         out[i][c].to_bits(),
                         want.to_bits(),

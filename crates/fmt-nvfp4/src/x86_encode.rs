@@ -391,12 +391,7 @@ mod tests {
             }
         }
         let mut s = 0x9E37_79B9u32;
-        let mut next = || {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            s
-        };
+        let mut next = || crate::test_rng::xorshift32(&mut s);
         for nb in 0..=9 {
             for round in 0..40 {
                 let w: Vec<f32> = (0..nb * BLOCK)
@@ -508,12 +503,7 @@ mod tests {
             return;
         }
         let mut s = 0x2545_F491u32;
-        let mut next = || {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            s
-        };
+        let mut next = || crate::test_rng::xorshift32(&mut s);
         // Every bf16 value under three multipliers, each with random bytes and with
         // the extreme bytes 0 and 255 (every grid crossing of the jitter).
         let hi: Vec<u16> = (0..=u16::MAX).collect();
