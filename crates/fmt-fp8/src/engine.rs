@@ -17,13 +17,18 @@
 //! The chunk (128 rows x 512 columns, at most 256 KiB of f32) stays in L2 between the two
 //! passes, so memory is read once.
 //!
+//! bf16 input is not widened where the 16-bit routes apply: 1x128 columnwise maxima are
+//! folded on the bits ([`column_abs_max_bf16`]), and under power-of-two scales at AVX-512
+//! the codes come from [`pow2`]'s encoders (one exponent per tile or tensor, or per
+//! column through [`LaneExps`]).
+//!
 //! One case needs no slab: 1x128 with rowwise output only. Each row is then walked whole,
 //! sixteen blocks at a time, their amaxes taken together by
 //! [`quant_core::block_max::block_abs_max`] (`rowwise_1d`).
 
 use quant_core::Element;
-use quant_core::block_max::{NanRule, block_abs_max, block_abs_max_bf16};
-use quant_core::codec::pow2;
+use quant_core::block_max::{NanRule, block_abs_max, block_abs_max_bf16, column_abs_max_bf16};
+use quant_core::codec::pow2::{self, LaneExps};
 use quant_core::cpu::LaneAmax;
 use quant_core::simd::Level;
 use quant_core::strips::Strip;
@@ -104,6 +109,8 @@ pub(crate) struct Scratch {
     /// The slab's rowwise scales: scale_inv row-major (the rowwise-only 1x128 walk), or
     /// the tile scales (the rowwise-only 128x128 walk).
     row_scales: Vec<f32>,
+    /// A chunk's column exponents (1x128 columnwise blocks under power-of-two scales).
+    lanes: LaneExps,
 }
 
 impl Scratch {
@@ -114,6 +121,7 @@ impl Scratch {
             wide: Box::new(WIDE),
             span: vec![0.0; STEP * BLOCK],
             row_scales: Vec::new(),
+            lanes: LaneExps::new(),
         }
     }
 }
@@ -395,6 +403,7 @@ pub(crate) fn run_slab<T: Element>(
     let wide = &mut *scratch.wide;
     let mut tile_scale = [0f32; CHUNK / BLOCK];
     let mut col_scale = [0f32; CHUNK];
+    let mut col_key = [0u16; CHUNK];
     let mut row_scale = [[0f32; CHUNK / BLOCK]; SLAB];
     for c0 in (0..k).step_by(CHUNK) {
         let cw = CHUNK.min(k - c0);
@@ -407,6 +416,8 @@ pub(crate) fn run_slab<T: Element>(
             }
         };
         let nb = cw.div_ceil(BLOCK);
+        // Whether `scratch.lanes` holds this chunk's column exponents (1x128 columnwise).
+        let mut col_lanes = false;
         // Pass 1: the amaxes a block needs before its first element is encoded. Whether
         // it ran decides who reads the chunk from memory first (and so prefetches).
         let first_touch = match mode {
@@ -426,15 +437,35 @@ pub(crate) fn run_slab<T: Element>(
                 false
             }
             Mode::OneD if job.col.is_some() => {
-                let amax = &mut col_scale[..cw];
-                amax.fill(0.0);
-                for r in 0..rows {
-                    prefetch(r);
-                    amax_cols(seg(r), amax, wide);
+                let scales = &mut col_scale[..cw];
+                if let Some(bits) = quant_core::dtype::bf16_slice_bits(x) {
+                    // bf16: the column maxima on the bits, nothing widened.
+                    let keys = &mut col_key[..cw];
+                    keys.fill(0);
+                    for r in 0..rows {
+                        prefetch(r);
+                        column_abs_max_bf16(&bits[r * k + c0..][..cw], NanRule::Ignore, keys);
+                    }
+                    for (s, &key) in scales.iter_mut().zip(keys.iter()) {
+                        *s = scale_of(f32::from_bits(u32::from(key) << 16));
+                    }
+                } else {
+                    scales.fill(0.0);
+                    for r in 0..rows {
+                        prefetch(r);
+                        amax_cols(seg(r), scales, wide);
+                    }
+                    for a in scales.iter_mut() {
+                        *a = scale_of(*a);
+                    }
                 }
-                for a in amax.iter_mut() {
-                    *a = scale_of(*a);
+                // Power-of-two column scales (the default) at AVX-512: bf16 rows are
+                // encoded in 16-bit lanes, one exponent per column.
+                let mut ks = [0i32; CHUNK];
+                for (e, &s) in ks.iter_mut().zip(scales.iter()) {
+                    *e = pow2_exponent(s);
                 }
+                col_lanes = level == Level::Avx512 && scratch.lanes.set(dt.pow2_codec(), &ks[..cw]);
                 false
             }
             _ => true,
@@ -488,6 +519,10 @@ pub(crate) fn run_slab<T: Element>(
                             encode_scaled(dt, b, s, o, wide);
                         }
                     }
+                    Mode::OneD
+                        if col_lanes
+                            && quant_core::dtype::bf16_slice_bits(xr)
+                                .is_some_and(|b| scratch.lanes.encode(level, b, false, cr)) => {}
                     Mode::OneD => encode_cols(dt, xr, &col_scale[..cw], cr, wide),
                 }
             }

@@ -203,28 +203,41 @@ fn bf16_power_of_two_encoder_edges_are_level_independent() {
             .unwrap()
             .to_dtype(DType::BF16)
             .unwrap();
-        for spec in [
-            "mxfp8",
-            "mxfp8:e5m2",
-            "mxfp8:ocp",
-            "mxfp8:e5m2,ocp,swizzled",
-            "fp8-block:1x128",
-            "fp8-block:1x128,e5m2",
-            "fp8-block:1x128,fp32-scales",
-            "fp8-block:128x128",
-            "fp8:pow2",
+        // The same runs down the columns (`[k, m]`, column `c` is run `c` of `v`), for
+        // the columnwise blocks (MXFP8 32x1, FP8 1x128's 128x1; 96 rows: a ragged one).
+        let vt: Vec<f32> = (0..k * m).map(|i| v[(i % m) * k + i / m]).collect();
+        let xt = HostTensor::f32(&vt, &[k, m])
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        for (usage, x, [m, k]) in [
+            (Usage::ROWWISE, &x, [m, k]),
+            (Usage::COLUMNWISE, &xt, [k, m]),
+            (Usage::BOTH, &xt, [k, m]),
         ] {
-            let q = spec
-                .parse::<FormatSpec>()
-                .unwrap()
-                .boxed(Usage::ROWWISE)
-                .unwrap();
-            let want =
-                simd::with_level(Level::Scalar, || bytes(&*q.quantize(&x).unwrap())).unwrap();
-            simd::for_each_supported_level(|level| {
-                let got = bytes(&*q.quantize(&x).unwrap());
-                assert_same(&format!("{spec} [{m}, {k}] bf16 at {level}"), &got, &want);
-            });
+            for spec in [
+                "mxfp8",
+                "mxfp8:e5m2",
+                "mxfp8:ocp",
+                "mxfp8:e5m2,ocp,swizzled",
+                "fp8-block:1x128",
+                "fp8-block:1x128,e5m2",
+                "fp8-block:1x128,fp32-scales",
+                "fp8-block:128x128",
+                "fp8:pow2",
+            ] {
+                let q = spec.parse::<FormatSpec>().unwrap().boxed(usage).unwrap();
+                let want =
+                    simd::with_level(Level::Scalar, || bytes(&*q.quantize(x).unwrap())).unwrap();
+                simd::for_each_supported_level(|level| {
+                    let got = bytes(&*q.quantize(x).unwrap());
+                    assert_same(
+                        &format!("{spec} [{m}, {k}] bf16 {usage} at {level}"),
+                        &got,
+                        &want,
+                    );
+                });
+            }
         }
     }
 }

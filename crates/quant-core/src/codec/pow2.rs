@@ -305,6 +305,119 @@ pub fn decode_blocks(
     false
 }
 
+/// One power-of-two scale per lane of a run that repeats row after row: per-column
+/// block scales (FP8 1x128 columnwise blocks, MXFP8 columnwise blocks), whose rows are
+/// encoded one after another under the same column exponents.
+///
+/// [`LaneExps::set`] turns the exponents into the vector kernel's per-lane constants once;
+/// [`LaneExps::encode`] then encodes any number of rows with them:
+/// `dst[j] = fp8.encode(src[j], ks[j], plus_zero)` ([`Fp8::encode`]).
+///
+/// ```
+/// use quant_core::codec::pow2::{Fp8, LaneExps};
+/// use quant_core::simd;
+/// let ks: Vec<i32> = (0..64).map(|j| j % 9 - 4).collect();
+/// let mut lanes = LaneExps::new();
+/// assert!(lanes.set(Fp8::E4M3, &ks));
+/// let row: Vec<u16> = (0..64u16).map(|i| half::bf16::from_f32(i as f32 - 30.0).to_bits()).collect();
+/// let mut codes = [0u8; 64];
+/// if lanes.encode(simd::level(), &row, false, &mut codes) {
+///     for j in 0..64 {
+///         assert_eq!(codes[j], Fp8::E4M3.encode(row[j], ks[j], false));
+///     }
+/// }
+/// ```
+#[derive(Clone, Debug)]
+pub struct LaneExps {
+    fp8: Fp8,
+    /// Per 32-lane vector, four rows of 32 lanes: `normal_from`, `normal_span`, `rebias`
+    /// and `k` (the kernel's block constants, module docs), next to each other so one
+    /// vector's constants share a few cache lines.
+    consts: Vec<[[u16; 32]; 4]>,
+}
+
+impl Default for LaneExps {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LaneExps {
+    /// No lanes yet ([`LaneExps::encode`] refuses every row until [`LaneExps::set`]).
+    pub const fn new() -> Self {
+        LaneExps {
+            fp8: Fp8::E4M3,
+            consts: Vec::new(),
+        }
+    }
+
+    /// Sets one exponent per lane (reusing the allocation). `false`, leaving no lanes,
+    /// unless `ks.len()` is a nonzero multiple of 32 and every `k` satisfies
+    /// [`Fp8::pow2_exact`]; the caller then takes its f32 route.
+    pub fn set(&mut self, fp8: Fp8, ks: &[i32]) -> bool {
+        self.consts.clear();
+        let fit = !ks.is_empty()
+            && ks.len().is_multiple_of(32)
+            // A fold, not `all`: no early exit, so it vectorizes.
+            && ks.iter().fold(true, |ok, &k| ok & fp8.pow2_exact(k));
+        if !fit {
+            return false;
+        }
+        self.fp8 = fp8;
+        self.consts.extend(ks.chunks_exact(32).map(|v| {
+            let mut c = [[0u16; 32]; 4];
+            for (l, &k) in v.iter().enumerate() {
+                // Within the exact range every value fits 16 bits (module docs).
+                let off = fp8.exp_offset(k);
+                c[0][l] = ((off + 1) << 7) as u16;
+                c[1][l] = (0x7F80 - ((off + 1) << 7)) as u16;
+                c[2][l] = (off << fp8.mbits) as u16;
+                c[3][l] = k as u16;
+            }
+            c
+        }));
+        true
+    }
+
+    /// Lanes set (0 before the first successful [`LaneExps::set`]).
+    pub fn len(&self) -> usize {
+        32 * self.consts.len()
+    }
+
+    /// Whether no lanes are set.
+    pub fn is_empty(&self) -> bool {
+        self.consts.is_empty()
+    }
+
+    /// `dst[j] = fp8.encode(src[j], ks[j], plus_zero)` for one row, with AVX-512. Returns
+    /// `false` and writes nothing unless `level` is [`Level::Avx512`] and the CPU has it
+    /// and `src` and `dst` both hold [`LaneExps::len`] values (at least one).
+    /// `#[inline(always)]`: call it from a [`crate::simd::dispatch`]ed kernel.
+    #[inline(always)]
+    pub fn encode(&self, level: Level, src: &[u16], plus_zero: bool, dst: &mut [u8]) -> bool {
+        if self.is_empty()
+            || src.len() != self.len()
+            || dst.len() != self.len()
+            || level != Level::Avx512
+            || !Level::Avx512.is_supported()
+        {
+            return false;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both); both
+            // lengths equal the lanes set, whose exponents `set` checked.
+            unsafe { x86::encode_lanes(self.fp8, &self.consts, src, plus_zero, dst) };
+            true
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = plus_zero;
+            false
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::{
@@ -348,45 +461,71 @@ mod x86 {
         plus_zero: bool,
         dst: &mut [u8],
     ) {
-        // SAFETY: `HALF_M1` is 32 i16 = 64 bytes (one unaligned 512-bit load).
-        let half_m1 = unsafe { _mm512_loadu_si512(HALF_M1.as_ptr().cast()) };
-        let sh = 7 - fp8.mbits as i32;
-        let c = Consts {
-            half_m1,
-            abs: _mm512_set1_epi16(0x7FFF),
-            one: _mm512_set1_epi16(1),
-            inf: _mm512_set1_epi16(0x7F80),
-            s_min: _mm512_set1_epi16(sh as i16),
-            s_max: _mm512_set1_epi16(9),
-            max_code: _mm512_set1_epi16(i16::from(fp8.max_code)),
-            nan_code: _mm512_set1_epi16(0x7F),
-            sign: _mm512_set1_epi16(0x80),
-            sh: _mm_cvtsi32_si128(sh),
-            round: _mm512_set1_epi16((1 << (sh - 1)) - 1),
-        };
-        let chunks = src.len() / 32;
+        let c = Consts::new(fp8);
         let mut blocks = Blocks::new(fp8, ks, block / 32);
-        // Chunk `j`'s 32 codes as u16 lanes; chunks are taken in order.
-        let mut codes = |j: usize| {
-            let (blk, k) = blocks.next();
-            // SAFETY: `32 * j + 32 <= src.len()` (callers pass chunks below
+        store_codes(src.len() / 32, dst, |j| {
+            let blk = blocks.next();
+            // SAFETY: `32 * j + 32 <= src.len()` (`store_codes` asks for chunks below
             // `src.len() / 32`); one unaligned 512-bit load.
             let x = unsafe { _mm512_loadu_si512(src.as_ptr().add(32 * j).cast()) };
-            encode32(fp8, &c, blk, k, x, plus_zero)
-        };
-        // Two chunks per store: `vpackuswb` (the codes are below 256) interleaves their
-        // 128-bit lanes, one `vpermq` restores the order.
+            encode32(&c, blk, x, plus_zero)
+        });
+    }
+
+    /// [`super::LaneExps::encode`] after its checks.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and BW; `src.len() == dst.len() == 32 * consts.len()`;
+    /// `consts` was made by [`super::LaneExps::set`] for `fp8`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn encode_lanes(
+        fp8: Fp8,
+        consts: &[[[u16; 32]; 4]],
+        src: &[u16],
+        plus_zero: bool,
+        dst: &mut [u8],
+    ) {
+        let c = Consts::new(fp8);
+        store_codes(src.len() / 32, dst, |j| {
+            let v = &consts[j];
+            // SAFETY: each row of `v` is 32 u16 = 64 bytes (one unaligned 512-bit load);
+            // `32 * j + 32 <= src.len()` as above.
+            let (blk, x) = unsafe {
+                let at = |r: usize| _mm512_loadu_si512(v[r].as_ptr().cast());
+                let blk = Block {
+                    normal_from: at(0),
+                    normal_span: at(1),
+                    rebias: at(2),
+                    k: at(3),
+                };
+                (blk, _mm512_loadu_si512(src.as_ptr().add(32 * j).cast()))
+            };
+            encode32(&c, &blk, x, plus_zero)
+        });
+    }
+
+    /// Stores the codes of `chunks` 32-value chunks into `dst` (`32 * chunks` bytes),
+    /// `codes(j)` giving chunk `j`'s as u16 lanes; chunks are asked for in order. Two
+    /// chunks per store: `vpackuswb` (the codes are below 256) interleaves their 128-bit
+    /// lanes, one `vpermq` restores the order.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn store_codes(chunks: usize, dst: &mut [u8], mut codes: impl FnMut(usize) -> __m512i) {
+        assert!(dst.len() >= 32 * chunks, "store_codes: short destination");
         let order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
         for p in 0..chunks / 2 {
             let first = codes(2 * p);
             let bytes =
                 _mm512_permutexvar_epi64(order, _mm512_packus_epi16(first, codes(2 * p + 1)));
-            // SAFETY: `64 * p + 64 <= dst.len() == src.len()`; one unaligned 512-bit store.
+            // SAFETY: `64 * p + 64 <= 32 * chunks <= dst.len()` (asserted above); one
+            // unaligned 512-bit store.
             unsafe { _mm512_storeu_si512(dst.as_mut_ptr().add(64 * p).cast(), bytes) };
         }
         if chunks % 2 == 1 {
             let j = chunks - 1;
-            // SAFETY: `32 * j + 32 == dst.len()`; one unaligned 256-bit store.
+            // SAFETY: `32 * j + 32 == 32 * chunks <= dst.len()`; one unaligned 256-bit
+            // store.
             unsafe {
                 _mm256_storeu_si256(
                     dst.as_mut_ptr().add(32 * j).cast(),
@@ -472,6 +611,37 @@ mod x86 {
         sh: __m128i,
         /// `2^(7 - MBITS - 1) - 1`, the rounding addend of the normal shift.
         round: __m512i,
+        /// `D` and `127 - BIAS - k` at `k = 0`: the general route subtracts `k`.
+        d0: __m512i,
+        off0: __m512i,
+        /// `MBITS`, as per-lane shift counts.
+        mbits: __m512i,
+    }
+
+    impl Consts {
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw")]
+        fn new(fp8: Fp8) -> Consts {
+            // SAFETY: `HALF_M1` is 32 i16 = 64 bytes (one unaligned 512-bit load).
+            let half_m1 = unsafe { _mm512_loadu_si512(HALF_M1.as_ptr().cast()) };
+            let sh = 7 - fp8.mbits as i32;
+            Consts {
+                half_m1,
+                abs: _mm512_set1_epi16(0x7FFF),
+                one: _mm512_set1_epi16(1),
+                inf: _mm512_set1_epi16(0x7F80),
+                s_min: _mm512_set1_epi16(sh as i16),
+                s_max: _mm512_set1_epi16(9),
+                max_code: _mm512_set1_epi16(i16::from(fp8.max_code)),
+                nan_code: _mm512_set1_epi16(0x7F),
+                sign: _mm512_set1_epi16(0x80),
+                sh: _mm_cvtsi32_si128(sh),
+                round: _mm512_set1_epi16((1 << (sh - 1)) - 1),
+                d0: _mm512_set1_epi16(fp8.shift_base(0) as i16),
+                off0: _mm512_set1_epi16(fp8.exp_offset(0) as i16),
+                mbits: _mm512_set1_epi16(fp8.mbits as i16),
+            }
+        }
     }
 
     /// One block's constants for the normal route, from its exponent `k`.
@@ -483,6 +653,8 @@ mod x86 {
         normal_span: __m512i,
         /// `EXP_OFFSET << MBITS`, subtracted from a normal input's rounded bits.
         rebias: __m512i,
+        /// `k` itself, for the general route.
+        k: __m512i,
     }
 
     impl Block {
@@ -496,6 +668,7 @@ mod x86 {
                 normal_from: _mm512_set1_epi16(((off + 1) << 7) as i16),
                 normal_span: _mm512_set1_epi16((0x7F80 - ((off + 1) << 7)) as i16),
                 rebias: _mm512_set1_epi16((off << fp8.mbits) as i16),
+                k: _mm512_set1_epi16(k as i16),
             }
         }
     }
@@ -508,7 +681,6 @@ mod x86 {
         ks: std::slice::Iter<'a, i32>,
         per_block: usize,
         left: usize,
-        k: i32,
         blk: Block,
     }
 
@@ -521,23 +693,22 @@ mod x86 {
                 ks: ks.iter(),
                 per_block,
                 left: 0,
-                k: 0,
                 blk: Block::new(fp8, 0),
             }
         }
 
-        /// The constants and exponent of the next chunk's block.
+        /// The constants of the next chunk's block.
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw")]
-        fn next(&mut self) -> (&Block, i32) {
+        fn next(&mut self) -> &Block {
             if self.left == 0 {
                 // The caller takes `ks.len() * per_block` chunks at most.
-                self.k = self.ks.next().copied().unwrap_or(0);
-                self.blk = Block::new(self.fp8, self.k);
+                let k = self.ks.next().copied().unwrap_or(0);
+                self.blk = Block::new(self.fp8, k);
                 self.left = self.per_block;
             }
             self.left -= 1;
-            (&self.blk, self.k)
+            &self.blk
         }
     }
 
@@ -551,7 +722,7 @@ mod x86 {
     /// subnormal input, infinity or NaN in the chunk: rare in data under a block scale).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    fn encode32(fp8: Fp8, c: &Consts, blk: &Block, k: i32, x: __m512i, plus_zero: bool) -> __m512i {
+    fn encode32(c: &Consts, blk: &Block, x: __m512i, plus_zero: bool) -> __m512i {
         let mag = _mm512_and_si512(x, c.abs);
         let nonzero = _mm512_test_epi16_mask(mag, mag);
         // Outside `normal_from .. 0x7F80` (one unsigned compare after a wrapping
@@ -562,7 +733,7 @@ mod x86 {
             blk.normal_span,
         );
         if general != 0 {
-            return encode32_general(fp8, c, k, x, plus_zero);
+            return encode32_general(c, blk.k, x, plus_zero);
         }
         let lsb = _mm512_and_si512(_mm512_srl_epi16(mag, c.sh), c.one);
         let q = _mm512_srl_epi16(_mm512_add_epi16(_mm512_add_epi16(mag, c.round), lsb), c.sh);
@@ -578,13 +749,14 @@ mod x86 {
         _mm512_ternarylogic_epi32::<0xF8>(code, sign, c.sign)
     }
 
-    /// [`Fp8::encode`] on 32 lanes, any input, codes in u16 lanes.
+    /// [`Fp8::encode`] on 32 lanes, any input, codes in u16 lanes; `k` holds each lane's
+    /// exponent.
     #[inline(never)]
     #[target_feature(enable = "avx512f,avx512bw")]
-    fn encode32_general(fp8: Fp8, c: &Consts, k: i32, x: __m512i, plus_zero: bool) -> __m512i {
+    fn encode32_general(c: &Consts, k: __m512i, x: __m512i, plus_zero: bool) -> __m512i {
         // `k` is within -127..=126-BIAS, so both fit an i16 with room to spare.
-        let d = _mm512_set1_epi16(fp8.shift_base(k) as i16);
-        let off = _mm512_set1_epi16(fp8.exp_offset(k) as i16);
+        let d = _mm512_sub_epi16(c.d0, k);
+        let off = _mm512_sub_epi16(c.off0, k);
         let mag = _mm512_and_si512(x, c.abs);
         let e1 = _mm512_subs_epu16(_mm512_srli_epi16::<7>(mag), c.one);
         let v = _mm512_sub_epi16(mag, _mm512_slli_epi16::<7>(e1));
@@ -596,7 +768,7 @@ mod x86 {
         );
         let q = _mm512_srlv_epi16(rounded, s);
         let base = _mm512_subs_epu16(e1, off);
-        let base = _mm512_sllv_epi16(base, _mm512_set1_epi16(fp8.mbits as i16));
+        let base = _mm512_sllv_epi16(base, c.mbits);
         let code = _mm512_min_epi16(_mm512_add_epi16(base, q), c.max_code);
         // Infinity saturates; NaN is handled after the sign.
         let code = _mm512_mask_mov_epi16(code, _mm512_cmpge_epu16_mask(mag, c.inf), c.max_code);
@@ -714,6 +886,58 @@ mod tests {
                 assert_eq!(d, fp8.encode(s, ks[i / 32], false));
             }
         }
+    }
+
+    #[test]
+    fn lanes_equal_scalar_on_every_input() {
+        let level = crate::simd::level();
+        let src: Vec<u16> = (0..=u16::MAX).collect();
+        for fp8 in [Fp8::E4M3, Fp8::E5M2] {
+            let exact: Vec<i32> = (-127..=126 - fp8.bias).collect();
+            for plus_zero in [false, true] {
+                // 96 lanes (an odd number of vectors: the last one stored alone); each
+                // pass shifts which exponent a lane has, so every input meets many.
+                for pass in 0..9 {
+                    let ks: Vec<i32> = (0..96)
+                        .map(|j| exact[(j * 37 + pass * 11) % exact.len()])
+                        .collect();
+                    let mut lanes = LaneExps::new();
+                    assert!(lanes.set(fp8, &ks));
+                    assert_eq!(lanes.len(), 96);
+                    for row in src.chunks_exact(96) {
+                        let mut dst = [0u8; 96];
+                        if !lanes.encode(level, row, plus_zero, &mut dst) {
+                            assert_ne!(level, Level::Avx512);
+                            eprintln!("skipped: this CPU has no AVX-512");
+                            return;
+                        }
+                        for ((&s, &d), &k) in row.iter().zip(&dst).zip(&ks) {
+                            assert_eq!(d, fp8.encode(s, k, plus_zero), "{fp8:?} {s:#06x} k {k}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn lanes_refuse_what_they_cannot_do() {
+        let mut lanes = LaneExps::new();
+        let mut dst = [0u8; 64];
+        assert!(!lanes.encode(Level::Avx512, &[0; 64], false, &mut dst));
+        // Not a multiple of 32 lanes, or an exponent outside the exact range.
+        assert!(!lanes.set(Fp8::E4M3, &[0; 48]));
+        assert!(!lanes.set(Fp8::E4M3, &[]));
+        let mut ks = [0; 64];
+        ks[63] = 120;
+        assert!(!lanes.set(Fp8::E4M3, &ks));
+        assert!(lanes.is_empty());
+        assert!(lanes.set(Fp8::E4M3, &[0; 64]));
+        // Rows of another length, or a level without the kernel.
+        assert!(!lanes.encode(Level::Avx512, &[0; 32], false, &mut dst[..32]));
+        assert!(!lanes.encode(Level::Avx512, &[0; 64], false, &mut dst[..32]));
+        assert!(!lanes.encode(Level::Scalar, &[0; 64], false, &mut dst));
+        assert!(dst.iter().all(|&d| d == 0));
     }
 
     /// The f32 route of a bf16 dequantization: `decode(code) * 2^j`, narrowed.
