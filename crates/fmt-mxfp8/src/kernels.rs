@@ -3,8 +3,8 @@
 //! permutation applied afterwards (TE's unfused `nvte_swizzle_scaling_factors` path),
 //! so one well-tested function owns the swizzle.
 
-use quant_core::block_max::{block_abs_max, block_abs_max_bf16};
-use quant_core::codec::pow2;
+use quant_core::block_max::{block_abs_max, block_abs_max_bf16, column_abs_max_bf16};
+use quant_core::codec::pow2::{self, LaneExps};
 use quant_core::codec::{e4m3, e5m2};
 use quant_core::simd::Level;
 use quant_core::strips::{Strip, column_strips};
@@ -131,6 +131,26 @@ struct SlabJob<'a, T> {
     col: Option<(&'a mut [u8], ColScales<'a>)>,
 }
 
+/// Per-worker scratch of the slab walk.
+struct Scratch {
+    /// A 32-row group's chunk, widened to f32.
+    wide: Vec<f32>,
+    /// One row's span, widened ([`row_run`]).
+    span: Box<[f32; STEP * BLOCK]>,
+    /// A chunk's column exponents ([`group_bf16`]).
+    lanes: LaneExps,
+}
+
+impl Scratch {
+    fn new() -> Scratch {
+        Scratch {
+            wide: vec![0f32; BLOCK * CHUNK],
+            span: Box::new([0f32; STEP * BLOCK]),
+            lanes: LaneExps::new(),
+        }
+    }
+}
+
 /// Quantizes `xs` (`[m, k]`, multiples of 32) into the requested directions. Scales go
 /// straight into their final layout (compact or swizzled); padding is left untouched.
 #[allow(clippy::too_many_arguments)]
@@ -184,16 +204,14 @@ pub(crate) fn quantize<T: Element>(
         .zip(cols)
         .map(|((x, row), col)| SlabJob { x, row, col })
         .collect();
-    jobs.into_par_iter().for_each_init(
-        || vec![0f32; BLOCK * CHUNK],
-        |wide, mut job| {
+    jobs.into_par_iter()
+        .for_each_init(Scratch::new, |scratch, mut job| {
             simd::dispatch(
                 cfg.level,
                 #[inline(always)]
-                || slab(cfg, two_d, layout, k, [rstride, cstride], &mut job, wide),
+                || slab(cfg, two_d, layout, k, [rstride, cstride], &mut job, scratch),
             )
-        },
-    );
+        });
     Ok(())
 }
 
@@ -202,13 +220,8 @@ const STEP: usize = 16;
 /// How far ahead (elements) the rowwise-only path prefetches its input.
 const PREFETCH: usize = 4 * STEP * BLOCK;
 
-/// Rowwise 1x32 only (the common case): row by row, [`STEP`] blocks at a time, in three
-/// passes over an L1-resident span: every block's key max (sixteen blocks folded
-/// together, [`block_abs_max`]), then every block's code and multiplier, then the encode.
-/// Separating the passes keeps the per-block scalar work (the E8M0 code) out of the
-/// vector loops, and f32 input is read in place (bf16 is widened once per span instead
-/// of once per block into a stack array the encoder then re-reads with wider loads).
-/// bf16 input at AVX-512 is not widened at all ([`span_bf16_pow2`]).
+/// Rowwise 1x32 only (the common case): row by row, [`STEP`] blocks at a time
+/// ([`row_run`]).
 #[inline(always)]
 fn rowwise_only<T: Element>(
     cfg: Cfg,
@@ -220,49 +233,74 @@ fn rowwise_only<T: Element>(
     rs: &mut [u8],
 ) {
     let mut span = [0f32; STEP * BLOCK];
-    for (i, (xr, out)) in x.chunks_exact(k).zip(rd.chunks_exact_mut(k)).enumerate() {
-        for (si, (xs, os)) in xr
-            .chunks(STEP * BLOCK)
-            .zip(out.chunks_mut(STEP * BLOCK))
-            .enumerate()
-        {
-            let ahead = i * k + si * STEP * BLOCK + PREFETCH;
-            simd::prefetch(x.get(ahead..ahead + STEP * BLOCK).unwrap_or(&[]));
-            let mut codes = [0u8; STEP];
-            if !span_bf16_pow2(cfg, xs, &mut codes, os) {
-                let w = widened(xs, &mut span[..xs.len()]);
-                let mut keys = [0u32; STEP];
-                block_abs_max(
-                    cfg.level,
-                    w,
-                    cfg.rule.nan_rule(),
-                    &mut keys[..w.len() / BLOCK],
-                );
-                let mut mults = [0f32; STEP];
-                for ((c, m), &key) in codes.iter_mut().zip(mults.iter_mut()).zip(&keys) {
-                    *c = cfg.code(key);
-                    *m = multiplier(*c);
-                }
-                for ((o, v), &m) in os
-                    .chunks_exact_mut(BLOCK)
-                    .zip(w.chunks_exact(BLOCK))
-                    .zip(&mults)
-                {
-                    encode_run(cfg, v, m, o);
-                }
+    for (i, out) in rd.chunks_exact_mut(k).enumerate() {
+        row_run(cfg, layout, rstride, x, [k, i, 0], out, rs, &mut span);
+    }
+}
+
+/// Row `i` of the slab `x` (`k` columns), columns `c0..c0 + out.len()` (a multiple of
+/// [`BLOCK`]), quantized rowwise into `out` and the slab's scales `rs`:
+/// [`STEP`] blocks at a time, in three passes over an L1-resident span: every block's
+/// key max (sixteen blocks folded together, [`block_abs_max`]), then every block's code
+/// and multiplier, then the encode. Separating the passes keeps the per-block scalar
+/// work (the E8M0 code) out of the vector loops, and f32 input is read in place (bf16 is
+/// widened once per span, into `span`, instead of once per block into a stack array the
+/// encoder then re-reads with wider loads). bf16 input at AVX-512 is not widened at all
+/// ([`span_bf16_pow2`]).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn row_run<T: Element>(
+    cfg: Cfg,
+    layout: ScaleLayout,
+    rstride: usize,
+    x: &[T],
+    [k, i, c0]: [usize; 3],
+    out: &mut [u8],
+    rs: &mut [u8],
+    span: &mut [f32; STEP * BLOCK],
+) {
+    let xr = &x[i * k + c0..i * k + c0 + out.len()];
+    for (si, (xs, os)) in xr
+        .chunks(STEP * BLOCK)
+        .zip(out.chunks_mut(STEP * BLOCK))
+        .enumerate()
+    {
+        let ahead = i * k + c0 + si * STEP * BLOCK + PREFETCH;
+        simd::prefetch(x.get(ahead..ahead + STEP * BLOCK).unwrap_or(&[]));
+        let mut codes = [0u8; STEP];
+        if !span_bf16_pow2(cfg, xs, &mut codes, os) {
+            let w = widened(xs, &mut span[..xs.len()]);
+            let mut keys = [0u32; STEP];
+            block_abs_max(
+                cfg.level,
+                w,
+                cfg.rule.nan_rule(),
+                &mut keys[..w.len() / BLOCK],
+            );
+            let mut mults = [0f32; STEP];
+            for ((c, m), &key) in codes.iter_mut().zip(mults.iter_mut()).zip(&keys) {
+                *c = cfg.code(key);
+                *m = multiplier(*c);
             }
-            let (kb0, nb) = (si * STEP, xs.len() / BLOCK);
-            match layout {
-                // The row's scales are contiguous; in a swizzled tile, runs of four.
-                ScaleLayout::Compact => {
-                    let at = rowwise_scale_at(layout, i, kb0, rstride);
-                    rs[at..at + nb].copy_from_slice(&codes[..nb]);
-                }
-                ScaleLayout::Swizzled => {
-                    for (q, four) in codes[..nb].chunks(4).enumerate() {
-                        let at = rowwise_scale_at(layout, i, kb0 + 4 * q, rstride);
-                        rs[at..at + four.len()].copy_from_slice(four);
-                    }
+            for ((o, v), &m) in os
+                .chunks_exact_mut(BLOCK)
+                .zip(w.chunks_exact(BLOCK))
+                .zip(&mults)
+            {
+                encode_run(cfg, v, m, o);
+            }
+        }
+        let (kb0, nb) = ((c0 + si * STEP * BLOCK) / BLOCK, xs.len() / BLOCK);
+        match layout {
+            // The row's scales are contiguous; in a swizzled tile, runs of four.
+            ScaleLayout::Compact => {
+                let at = rowwise_scale_at(layout, i, kb0, rstride);
+                rs[at..at + nb].copy_from_slice(&codes[..nb]);
+            }
+            ScaleLayout::Swizzled => {
+                for (q, four) in codes[..nb].chunks(4).enumerate() {
+                    let at = rowwise_scale_at(layout, i, kb0 + 4 * q, rstride);
+                    rs[at..at + four.len()].copy_from_slice(four);
                 }
             }
         }
@@ -317,7 +355,7 @@ fn slab<T: Element>(
     k: usize,
     [rstride, cstride]: [usize; 2],
     job: &mut SlabJob<'_, T>,
-    wide: &mut [f32],
+    scratch: &mut Scratch,
 ) {
     let x = job.x;
     let groups = x.len() / (BLOCK * k);
@@ -335,92 +373,105 @@ fn slab<T: Element>(
         for c0 in (0..k).step_by(CHUNK) {
             let cw = CHUNK.min(k - c0);
             let nb = cw / BLOCK;
-            // Widen the group's chunk (row-major, contiguous runs of `cw`).
-            for r in 0..BLOCK {
-                let i = g * BLOCK + r;
-                T::widen_slice(
-                    &x[i * k + c0..i * k + c0 + cw],
-                    &mut wide[r * cw..(r + 1) * cw],
+            let fast = !two_d
+                && group_bf16(
+                    cfg,
+                    layout,
+                    [k, rstride],
+                    [g, c0, cw],
+                    job,
+                    &mut col_code,
+                    scratch,
                 );
-            }
-            let wide = &wide[..BLOCK * cw];
-            // Column / tile amaxes over the group's 32 rows.
-            if two_d {
-                let keys = &mut col_key[..nb];
-                keys.fill(0);
-                for row in wide.chunks_exact(cw) {
-                    block_abs_max(cfg.level, row, cfg.rule.nan_rule(), &mut row_key[..nb]);
-                    for (a, &b) in keys.iter_mut().zip(&row_key) {
-                        *a = (*a).max(b);
+            if !fast {
+                let wide = &mut scratch.wide;
+                // Widen the group's chunk (row-major, contiguous runs of `cw`).
+                for r in 0..BLOCK {
+                    let i = g * BLOCK + r;
+                    T::widen_slice(
+                        &x[i * k + c0..i * k + c0 + cw],
+                        &mut wide[r * cw..(r + 1) * cw],
+                    );
+                }
+                let wide = &wide[..BLOCK * cw];
+                // Column / tile amaxes over the group's 32 rows.
+                if two_d {
+                    let keys = &mut col_key[..nb];
+                    keys.fill(0);
+                    for row in wide.chunks_exact(cw) {
+                        block_abs_max(cfg.level, row, cfg.rule.nan_rule(), &mut row_key[..nb]);
+                        for (a, &b) in keys.iter_mut().zip(&row_key) {
+                            *a = (*a).max(b);
+                        }
                     }
-                }
-                for ((c, mlt), &a) in tile_code
-                    .iter_mut()
-                    .zip(tile_mult.iter_mut())
-                    .zip(keys.iter())
-                {
-                    *c = cfg.code(a);
-                    *mlt = multiplier(*c);
-                }
-            } else if job.col.is_some() {
-                let keys = &mut col_key[..cw];
-                keys.fill(0);
-                for row in wide.chunks_exact(cw) {
-                    key_max_cols(cfg.rule, row, keys);
-                }
-                for ((c, mlt), &a) in col_code
-                    .iter_mut()
-                    .zip(col_mult.iter_mut())
-                    .zip(keys.iter())
-                {
-                    *c = cfg.code(a);
-                    *mlt = multiplier(*c);
-                }
-            }
-            // Encode.
-            for (r, w) in wide.chunks_exact(cw).enumerate() {
-                let i = g * BLOCK + r;
-                let dst = i * k + c0..i * k + c0 + cw;
-                if let Some((rd, rs)) = job.row.as_mut() {
-                    if !two_d {
-                        block_abs_max(cfg.level, w, cfg.rule.nan_rule(), &mut row_key[..nb]);
-                    }
-                    let out = &mut rd[dst.clone()];
-                    for (b, (o, v)) in out
-                        .chunks_exact_mut(BLOCK)
-                        .zip(w.chunks_exact(BLOCK))
-                        .enumerate()
+                    for ((c, mlt), &a) in tile_code
+                        .iter_mut()
+                        .zip(tile_mult.iter_mut())
+                        .zip(keys.iter())
                     {
-                        let code = if two_d {
-                            tile_code[b]
-                        } else {
-                            cfg.code(row_key[b])
-                        };
-                        encode_run(
-                            cfg,
-                            v,
-                            if two_d {
-                                tile_mult[b]
-                            } else {
-                                multiplier(code)
-                            },
-                            o,
-                        );
-                        rs[rowwise_scale_at(layout, i, c0 / BLOCK + b, rstride)] = code;
+                        *c = cfg.code(a);
+                        *mlt = multiplier(*c);
+                    }
+                } else if job.col.is_some() {
+                    let keys = &mut col_key[..cw];
+                    keys.fill(0);
+                    for row in wide.chunks_exact(cw) {
+                        key_max_cols(cfg.rule, row, keys);
+                    }
+                    for ((c, mlt), &a) in col_code
+                        .iter_mut()
+                        .zip(col_mult.iter_mut())
+                        .zip(keys.iter())
+                    {
+                        *c = cfg.code(a);
+                        *mlt = multiplier(*c);
                     }
                 }
-                if let Some((cd, _)) = job.col.as_mut() {
-                    let out = &mut cd[dst];
-                    if two_d {
-                        for ((o, v), &mlt) in out
+                // Encode.
+                for (r, w) in wide.chunks_exact(cw).enumerate() {
+                    let i = g * BLOCK + r;
+                    let dst = i * k + c0..i * k + c0 + cw;
+                    if let Some((rd, rs)) = job.row.as_mut() {
+                        if !two_d {
+                            block_abs_max(cfg.level, w, cfg.rule.nan_rule(), &mut row_key[..nb]);
+                        }
+                        let out = &mut rd[dst.clone()];
+                        for (b, (o, v)) in out
                             .chunks_exact_mut(BLOCK)
                             .zip(w.chunks_exact(BLOCK))
-                            .zip(&tile_mult)
+                            .enumerate()
                         {
-                            encode_run(cfg, v, mlt, o);
+                            let code = if two_d {
+                                tile_code[b]
+                            } else {
+                                cfg.code(row_key[b])
+                            };
+                            encode_run(
+                                cfg,
+                                v,
+                                if two_d {
+                                    tile_mult[b]
+                                } else {
+                                    multiplier(code)
+                                },
+                                o,
+                            );
+                            rs[rowwise_scale_at(layout, i, c0 / BLOCK + b, rstride)] = code;
                         }
-                    } else {
-                        encode_cols(cfg, w, &col_mult[..cw], out);
+                    }
+                    if let Some((cd, _)) = job.col.as_mut() {
+                        let out = &mut cd[dst];
+                        if two_d {
+                            for ((o, v), &mlt) in out
+                                .chunks_exact_mut(BLOCK)
+                                .zip(w.chunks_exact(BLOCK))
+                                .zip(&tile_mult)
+                            {
+                                encode_run(cfg, v, mlt, o);
+                            }
+                        } else {
+                            encode_cols(cfg, w, &col_mult[..cw], out);
+                        }
                     }
                 }
             }
@@ -445,6 +496,71 @@ fn slab<T: Element>(
         }
     }
 }
+/// One 32-row group's chunk (`cw` columns from `c0`) of bf16 input at AVX-512, 1x32
+/// blocks, without widening it: the column maxima folded on the bits
+/// ([`column_abs_max_bf16`]), the columnwise codes from the per-column exponents in
+/// 16-bit lanes ([`LaneExps`]), and the rowwise blocks (when asked for) by
+/// [`row_run`], which takes its own 16-bit route. The column codes go to `col_code`;
+/// the caller writes them out. Returns `false`, with nothing written, for other input
+/// or levels and where a column's scale is outside the encoder's exact range (a
+/// column block whose amax is tiny): the caller then takes the f32 route.
+#[inline(always)]
+fn group_bf16<T: Element>(
+    cfg: Cfg,
+    layout: ScaleLayout,
+    [k, rstride]: [usize; 2],
+    [g, c0, cw]: [usize; 3],
+    job: &mut SlabJob<'_, T>,
+    col_code: &mut [u8; CHUNK],
+    scratch: &mut Scratch,
+) -> bool {
+    let (Some(bits), Some((cd, _))) = (quant_core::dtype::bf16_slice_bits(job.x), &mut job.col)
+    else {
+        return false;
+    };
+    if cfg.level != Level::Avx512 || !Level::Avx512.is_supported() {
+        return false;
+    }
+    let rows = g * BLOCK..(g + 1) * BLOCK;
+    let run = |i: usize| &bits[i * k + c0..][..cw];
+    let mut keys = [0u16; CHUNK];
+    for i in rows.clone() {
+        column_abs_max_bf16(run(i), cfg.rule.nan_rule(), &mut keys[..cw]);
+    }
+    let mut ks = [0i32; CHUNK];
+    for ((c, e), &key) in col_code.iter_mut().zip(&mut ks).zip(&keys[..cw]) {
+        *c = cfg.code(u32::from(key) << 16);
+        // The multiplier is 2^(127 - code) ([`multiplier`]).
+        *e = 127 - i32::from(*c);
+    }
+    let lanes = &mut scratch.lanes;
+    if !lanes.set(cfg.dtype.pow2_codec(), &ks[..cw]) {
+        return false;
+
+    }
+    for i in rows {
+        let out = &mut cd[i * k + c0..][..cw];
+        // The level, the CPU and the lengths were checked above: the encoder takes every
+        // row (a refusal would be a bug here, not a property of the input).
+        let encoded = lanes.encode(cfg.level, run(i), cfg.plus_zero, out);
+        assert!(encoded, "group_bf16: the lane encoder refused a checked row");
+        if let Some((rd, rs)) = job.row.as_mut() {
+            let out = &mut rd[i * k + c0..][..cw];
+            row_run(
+                cfg,
+                layout,
+                rstride,
+                job.x,
+                [k, i, c0],
+                out,
+                rs,
+                &mut scratch.span,
+            );
+        }
+    }
+    true
+}
+
 /// Spreads 2-D tile codes over the compact rowwise scales: rows `32*mb .. 32*mb+32`
 /// all get tile row `mb`.
 pub(crate) fn tiles_to_rowwise(tiles: &[u8], m: usize, k: usize, scales: &mut [u8], stride: usize) {
