@@ -371,6 +371,41 @@ impl Pow2Plan {
     }
 }
 
+/// One row's run of 1x128 blocks (whole blocks only) of bf16 input at AVX-512 in
+/// 16-bit lanes: the block maxima on the bits ([`block_abs_max_bf16`]), the scales
+/// into `scales`, and the codes from [`pow2::encode_blocks`] when every scale is a power
+/// of two the encoder takes. The same scales and codes as `amax_encode_block` (a
+/// NaN-ignoring max from 0, the same encoder). `false`, with `out` untouched, where it
+/// does not apply; the caller then takes the f32 route.
+#[inline(always)]
+fn one_d_bf16<T: Element>(
+    level: Level,
+    dt: Fp8Dtype,
+    scale_of: impl Fn(f32) -> f32,
+    xr: &[T],
+    out: &mut [u8],
+    scales: &mut [f32; CHUNK / BLOCK],
+) -> bool {
+    let Some(bits) = quant_core::dtype::bf16_slice_bits(xr) else {
+        return false;
+    };
+    if level != Level::Avx512 || !bits.len().is_multiple_of(BLOCK) {
+        return false;
+    }
+    let nb = bits.len() / BLOCK;
+    let mut keys = [0u32; CHUNK / BLOCK];
+    block_abs_max_bf16(level, bits, NanRule::Ignore, &mut keys[..nb]);
+    let mut s = [0f32; CHUNK / BLOCK];
+    for (s, &key) in s.iter_mut().zip(&keys[..nb]) {
+        *s = scale_of(f32::from_bits(key));
+    }
+    let done = Pow2Plan::per_block(level, &s[..nb]).is_some_and(|p| p.encode(level, dt, xr, out));
+    if done {
+        scales[..nb].copy_from_slice(&s[..nb]);
+    }
+    done
+}
+
 /// Quantizes one slab (`k` columns). `scale_of(amax)` is the block scale rule.
 #[inline(always)]
 pub(crate) fn run_slab<T: Element>(
@@ -494,6 +529,7 @@ pub(crate) fn run_slab<T: Element>(
                             encode_scaled(dt, b, s, o, wide);
                         }
                     }
+                    Mode::OneD if one_d_bf16(level, dt, &scale_of, xr, out, &mut row_scale[r]) => {}
                     Mode::OneD => {
                         for ((o, b), s) in out
                             .chunks_mut(BLOCK)

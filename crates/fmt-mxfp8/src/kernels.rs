@@ -536,14 +536,16 @@ fn group_bf16<T: Element>(
     let lanes = &mut scratch.lanes;
     if !lanes.set(cfg.dtype.pow2_codec(), &ks[..cw]) {
         return false;
-
     }
     for i in rows {
         let out = &mut cd[i * k + c0..][..cw];
         // The level, the CPU and the lengths were checked above: the encoder takes every
         // row (a refusal would be a bug here, not a property of the input).
         let encoded = lanes.encode(cfg.level, run(i), cfg.plus_zero, out);
-        assert!(encoded, "group_bf16: the lane encoder refused a checked row");
+        assert!(
+            encoded,
+            "group_bf16: the lane encoder refused a checked row"
+        );
         if let Some((rd, rs)) = job.row.as_mut() {
             let out = &mut rd[i * k + c0..][..cw];
             row_run(
