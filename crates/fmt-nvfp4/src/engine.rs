@@ -24,7 +24,7 @@
 //! [`crate::sr`]), the Hadamard sums in index order, 4over6 candidates and tree sums.
 
 use half::bf16;
-use quant_core::block_max::{NanRule, block_abs_max, block_abs_max_bf16};
+use quant_core::block_max::{NanRule, block_abs_max, block_abs_max_bf16, column_abs_max_bf16};
 use quant_core::codec::{e2m1, e4m3};
 use quant_core::cpu::{amax_f32, fmax_nan_loses};
 use quant_core::simd::Level;
@@ -382,6 +382,17 @@ fn slab<T: Element>(
         (&job.col, p.two_d, p.four_over_six, job.row.as_mut())
     {
         rowwise_2d_only(p, k, rstride, job.i0, x, rd, rs, s);
+        return;
+    }
+    // The plain columnwise-only recipe on bf16: straight from the bits, nothing widened.
+    let bits = quant_core::dtype::bf16_slice_bits(x).filter(|_| {
+        job.row.is_none() && !p.two_d && !p.rht && p.four_over_six.is_none() && p.seed.is_none()
+    });
+    if let (Some(bits), Some(col)) = (bits, job.col.as_mut()) {
+        for c0 in (0..k).step_by(CHUNK) {
+            let cw = CHUNK.min(k - c0);
+            columnwise_chunk_bf16(p, k, c0, cw, bits, col, s);
+        }
         return;
     }
     for c0 in (0..k).step_by(CHUNK) {
@@ -843,6 +854,66 @@ fn group_values<'a>(
     buf
 }
 
+/// `S_enc` and `S_dec` of columns `c0..c0 + cw` of the columnwise operand (one global
+/// amax, or one per stored row when row-scaled).
+#[inline(always)]
+fn col_globals(p: &Params<'_>, c0: usize, cw: usize) -> ([f32; CHUNK], [f32; CHUNK]) {
+    let mut se = [0f32; CHUNK];
+    let mut sd = [0f32; CHUNK];
+    match p.col_amax {
+        Amax::Tensor(a) => {
+            let (e, d) = global(a, p.e4m3_max);
+            se.fill(e);
+            sd.fill(d);
+        }
+        Amax::PerRow(v) => {
+            for c in 0..cw {
+                (se[c], sd[c]) = global(v.get(c0 + c).copied().unwrap_or(0.0), p.e4m3_max);
+            }
+        }
+    }
+    (se, sd)
+}
+
+/// Two neighbouring rows of a columnwise group, f32 or bf16 bits.
+#[derive(Clone, Copy)]
+enum Pair<'a> {
+    F32(&'a [f32], &'a [f32]),
+    Bf16(&'a [u16], &'a [u16]),
+}
+
+/// `out[c] = code(lo[c] * enc[c]) | code(hi[c] * enc[c]) << 4` (round to nearest): the
+/// packed bytes of two stored rows' worth of a columnwise group, with the AVX-512
+/// encoder where it runs ([`crate::x86_encode::encode_pairs_rn`]), else portably.
+#[inline(always)]
+fn pairs_rn(level: Level, pair: Pair<'_>, enc: &[f32], out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 {
+        let (lo, hi) = match pair {
+            Pair::F32(a, b) => (Run::F32(a), Run::F32(b)),
+            Pair::Bf16(a, b) => (Run::Bf16(a), Run::Bf16(b)),
+        };
+        if crate::x86_encode::encode_pairs_rn(lo, hi, enc, out) {
+            return;
+        }
+    }
+    let _ = level;
+    let code = |x: f32, e: f32| e2m1::encode(x * e);
+    match pair {
+        Pair::F32(a, b) => {
+            for (((d, &x), &y), &e) in out.iter_mut().zip(a).zip(b).zip(enc) {
+                *d = code(x, e) | code(y, e) << 4;
+            }
+        }
+        Pair::Bf16(a, b) => {
+            let w = |v: u16| f32::from_bits(u32::from(v) << 16);
+            for (((d, &x), &y), &e) in out.iter_mut().zip(a).zip(b).zip(enc) {
+                *d = code(w(x), e) | code(w(y), e) << 4;
+            }
+        }
+    }
+}
+
 /// Columnwise quantization of one chunk of the slab (rows of `x^T` = columns of `x`).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
@@ -858,20 +929,7 @@ fn columnwise_chunk(
     s: &mut Scratch,
 ) {
     let groups = rows / BLOCK;
-    let mut se = [0f32; CHUNK];
-    let mut sd = [0f32; CHUNK];
-    match p.col_amax {
-        Amax::Tensor(a) => {
-            let (e, d) = global(a, p.e4m3_max);
-            se.fill(e);
-            sd.fill(d);
-        }
-        Amax::PerRow(v) => {
-            for c in 0..cw {
-                (se[c], sd[c]) = global(v.get(c0 + c).copied().unwrap_or(0.0), p.e4m3_max);
-            }
-        }
-    }
+    let (se, sd) = col_globals(p, c0, cw);
     let mut buf = [[0f32; CHUNK]; BLOCK];
     let mut scales = [[0u8; SLAB / BLOCK]; CHUNK];
     for g in 0..groups {
@@ -879,6 +937,8 @@ fn columnwise_chunk(
         let mb = (i0 / BLOCK + g) as u32;
         let mut sdb = [0u8; CHUNK];
         let codes = &mut s.codes[..BLOCK * CHUNK];
+        // Whether the group's row pairs were written directly.
+        let mut packed = false;
         if let Some(mode) = p.four_over_six {
             four_over_six_cols(p, mode, vals, cw, nb, g, tile_amax, c0, &mut sdb, codes);
         } else {
@@ -904,11 +964,13 @@ fn columnwise_chunk(
             );
             match p.seed {
                 None => {
-                    for (v, cr) in vals.iter().zip(codes.chunks_exact_mut(CHUNK)) {
-                        for ((c, &x), &e) in cr[..cw].iter_mut().zip(&v[..cw]).zip(&enc[..cw]) {
-                            *c = e2m1::encode(x * e);
-                        }
+                    // Straight to row pairs, no codes in between.
+                    for (q, two) in vals.chunks_exact(2).enumerate() {
+                        let dst = &mut s.pairs[(g * BLOCK / 2 + q) * CHUNK..][..cw];
+                        let (lo, hi) = (&two[0][..cw], &two[1][..cw]);
+                        pairs_rn(p.level, Pair::F32(lo, hi), &enc[..cw], dst);
                     }
+                    packed = true;
                 }
                 Some(seed) => {
                     let mut bits = [[0u32; CHUNK]; 4];
@@ -936,7 +998,7 @@ fn columnwise_chunk(
             }
         }
         // Pack row pairs: pairs[8g + q][c] = code(2q) | code(2q+1) << 4.
-        for q in 0..BLOCK / 2 {
+        for q in (0..BLOCK / 2).filter(|_| !packed) {
             let (lo, hi) = codes.split_at(CHUNK * (2 * q + 1));
             let lo = &lo[CHUNK * 2 * q..][..cw];
             let hi = &hi[..cw];
@@ -949,6 +1011,73 @@ fn columnwise_chunk(
             sc[g] = code;
         }
     }
+    store_columnwise(p, c0, cw, rows, &scales, col, s);
+}
+
+/// [`columnwise_chunk`] of bf16 input read as bits, for the plain recipe (1-D blocks, no
+/// RHT, no 4over6, round to nearest): each 16-row group's column maxima folded on the
+/// bits ([`column_abs_max_bf16`]) and its row pairs encoded from them
+/// ([`pairs_rn`]), so the chunk is never widened. The same bytes: the column amax is
+/// the same NaN-ignoring maximum, and the encoder sees the exactly widened values.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn columnwise_chunk_bf16(
+    p: &Params<'_>,
+    k: usize,
+    c0: usize,
+    cw: usize,
+    bits: &[u16],
+    col: &mut ColOut<'_>,
+    s: &mut Scratch,
+) {
+    let rows = bits.len() / k;
+    let (se, sd) = col_globals(p, c0, cw);
+    let mut scales = [[0u8; SLAB / BLOCK]; CHUNK];
+    let run = |r: usize| &bits[r * k + c0..][..cw];
+    for g in 0..rows / BLOCK {
+        let mut keys = [0u16; CHUNK];
+        for r in g * BLOCK..(g + 1) * BLOCK {
+            // As the widening walk does: fetch the run a few rows ahead.
+            if r + AHEAD < rows {
+                simd::prefetch(run(r + AHEAD));
+            }
+            column_abs_max_bf16(run(r), NanRule::Ignore, &mut keys[..cw]);
+        }
+        let amax: [f32; CHUNK] = std::array::from_fn(|c| f32::from_bits(u32::from(keys[c]) << 16));
+        let (mut sdb, mut enc) = ([0u8; CHUNK], [0f32; CHUNK]);
+        block_scales_each(
+            &amax[..cw],
+            &se[..cw],
+            &sd[..cw],
+            &mut sdb[..cw],
+            &mut enc[..cw],
+        );
+        for q in 0..BLOCK / 2 {
+            let r = g * BLOCK + 2 * q;
+            let dst = &mut s.pairs[(g * BLOCK / 2 + q) * CHUNK..][..cw];
+            pairs_rn(p.level, Pair::Bf16(run(r), run(r + 1)), &enc[..cw], dst);
+        }
+        for (sc, &code) in scales[..cw].iter_mut().zip(&sdb[..cw]) {
+            sc[g] = code;
+        }
+    }
+    store_columnwise(p, c0, cw, rows, &scales, col, s);
+}
+
+/// The end of a columnwise chunk: the block scales (`scales[c][g]`: column `c`, 16-row
+/// group `g`) into the slab's scale strip, and the packed row pairs in `s.pairs`,
+/// transposed, into its data strip.
+#[inline(always)]
+fn store_columnwise(
+    p: &Params<'_>,
+    c0: usize,
+    cw: usize,
+    rows: usize,
+    scales: &[[u8; SLAB / BLOCK]; CHUNK],
+    col: &mut ColOut<'_>,
+    s: &mut Scratch,
+) {
+    let groups = rows / BLOCK;
     // Scales: the slab's block column `g` of column (stored row) `kk = c0 + c`, written
     // per stored row after all groups (one scattered byte per group was a tenth of
     // the profile).

@@ -12,15 +12,15 @@
 //! [`codes`]), filled from the scalar [`quant_core::codec::e2m1::encode`] when a run starts.
 
 use std::arch::x86_64::{
-    __m128i, __m256i, __m512, __m512i, _mm_loadu_si128, _mm_storel_epi64, _mm256_loadu_si256,
-    _mm256_storeu_si256, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps,
-    _mm512_castsi512_si256, _mm512_cmple_epu32_mask, _mm512_cvtepi32_ps, _mm512_cvtepi64_epi8,
-    _mm512_cvtepu8_epi32, _mm512_cvtepu16_epi32, _mm512_fmadd_ps, _mm512_loadu_ps,
-    _mm512_loadu_si512, _mm512_mask_blend_epi8, _mm512_mask_blend_epi32,
-    _mm512_mask_ternarylogic_epi32, _mm512_max_epu32, _mm512_min_epu32, _mm512_mul_ps,
-    _mm512_or_si512, _mm512_permutex2var_epi8, _mm512_permutex2var_epi32, _mm512_permutexvar_epi32,
-    _mm512_set1_epi32, _mm512_set1_ps, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srli_epi64,
-    _mm512_sub_epi32, _mm512_test_epi32_mask,
+    __m128i, __m256i, __m512, __m512i, _mm_loadu_si128, _mm_storel_epi64, _mm_storeu_si128,
+    _mm256_loadu_si256, _mm256_storeu_si256, _mm512_and_si512, _mm512_castps_si512,
+    _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmple_epu32_mask, _mm512_cvtepi32_epi8,
+    _mm512_cvtepi32_ps, _mm512_cvtepi64_epi8, _mm512_cvtepu8_epi32, _mm512_cvtepu16_epi32,
+    _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_loadu_si512, _mm512_mask_blend_epi8,
+    _mm512_mask_blend_epi32, _mm512_mask_ternarylogic_epi32, _mm512_max_epu32, _mm512_min_epu32,
+    _mm512_mul_ps, _mm512_or_si512, _mm512_permutex2var_epi8, _mm512_permutex2var_epi32,
+    _mm512_permutexvar_epi32, _mm512_set1_epi32, _mm512_set1_ps, _mm512_slli_epi32,
+    _mm512_srli_epi32, _mm512_srli_epi64, _mm512_sub_epi32, _mm512_test_epi32_mask,
 };
 
 use quant_core::simd::Level;
@@ -75,6 +75,75 @@ fn encode_run(x: Run<'_>, enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u
         Run::Bf16(w) => unsafe { encode_bf16(w, enc, rnd, out) },
     }
     true
+}
+
+/// Two stored rows of a columnwise group at once: byte `c` holds the codes of
+/// `lo[c] * enc[c]` (low nibble) and `hi[c] * enc[c]` (high nibble), one multiplier per
+/// column, the bytes of the portable encode-then-pack of two neighbouring rows. Returns
+/// `false` (nothing written) unless the CPU has AVX-512 F, BW and VBMI, both rows are
+/// the same kind and every length equals `enc.len()`, a multiple of 16.
+#[inline]
+pub(crate) fn encode_pairs_rn(lo: Run<'_>, hi: Run<'_>, enc: &[f32], out: &mut [u8]) -> bool {
+    let n = enc.len();
+    if lo.len() != n || hi.len() != n || out.len() != n || !n.is_multiple_of(BLOCK) || !supported()
+    {
+        return false;
+    }
+    match (lo, hi) {
+        // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked above).
+        (Run::F32(a), Run::F32(b)) => unsafe { pairs_f32(a, b, enc, out) },
+        // SAFETY: as above.
+        (Run::Bf16(a), Run::Bf16(b)) => unsafe { pairs_bf16(a, b, enc, out) },
+        _ => return false,
+    }
+    true
+}
+
+/// [`encode_pairs_rn`] of f32 rows after its checks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+fn pairs_f32(a: &[f32], b: &[f32], enc: &[f32], out: &mut [u8]) {
+    let load = |w: &[f32], c: usize| {
+        let v = &w[c..c + 16];
+        // SAFETY: `v` is 16 f32 (one unaligned 512-bit load).
+        unsafe { _mm512_loadu_ps(v.as_ptr()) }
+    };
+    pairs_with(|c| load(a, c), |c| load(b, c), enc, out)
+}
+
+/// [`encode_pairs_rn`] of bf16 rows (bits, widened exactly in the register) after its
+/// checks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+fn pairs_bf16(a: &[u16], b: &[u16], enc: &[f32], out: &mut [u8]) {
+    let load = |w: &[u16], c: usize| {
+        let v = &w[c..c + 16];
+        // SAFETY: `v` is 16 u16 (one unaligned 256-bit load).
+        let v = unsafe { _mm256_loadu_si256(v.as_ptr().cast::<__m256i>()) };
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(v)))
+    };
+    pairs_with(|c| load(a, c), |c| load(b, c), enc, out)
+}
+
+/// [`encode_pairs_rn`] after its checks: `lo(c)` and `hi(c)` give the 16 values of
+/// columns `c..c + 16` of each row.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+fn pairs_with(
+    lo: impl Fn(usize) -> __m512,
+    hi: impl Fn(usize) -> __m512,
+    enc: &[f32],
+    out: &mut [u8],
+) {
+    let k = Consts::new();
+    for c in (0..enc.len()).step_by(BLOCK) {
+        // SAFETY: `c + 16 <= enc.len()` (a multiple of 16); one unaligned 512-bit load.
+        let e = unsafe { _mm512_loadu_ps(enc.as_ptr().add(c)) };
+        let a = codes(_mm512_mul_ps(lo(c), e), &k);
+        let b = codes(_mm512_mul_ps(hi(c), e), &k);
+        let bytes = _mm512_cvtepi32_epi8(_mm512_or_si512(a, _mm512_slli_epi32::<4>(b)));
+        let o = &mut out[c..c + BLOCK];
+        // SAFETY: `o` is 16 bytes (one unaligned 128-bit store).
+        unsafe { _mm_storeu_si128(o.as_mut_ptr().cast::<__m128i>(), bytes) };
+    }
 }
 
 /// Whether this CPU runs [`encode_run_rn`]'s instructions: the project's AVX-512 level
@@ -424,6 +493,59 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn pairs_equal_the_portable_codes_on_every_bf16() {
+        if !supported() {
+            eprintln!("no AVX-512 VBMI: skipped");
+            return;
+        }
+        // Every bf16 pattern in both rows of a pair (the second row reversed), under
+        // per-column multipliers that vary by lane, as bits and as widened f32.
+        let lo: Vec<u16> = (0..=u16::MAX).collect();
+        let hi: Vec<u16> = lo.iter().rev().copied().collect();
+        let enc: Vec<f32> = (0..lo.len())
+            .map(|c| [1.0f32, 0.5, 3.0, 1.0e-3, 7.5e2, 6.0 / 448.0][c % 6])
+            .collect();
+        let w = |v: &[u16]| -> Vec<f32> {
+            v.iter()
+                .map(|&b| f32::from_bits(u32::from(b) << 16))
+                .collect()
+        };
+        let (lo32, hi32) = (w(&lo), w(&hi));
+        let want: Vec<u8> = (0..lo.len())
+            .map(|c| e2m1::encode(lo32[c] * enc[c]) | e2m1::encode(hi32[c] * enc[c]) << 4)
+            .collect();
+        let mut out = vec![0u8; lo.len()];
+        assert!(encode_pairs_rn(
+            Run::Bf16(&lo),
+            Run::Bf16(&hi),
+            &enc,
+            &mut out
+        ));
+        assert_eq!(out, want);
+        out.fill(0);
+        assert!(encode_pairs_rn(
+            Run::F32(&lo32),
+            Run::F32(&hi32),
+            &enc,
+            &mut out
+        ));
+        assert_eq!(out, want);
+        // Mixed kinds or lengths that are not a multiple of 16 are refused.
+        assert!(!encode_pairs_rn(
+            Run::F32(&lo32),
+            Run::Bf16(&hi),
+            &enc,
+            &mut out
+        ));
+        assert!(!encode_pairs_rn(
+            Run::Bf16(&lo[..24]),
+            Run::Bf16(&hi[..24]),
+            &enc[..24],
+            &mut out[..24]
+        ));
     }
 
     #[test]
