@@ -114,13 +114,22 @@ fn pairs_f32(a: &[f32], b: &[f32], enc: &[f32], out: &mut [u8]) {
 /// checks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 fn pairs_bf16(a: &[u16], b: &[u16], enc: &[f32], out: &mut [u8]) {
-    let load = |w: &[u16], c: usize| {
-        let v = &w[c..c + 16];
-        // SAFETY: `v` is 16 u16 (one unaligned 256-bit load).
-        let v = unsafe { _mm256_loadu_si256(v.as_ptr().cast::<__m256i>()) };
-        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(v)))
-    };
-    pairs_with(|c| load(a, c), |c| load(b, c), enc, out)
+    pairs_with(
+        |c| widen_bf16(&a[c..c + 16]),
+        |c| widen_bf16(&b[c..c + 16]),
+        enc,
+        out,
+    )
+}
+
+/// 16 bf16 values (bits) widened exactly into f32 lanes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn widen_bf16(v: &[u16]) -> __m512 {
+    assert_eq!(v.len(), 16, "widen_bf16: one vector of 16 values");
+    // SAFETY: `v` is 16 u16 (one unaligned 256-bit load).
+    let v = unsafe { _mm256_loadu_si256(v.as_ptr().cast::<__m256i>()) };
+    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(v)))
 }
 
 /// [`encode_pairs_rn`] after its checks: `lo(c)` and `hi(c)` give the 16 values of
@@ -174,12 +183,7 @@ fn encode_f32(w: &[f32], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8
 fn encode_bf16(w: &[u16], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8]) {
     encode_with(
         #[inline(always)]
-        |b| {
-            let v = &w[b * BLOCK..(b + 1) * BLOCK];
-            // SAFETY: `v` is 16 u16 (one unaligned 256-bit load).
-            let v = unsafe { _mm256_loadu_si256(v.as_ptr().cast::<__m256i>()) };
-            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(v)))
-        },
+        |b| widen_bf16(&w[b * BLOCK..(b + 1) * BLOCK]),
         enc,
         rnd,
         out,
