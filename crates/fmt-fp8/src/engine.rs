@@ -500,7 +500,9 @@ pub(crate) fn run_slab<T: Element>(
                 for (e, &s) in ks.iter_mut().zip(scales.iter()) {
                     *e = pow2_exponent(s);
                 }
-                col_lanes = level == Level::Avx512 && scratch.lanes.set(dt.pow2_codec(), &ks[..cw]);
+                col_lanes = level == Level::Avx512
+                    && T::DTYPE == quant_core::DType::BF16
+                    && scratch.lanes.set(dt.pow2_codec(), &ks[..cw]);
                 false
             }
             _ => true,
