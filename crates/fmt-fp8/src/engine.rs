@@ -376,7 +376,7 @@ impl Pow2Plan {
 /// into `scales`, and the codes from [`pow2::encode_blocks`] when every scale is a power
 /// of two the encoder takes. The same scales and codes as `amax_encode_block` (a
 /// NaN-ignoring max from 0, the same encoder). `false`, with `out` untouched, where it
-/// does not apply; the caller then takes the f32 route.
+/// does not apply; the caller then takes the f32 route, which rewrites every scale.
 #[inline(always)]
 fn one_d_bf16<T: Element>(
     level: Level,
@@ -395,15 +395,10 @@ fn one_d_bf16<T: Element>(
     let nb = bits.len() / BLOCK;
     let mut keys = [0u32; CHUNK / BLOCK];
     block_abs_max_bf16(level, bits, NanRule::Ignore, &mut keys[..nb]);
-    let mut s = [0f32; CHUNK / BLOCK];
-    for (s, &key) in s.iter_mut().zip(&keys[..nb]) {
+    for (s, &key) in scales.iter_mut().zip(&keys[..nb]) {
         *s = scale_of(f32::from_bits(key));
     }
-    let done = Pow2Plan::per_block(level, &s[..nb]).is_some_and(|p| p.encode(level, dt, xr, out));
-    if done {
-        scales[..nb].copy_from_slice(&s[..nb]);
-    }
-    done
+    Pow2Plan::per_block(level, &scales[..nb]).is_some_and(|p| p.encode(level, dt, xr, out))
 }
 
 /// Quantizes one slab (`k` columns). `scale_of(amax)` is the block scale rule.
