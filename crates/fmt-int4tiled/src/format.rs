@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::kernels;
 use quant_core::simd;
+use quant_core::stream::StoreMode;
 use quant_core::strips::column_strips;
 use std::ops::Range;
 
@@ -635,6 +636,7 @@ impl Format for Int4TiledQuantizer {
         let (n, k) = (geo.n, geo.k);
         let rows_per_task = ((1 << 16) / k.max(1)).clamp(1, n.max(1));
         let level = simd::level();
+        let mode = StoreMode::for_output_bytes(std::mem::size_of_val(out));
         out.par_chunks_mut(n * k)
             .enumerate()
             .flat_map(|(e, o)| {
@@ -642,15 +644,18 @@ impl Format for Int4TiledQuantizer {
                     .enumerate()
                     .map(move |(t, o)| (e, t * rows_per_task, o))
             })
-            .for_each_init(kernels::RowTables::default, |scratch, (e, n0, o)| {
-                let words = &packed[e * geo.expert_words()..][..geo.expert_words()];
-                let sz = &sz[e * geo.expert_scale_and_zero()..][..geo.expert_scale_and_zero()];
-                simd::dispatch(
-                    level,
-                    #[inline(always)]
-                    || kernels::dequantize_rows(level, &geo, words, sz, n0, o, scratch),
-                )
-            });
+            .for_each_init(
+                || kernels::RowTables::new(mode),
+                |scratch, (e, n0, o)| {
+                    let words = &packed[e * geo.expert_words()..][..geo.expert_words()];
+                    let sz = &sz[e * geo.expert_scale_and_zero()..][..geo.expert_scale_and_zero()];
+                    simd::dispatch(
+                        level,
+                        #[inline(always)]
+                        || kernels::dequantize_rows(level, &geo, words, sz, n0, o, scratch),
+                    )
+                },
+            );
         Ok(())
     }
 

@@ -49,6 +49,7 @@
 use half::bf16;
 use quant_core::dtype::bf16_slice_bits;
 use quant_core::simd::Level;
+use quant_core::stream::StoreMode;
 use quant_core::strips::Strip;
 use quant_core::{DType, Element, widened};
 
@@ -351,17 +352,20 @@ pub(crate) fn quantize_tile<T: Element>(
     }
 }
 
-/// Per-task scratch of [`dequantize_rows`]: one row's group tables, first as the f32
-/// values of [`group_values`], then narrowed to `T` in one call (a call per group of 16
-/// cost as much as the lookups themselves).
+/// Per-task state of [`dequantize_rows`]: how it stores its output, and one row's group
+/// tables, first as the f32 values of [`group_values`], then narrowed to `T` in one call
+/// (a call per group of 16 cost as much as the lookups themselves).
 pub(crate) struct RowTables<T> {
+    mode: StoreMode,
     wide: Vec<f32>,
     tables: Vec<[T; 16]>,
 }
 
-impl<T> Default for RowTables<T> {
-    fn default() -> Self {
+impl<T> RowTables<T> {
+    /// Empty tables for a task that stores in `mode` (streaming applies at AVX-512).
+    pub(crate) fn new(mode: StoreMode) -> Self {
         Self {
+            mode,
             wide: Vec::new(),
             tables: Vec::new(),
         }
@@ -414,7 +418,7 @@ pub(crate) fn dequantize_rows<T: Element>(
         let tables = &scratch.tables;
         let lanes = RowWords { tile, nr, half };
         #[cfg(target_arch = "x86_64")]
-        if level == Level::Avx512 && crate::x86::lookup_row(tables, g, lanes, row) {
+        if level == Level::Avx512 && crate::x86::lookup_row(tables, g, lanes, row, scratch.mode) {
             continue;
         }
         for (block, ob) in row.chunks_exact_mut(32).enumerate() {

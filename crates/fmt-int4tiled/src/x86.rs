@@ -26,12 +26,14 @@ use std::arch::x86_64::{
     _mm512_min_epi16, _mm512_mul_ps, _mm512_or_si512, _mm512_permutex2var_epi8,
     _mm512_permutexvar_epi16, _mm512_permutexvar_epi32, _mm512_set1_epi16, _mm512_set1_epi32,
     _mm512_set1_ps, _mm512_setr_epi32, _mm512_setzero_si512, _mm512_shuffle_i32x4,
-    _mm512_sllv_epi32, _mm512_srlv_epi32, _mm512_storeu_si512, _mm512_sub_ps,
-    _mm512_unpackhi_epi16, _mm512_unpacklo_epi16, _mm512_zextsi256_si512,
+    _mm512_sllv_epi32, _mm512_srlv_epi32, _mm512_sub_ps, _mm512_unpackhi_epi16,
+    _mm512_unpacklo_epi16, _mm512_zextsi256_si512,
 };
 
 use quant_core::Element;
 use quant_core::simd::Level;
+use quant_core::stream::StoreMode;
+use quant_core::stream::x86::LineWriter;
 
 use crate::kernels::RowWords;
 use crate::layout::LANES;
@@ -166,47 +168,49 @@ pub(crate) fn pack_row(u: &[u8], nr: usize, half: usize, tile: &mut [i32]) -> bo
     true
 }
 
-/// `out[j] = tables[j / g][nibble j]` for 16-bit outputs, `out.len()` a multiple of 32.
-/// Returns `false` (and writes nothing) when the arguments do not fit together.
+/// `out[j] = tables[j / g][nibble j]` for 16-bit outputs, `out.len()` a multiple of 32,
+/// stored in `mode`. Returns `false` (and writes nothing) when the arguments do not fit
+/// together.
 #[target_feature(enable = "avx512f,avx512bw")]
 pub(crate) fn lookup_row_u16(
     tables: &[[u16; 16]],
     g: usize,
     row: RowWords<'_>,
     out: &mut [u16],
+    mode: StoreMode,
 ) -> bool {
-    let dst = out.as_mut_ptr();
-    for_each_block(row, out.len(), g, tables.len(), |j0, gi, e| {
+    let k = out.len();
+    let mut w = LineWriter::new(mode, bytemuck::cast_slice_mut(out));
+    for_each_block(row, k, g, tables.len(), |_, gi, e| {
         // SAFETY: a table is 16 u16 = 32 bytes (unaligned load, upper half zero and
-        // never indexed: nibbles are below 16); `j0 + 32 <= out.len()`
-        // (`for_each_block`'s contract).
-        unsafe {
-            let t = _mm512_zextsi256_si512(_mm256_loadu_si256(tables[gi].as_ptr().cast()));
-            _mm512_storeu_si512(dst.add(j0).cast(), _mm512_permutexvar_epi16(e, t));
-        }
+        // never indexed: nibbles are below 16).
+        let t = unsafe { _mm512_zextsi256_si512(_mm256_loadu_si256(tables[gi].as_ptr().cast())) };
+        // Blocks come in order, each the next 64 bytes of the row.
+        w.push(_mm512_permutexvar_epi16(e, t));
     })
 }
 
-/// `out[j] = tables[j / g][nibble j]` for 32-bit outputs, `out.len()` a multiple of 32.
-/// Returns `false` (and writes nothing) when the arguments do not fit together.
+/// `out[j] = tables[j / g][nibble j]` for 32-bit outputs, `out.len()` a multiple of 32,
+/// stored in `mode`. Returns `false` (and writes nothing) when the arguments do not fit
+/// together.
 #[target_feature(enable = "avx512f,avx512bw")]
 pub(crate) fn lookup_row_u32(
     tables: &[[u32; 16]],
     g: usize,
     row: RowWords<'_>,
     out: &mut [u32],
+    mode: StoreMode,
 ) -> bool {
-    let dst = out.as_mut_ptr();
-    for_each_block(row, out.len(), g, tables.len(), |j0, gi, e| {
-        // SAFETY: a table is 16 u32 = 64 bytes (unaligned load); `j0 + 32 <=
-        // out.len()` (`for_each_block`'s contract).
-        unsafe {
-            let t = _mm512_loadu_si512(tables[gi].as_ptr().cast());
-            let lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(e));
-            let hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(e));
-            _mm512_storeu_si512(dst.add(j0).cast(), _mm512_permutexvar_epi32(lo, t));
-            _mm512_storeu_si512(dst.add(j0 + 16).cast(), _mm512_permutexvar_epi32(hi, t));
-        }
+    let k = out.len();
+    let mut w = LineWriter::new(mode, bytemuck::cast_slice_mut(out));
+    for_each_block(row, k, g, tables.len(), |_, gi, e| {
+        // SAFETY: a table is 16 u32 = 64 bytes (unaligned load).
+        let t = unsafe { _mm512_loadu_si512(tables[gi].as_ptr().cast()) };
+        let lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(e));
+        let hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(e));
+        // Blocks come in order, each the next 128 bytes of the row.
+        w.push(_mm512_permutexvar_epi32(lo, t));
+        w.push(_mm512_permutexvar_epi32(hi, t));
     })
 }
 
@@ -323,6 +327,7 @@ pub(crate) fn lookup_row<T: Element>(
     g: usize,
     row: RowWords<'_>,
     out: &mut [T],
+    mode: StoreMode,
 ) -> bool {
     if !Level::Avx512.is_supported() {
         return false;
@@ -334,7 +339,7 @@ pub(crate) fn lookup_row<T: Element>(
             bytemuck::try_cast_slice_mut::<T, u16>(out),
         ) {
             // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
-            (Ok(t), Ok(o)) => unsafe { lookup_row_u16(t, g, row, o) },
+            (Ok(t), Ok(o)) => unsafe { lookup_row_u16(t, g, row, o, mode) },
             _ => false,
         },
         4 => match (
@@ -342,7 +347,7 @@ pub(crate) fn lookup_row<T: Element>(
             bytemuck::try_cast_slice_mut::<T, u32>(out),
         ) {
             // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
-            (Ok(t), Ok(o)) => unsafe { lookup_row_u32(t, g, row, o) },
+            (Ok(t), Ok(o)) => unsafe { lookup_row_u32(t, g, row, o, mode) },
             _ => false,
         },
         _ => false,

@@ -190,3 +190,55 @@ fn division_free_quotient_is_exact() {
         assert_eq!(to_nibble(exact), to_nibble(fast));
     }
 }
+
+/// Streaming stores (what outputs beyond `STREAM_MIN_BYTES` get) write the same bytes as
+/// ordinary ones, at every start offset of the output within a cache line, and nothing
+/// outside the output.
+#[test]
+fn streaming_dequantize_writes_the_same_bytes_at_every_offset() {
+    use quant_core::Direction;
+    use quant_core::stream::{StoreMode, with_store_mode};
+    let q = Int4TiledQuantizer::from_spec(&["g64", "k4"], Usage::ROWWISE).unwrap();
+    let shape = [24, 512];
+    let n = shape[0] * shape[1];
+    let base = data(n, 77);
+    let x = HostTensor::f32(&base, &shape).unwrap();
+    let stored = q.quantize(&x).unwrap();
+    let spec = reference::quantize(&q, &x).unwrap();
+    let want16 = reference::dequantize::<bf16>(&spec).unwrap();
+    let want32 = reference::dequantize::<f32>(&spec).unwrap();
+    let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+    with_store_mode(StoreMode::Streaming, || {
+        for off in 0..32 {
+            let mut buf = vec![bf16::from_bits(0x1234); n + 40];
+            stored
+                .dequantize_into(Direction::Rowwise, &mut buf[off..off + n])
+                .unwrap();
+            assert!(
+                buf[off..off + n]
+                    .iter()
+                    .zip(&want16)
+                    .all(|(a, b)| same(a.to_f32(), b.to_f32())),
+                "bf16 at offset {off}"
+            );
+            let outside = buf[..off].iter().chain(&buf[off + n..]);
+            assert!(
+                outside.into_iter().all(|v| v.to_bits() == 0x1234),
+                "bf16 {off}"
+            );
+        }
+        for off in 0..16 {
+            let mut buf = vec![-7.0f32; n + 20];
+            stored
+                .dequantize_into(Direction::Rowwise, &mut buf[off..off + n])
+                .unwrap();
+            let got = &buf[off..off + n];
+            assert!(
+                got.iter().zip(&want32).all(|(&a, &b)| same(a, b)),
+                "f32 at {off}"
+            );
+            let outside = buf[..off].iter().chain(&buf[off + n..]);
+            assert!(outside.into_iter().all(|&v| v == -7.0), "f32 {off}");
+        }
+    });
+}

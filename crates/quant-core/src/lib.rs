@@ -49,6 +49,7 @@ pub mod proto;
 pub mod registry;
 pub mod shape;
 pub mod simd;
+pub mod stream;
 pub mod strips;
 pub mod tensor;
 pub mod traits;

@@ -1,0 +1,330 @@
+//! Streaming (non-temporal) stores for outputs too large to stay in cache.
+//!
+//! An ordinary store to a line that is not in cache first reads the line from memory
+//! ("read for ownership"), so writing `n` bytes costs `2n` bytes of memory traffic.
+//! Dequantize outputs are two to eight times the size of their input, so on a large
+//! tensor that hidden read is the largest single cost (the copy roofline's `memset`
+//! does not pay it). A non-temporal store writes a whole line without reading it, but
+//! also leaves it out of cache, a loss when the consumer reads the output right away:
+//! [`StoreMode::for_output_bytes`] streams only outputs of at least [`STREAM_MIN_BYTES`].
+//!
+//! Streaming stores must be whole, aligned lines, and a kernel's output rarely starts on
+//! a line (a large `Vec` from the system allocator sits 16 bytes past a page). The
+//! AVX-512 kernels therefore hand their 64-byte result vectors, in order, to an
+//! [`x86::LineWriter`], which re-cuts them into aligned lines (one permute per line) and
+//! writes the partial lines at either end with ordinary stores. Staging spans in a
+//! buffer and streaming them out afterwards was measured and is slower: the copy's
+//! burst of stores cannot overlap the next span's arithmetic the way stores issued
+//! between the lookups do. The bytes written are the same in either mode; only the
+//! cache behaviour differs.
+#![allow(unsafe_code)]
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+/// Outputs at least this large are written with streaming stores by
+/// [`StoreMode::for_output_bytes`]: larger than the last-level cache of the machines this
+/// library is tuned on (32 MiB), so a consumer could not have found them in cache anyway.
+pub const STREAM_MIN_BYTES: usize = 32 << 20;
+
+/// How a kernel writes its output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StoreMode {
+    /// Ordinary stores: the output stays in cache for whoever reads it next.
+    Cached,
+    /// Non-temporal stores for whole cache lines (no read for ownership).
+    Streaming,
+}
+
+impl StoreMode {
+    /// The mode for an output of `bytes` bytes: [`StoreMode::Streaming`] from
+    /// [`STREAM_MIN_BYTES`] up, unless the environment variable
+    /// `QUANTFMT_STREAM=always|never` (read once) or [`with_store_mode`] says otherwise.
+    ///
+    /// ```
+    /// use quant_core::stream::{StoreMode, STREAM_MIN_BYTES};
+    /// if std::env::var_os("QUANTFMT_STREAM").is_none() {
+    ///     assert_eq!(StoreMode::for_output_bytes(4096), StoreMode::Cached);
+    ///     assert_eq!(StoreMode::for_output_bytes(STREAM_MIN_BYTES), StoreMode::Streaming);
+    /// }
+    /// ```
+    pub fn for_output_bytes(bytes: usize) -> StoreMode {
+        if let Some(mode) = StoreMode::from_code(FORCED.load(Ordering::Relaxed)) {
+            return mode;
+        }
+        match requested() {
+            Some(mode) => mode,
+            None if bytes >= STREAM_MIN_BYTES => StoreMode::Streaming,
+            None => StoreMode::Cached,
+        }
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            StoreMode::Cached => 1,
+            StoreMode::Streaming => 2,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<StoreMode> {
+        match code {
+            1 => Some(StoreMode::Cached),
+            2 => Some(StoreMode::Streaming),
+            _ => None,
+        }
+    }
+}
+
+/// What `QUANTFMT_STREAM` asked for: `always`, `never`, or nothing (`auto` or unset).
+fn requested() -> Option<StoreMode> {
+    static REQUESTED: OnceLock<Option<StoreMode>> = OnceLock::new();
+    *REQUESTED.get_or_init(|| match std::env::var("QUANTFMT_STREAM").as_deref() {
+        Ok("always") => Some(StoreMode::Streaming),
+        Ok("never") => Some(StoreMode::Cached),
+        _ => None,
+    })
+}
+
+/// 0: nothing forced; otherwise a [`StoreMode::code`].
+static FORCED: AtomicU8 = AtomicU8::new(0);
+
+/// Runs `f` with [`StoreMode::for_output_bytes`] answering `mode` for every size,
+/// process-wide. Calls are serialized; meant for tests that check both modes write the
+/// same bytes (and for benchmarks comparing them).
+///
+/// ```
+/// use quant_core::stream::{with_store_mode, StoreMode};
+/// let mode = with_store_mode(StoreMode::Streaming, || StoreMode::for_output_bytes(64));
+/// assert_eq!(mode, StoreMode::Streaming);
+/// ```
+pub fn with_store_mode<R>(mode: StoreMode, f: impl FnOnce() -> R) -> R {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            FORCED.store(0, Ordering::Relaxed);
+        }
+    }
+    FORCED.store(mode.code(), Ordering::Relaxed);
+    let reset = Reset;
+    let out = f();
+    drop(reset);
+    drop(guard);
+    out
+}
+
+/// The AVX-512 line writer (x86-64 only).
+#[cfg(target_arch = "x86_64")]
+pub mod x86 {
+    use std::arch::x86_64::{
+        __m512i, _mm_sfence, _mm512_loadu_si512, _mm512_permutex2var_epi16, _mm512_setzero_si512,
+        _mm512_storeu_si512, _mm512_stream_si512,
+    };
+
+    use super::StoreMode;
+
+    /// How a [`LineWriter`] stores.
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    enum Cut {
+        /// Ordinary unaligned stores (cached mode, or an odd start address).
+        Plain,
+        /// Streaming stores of the vectors as they come (the span starts on a line).
+        Aligned,
+        /// Streaming stores of lines re-cut from consecutive vectors (the span starts an
+        /// even number of bytes past a line).
+        Recut,
+    }
+
+    /// Writes 64-byte vectors to consecutive positions of a byte span: vector `i` goes to
+    /// bytes `64·i .. 64·i + 64`, in the [`StoreMode`] given.
+    ///
+    /// Streaming, the span's whole lines are written with non-temporal stores: where the
+    /// span starts `o` bytes past a line (`o` even), each line is the last `o` bytes of
+    /// one vector followed by the first `64 - o` of the next (one `vpermt2w`), and the
+    /// partial lines at the two ends take ordinary byte stores. An odd start writes
+    /// ordinary stores throughout. Dropping the writer stores the last partial line and
+    /// fences, so the bytes are visible to other threads in the usual way afterwards.
+    ///
+    /// Construct it and push only inside code compiled with AVX-512 F and BW (the
+    /// methods carry those target features).
+    pub struct LineWriter<'a> {
+        dst: &'a mut [u8],
+        /// Bytes pushed so far.
+        at: usize,
+        cut: Cut,
+        /// [`Cut::Recut`]: bytes from the span's start to its first line boundary.
+        lead: usize,
+        /// [`Cut::Recut`]: the last vector pushed.
+        prev: __m512i,
+        /// [`Cut::Recut`]: `vpermt2w` indices joining `prev` and the next vector.
+        index: __m512i,
+    }
+
+    impl<'a> LineWriter<'a> {
+        /// A writer of `dst` in `mode`.
+        ///
+        /// # Safety
+        ///
+        /// The CPU must have AVX-512 F and BW. Code compiled with both calls it as a
+        /// safe function; elsewhere the call is `unsafe`.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw")]
+        pub fn new(mode: StoreMode, dst: &'a mut [u8]) -> LineWriter<'a> {
+            let lead = dst.as_ptr().align_offset(64);
+            let cut = match mode {
+                StoreMode::Cached => Cut::Plain,
+                StoreMode::Streaming if lead == 0 => Cut::Aligned,
+                StoreMode::Streaming if lead.is_multiple_of(2) && lead < dst.len() => Cut::Recut,
+                StoreMode::Streaming => Cut::Plain,
+            };
+            let h = (lead / 2) as i16;
+            let idx: [i16; 32] = std::array::from_fn(|l| h + l as i16);
+            LineWriter {
+                dst,
+                at: 0,
+                cut,
+                lead,
+                prev: _mm512_setzero_si512(),
+                // SAFETY: `idx` is 32 i16 = 64 bytes (one unaligned 512-bit load).
+                index: unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) },
+            }
+        }
+
+        /// Writes `v` to the next 64 bytes of the span.
+        ///
+        /// # Panics
+        ///
+        /// If the span has no 64 bytes left.
+        ///
+        /// # Safety
+        ///
+        /// As for [`LineWriter::new`] (a writer exists only where it held).
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw")]
+        pub fn push(&mut self, v: __m512i) {
+            let at = self.at;
+            assert!(
+                at + 64 <= self.dst.len(),
+                "LineWriter::push past the end of its span"
+            );
+            let p = self.dst.as_mut_ptr();
+            match self.cut {
+                // SAFETY: bytes `at .. at + 64` lie inside `dst` (asserted above).
+                Cut::Plain => unsafe { _mm512_storeu_si512(p.add(at).cast(), v) },
+                // SAFETY: as above, and `p + at` is 64-byte aligned (`dst` starts on a
+                // line and `at` is a multiple of 64).
+                Cut::Aligned => unsafe { _mm512_stream_si512(p.add(at).cast(), v) },
+                Cut::Recut if at == 0 => {
+                    // The head: this vector's first `lead` bytes end the line before the
+                    // span's first boundary. Plain byte stores: an AVX-512 masked store
+                    // to a line not in cache cost more than the streaming saved (Zen 4).
+                    let lead = self.lead;
+                    self.dst[..lead].copy_from_slice(&bytes(v)[..lead]);
+                }
+                Cut::Recut => {
+                    let line = _mm512_permutex2var_epi16(self.prev, self.index, v);
+                    // SAFETY: the line is bytes `lead + at - 64 .. lead + at` of `dst`,
+                    // inside it (`lead < 64` and `at + 64 <= dst.len()`), and starts on
+                    // a line boundary (`p + lead` is aligned, `at` a multiple of 64).
+                    unsafe { _mm512_stream_si512(p.add(self.lead + at - 64).cast(), line) };
+                }
+            }
+            self.prev = v;
+            self.at = at + 64;
+        }
+    }
+
+    /// The 64 bytes of `v`, in memory order.
+    #[inline(always)]
+    fn bytes(v: __m512i) -> [u8; 64] {
+        // SAFETY: both types are 64 bytes of plain data; every bit pattern is valid for
+        // either.
+        unsafe { std::mem::transmute::<__m512i, [u8; 64]>(v) }
+    }
+
+    impl Drop for LineWriter<'_> {
+        fn drop(&mut self) {
+            if self.cut == Cut::Plain {
+                return;
+            }
+            if self.cut == Cut::Recut && self.at > 0 {
+                // The tail: the rest of the last vector, past the last line boundary.
+                let (lead, last) = (self.lead, self.at - 64);
+                self.dst[last + lead..last + 64].copy_from_slice(&bytes(self.prev)[lead..]);
+            }
+            // SAFETY: `sfence` has no operands and is part of SSE (baseline on x86-64).
+            // It orders the streaming stores before every later store, such as the one
+            // that tells another thread this task is done.
+            unsafe { _mm_sfence() }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forcing_overrides_the_size_rule() {
+        let cached = with_store_mode(StoreMode::Cached, || {
+            StoreMode::for_output_bytes(STREAM_MIN_BYTES * 4)
+        });
+        assert_eq!(cached, StoreMode::Cached);
+        let streaming = with_store_mode(StoreMode::Streaming, || StoreMode::for_output_bytes(0));
+        assert_eq!(streaming, StoreMode::Streaming);
+    }
+
+    /// Every start offset (odd ones fall back to ordinary stores) and every vector count
+    /// up to a few lines, in both modes: the bytes pushed land where they belong and
+    /// nothing around them moves.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn line_writer_places_every_byte() {
+        if !crate::simd::Level::Avx512.is_supported() {
+            eprintln!("skipped: this CPU has no AVX-512");
+            return;
+        }
+        let src: Vec<u8> = (0..64 * 6u32).map(|i| (i * 37 % 251) as u8).collect();
+        let mut buf = vec![0u8; 64 * 9];
+        for mode in [StoreMode::Cached, StoreMode::Streaming] {
+            for start in 0..130 {
+                for n in 0..=6 {
+                    buf.fill(0xAA);
+                    let len = 64 * n + 7;
+                    // SAFETY: the CPU has AVX-512 F and BW (checked above).
+                    unsafe { push_all(mode, &src[..64 * n], &mut buf[start..start + len]) };
+                    let at = format!("{mode:?} start {start} vectors {n}");
+                    assert_eq!(&buf[start..start + 64 * n], &src[..64 * n], "{at}");
+                    assert!(buf[..start].iter().all(|&b| b == 0xAA), "before, {at}");
+                    assert!(
+                        buf[start + 64 * n..].iter().all(|&b| b == 0xAA),
+                        "after, {at}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn push_all(mode: StoreMode, src: &[u8], dst: &mut [u8]) {
+        use std::arch::x86_64::_mm512_loadu_si512;
+        let mut w = x86::LineWriter::new(mode, dst);
+        for v in src.chunks_exact(64) {
+            // SAFETY: `v` is 64 bytes (one unaligned 512-bit load).
+            w.push(unsafe { _mm512_loadu_si512(v.as_ptr().cast()) });
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    #[should_panic(expected = "past the end")]
+    fn pushing_past_the_span_panics() {
+        if !crate::simd::Level::Avx512.is_supported() {
+            panic!("past the end (skipped: no AVX-512)");
+        }
+        // SAFETY: the CPU has AVX-512 F and BW (checked above).
+        unsafe { push_all(StoreMode::Streaming, &[0u8; 128], &mut [0u8; 100]) };
+    }
+}
