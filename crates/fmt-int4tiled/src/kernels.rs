@@ -264,8 +264,20 @@ impl RowWords<'_> {
     }
 }
 
-/// Groups whose qparams one quantize step computes together.
+/// The most groups whose qparams one quantize step computes together.
 const BATCH: usize = 16;
+
+/// Input bytes of one quantize step: 4 groups of 128 f32, 8 of bf16. A step's min/max
+/// is one burst of loads and its nibbles and qparams a stretch of compute with none; on
+/// Zen 4, 8192^2 quantized x1.20 faster (f32) and x1.08 (bf16) in steps of this size
+/// than in steps of 16 groups (8 KiB / 4 KiB), and 1 KiB steps of f32 lost some again.
+const STEP_BYTES: usize = 2048;
+
+/// Groups per quantize step: [`STEP_BYTES`] of `T` input, between 1 and [`BATCH`].
+#[inline(always)]
+fn batch_groups<T>(g: usize) -> usize {
+    (STEP_BYTES / (g * std::mem::size_of::<T>()).max(1)).clamp(1, BATCH)
+}
 
 /// Scratch of one quantize task.
 pub(crate) struct Scratch {
@@ -301,14 +313,15 @@ pub(crate) fn quantize_tile<T: Element>(
 ) {
     let g = geo.group_size;
     let logical = geo.logical_groups();
+    let batch = batch_groups::<T>(g);
     for nr in 0..N_TILE {
         let n = nt * N_TILE + nr;
         let real = if n < geo.n { logical } else { 0 };
-        // BATCH groups at a time: their min/max first, then their qparams (independent
+        // A batch of groups at a time: their min/max first, then their qparams (independent
         // scalar chains the core overlaps, where one group's chain used to stall the
         // next group's vector work), then their nibbles.
-        for g0 in (0..real).step_by(BATCH) {
-            let nb = BATCH.min(real - g0);
+        for g0 in (0..real).step_by(batch) {
+            let nb = batch.min(real - g0);
             let src = &x[n * geo.k + g0 * g..n * geo.k + (g0 + nb) * g];
             let (mut lo, mut hi) = ([0f32; BATCH], [0f32; BATCH]);
             // bf16 is read as it is: its extremes from the bits, its nibbles widened in
