@@ -184,19 +184,31 @@ pub fn with_level<R>(level: Level, f: impl FnOnce() -> R) -> Option<R> {
     if !level.is_supported() {
         return None;
     }
-    let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    struct Reset;
-    impl Drop for Reset {
+    Some(with_forced(&LOCK, &FORCED, level.code(), f))
+}
+
+/// Runs `f` with `slot` holding `code` (0 again afterwards, even if `f` panics), one
+/// caller at a time under `lock`: the forcing pattern of [`with_level`] and
+/// [`crate::stream::with_store_mode`].
+pub(crate) fn with_forced<R>(
+    lock: &Mutex<()>,
+    slot: &AtomicU8,
+    code: u8,
+    f: impl FnOnce() -> R,
+) -> R {
+    let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+    struct Reset<'a>(&'a AtomicU8);
+    impl Drop for Reset<'_> {
         fn drop(&mut self) {
-            FORCED.store(0, Ordering::Relaxed);
+            self.0.store(0, Ordering::Relaxed);
         }
     }
-    FORCED.store(level.code(), Ordering::Relaxed);
-    let reset = Reset;
+    slot.store(code, Ordering::Relaxed);
+    let reset = Reset(slot);
     let out = f();
     drop(reset);
     drop(guard);
-    Some(out)
+    out
 }
 
 /// Runs `f` compiled for `level` (a level the CPU lacks runs the best one below it).

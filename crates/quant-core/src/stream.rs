@@ -99,19 +99,7 @@ static FORCED: AtomicU8 = AtomicU8::new(0);
 /// ```
 pub fn with_store_mode<R>(mode: StoreMode, f: impl FnOnce() -> R) -> R {
     static LOCK: Mutex<()> = Mutex::new(());
-    let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    struct Reset;
-    impl Drop for Reset {
-        fn drop(&mut self) {
-            FORCED.store(0, Ordering::Relaxed);
-        }
-    }
-    FORCED.store(mode.code(), Ordering::Relaxed);
-    let reset = Reset;
-    let out = f();
-    drop(reset);
-    drop(guard);
-    out
+    crate::simd::with_forced(&LOCK, &FORCED, mode.code(), f)
 }
 
 /// The AVX-512 line writer (x86-64 only).
