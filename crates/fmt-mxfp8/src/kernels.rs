@@ -232,7 +232,7 @@ fn span_blocks<T>() -> usize {
     (SPAN_BYTES / (BLOCK * std::mem::size_of::<T>())).clamp(1, STEP)
 }
 
-/// Rowwise 1x32 only (the common case): row by row, [`STEP`] blocks at a time
+/// Rowwise 1x32 only (the common case): row by row, [`span_blocks`] blocks at a time
 /// ([`row_run`]).
 #[inline(always)]
 fn rowwise_only<T: Element>(
@@ -253,7 +253,7 @@ fn rowwise_only<T: Element>(
 /// Row `i` of the slab `x` (`k` columns), columns `c0..c0 + out.len()` (a multiple of
 /// [`BLOCK`]), quantized rowwise into `out` and the slab's scales `rs`:
 /// [`span_blocks`] blocks at a time, in three passes over an L1-resident span: every block's
-/// key max (sixteen blocks folded together, [`block_abs_max`]), then every block's code
+/// key max (folded together, [`block_abs_max`]), then every block's code
 /// and multiplier, then the encode. Separating the passes keeps the per-block scalar
 /// work (the E8M0 code) out of the vector loops, and f32 input is read in place (bf16 is
 /// widened once per span, into `span`, instead of once per block into a stack array the
