@@ -103,6 +103,22 @@ impl Fp8 {
         127 - self.bias - k
     }
 
+    /// The vector kernel's per-block constants for exponent `k`, as 16-bit lane values:
+    /// `[normal_from, normal_span, rebias, k]` (module docs). One place for the block
+    /// encoder (one `k` broadcast) and [`LaneExps`] (a `k` per lane). `k` is within
+    /// `-127..=126-BIAS` ([`Fp8::pow2_exact`]), so the offset is within `1..=254-BIAS`
+    /// and every value fits 16 bits.
+    #[inline(always)]
+    const fn block_consts(self, k: i32) -> [u16; 4] {
+        let off = self.exp_offset(k);
+        [
+            ((off + 1) << 7) as u16,
+            (0x7F80 - ((off + 1) << 7)) as u16,
+            (off << self.mbits) as u16,
+            k as u16,
+        ]
+    }
+
     /// The code of `bf16::from_bits(bits) * 2^k` (round to nearest even, saturating,
     /// NaN to `0x7F`; a zero input gives `+0` when `plus_zero`), by the integer steps of
     /// the module docs. The scalar specification of the vector kernel;
@@ -367,12 +383,9 @@ impl LaneExps {
         self.consts.extend(ks.chunks_exact(32).map(|v| {
             let mut c = [[0u16; 32]; 4];
             for (l, &k) in v.iter().enumerate() {
-                // Within the exact range every value fits 16 bits (module docs).
-                let off = fp8.exp_offset(k);
-                c[0][l] = ((off + 1) << 7) as u16;
-                c[1][l] = (0x7F80 - ((off + 1) << 7)) as u16;
-                c[2][l] = (off << fp8.mbits) as u16;
-                c[3][l] = k as u16;
+                for (row, value) in c.iter_mut().zip(fp8.block_consts(k)) {
+                    row[l] = value;
+                }
             }
             c
         }));
@@ -661,14 +674,12 @@ mod x86 {
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw")]
         fn new(fp8: Fp8, k: i32) -> Block {
-            // `k` is within -127..=126-BIAS ([`Fp8::pow2_exact`]), so the offset is
-            // within 1..=254-BIAS and both values fit an i16.
-            let off = fp8.exp_offset(k);
+            let [normal_from, normal_span, rebias, k] = fp8.block_consts(k).map(|v| v as i16);
             Block {
-                normal_from: _mm512_set1_epi16(((off + 1) << 7) as i16),
-                normal_span: _mm512_set1_epi16((0x7F80 - ((off + 1) << 7)) as i16),
-                rebias: _mm512_set1_epi16((off << fp8.mbits) as i16),
-                k: _mm512_set1_epi16(k as i16),
+                normal_from: _mm512_set1_epi16(normal_from),
+                normal_span: _mm512_set1_epi16(normal_span),
+                rebias: _mm512_set1_epi16(rebias),
+                k: _mm512_set1_epi16(k),
             }
         }
     }
