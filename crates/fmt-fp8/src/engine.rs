@@ -491,13 +491,13 @@ pub(crate) fn run_slab<T: Element>(
                 }
                 // Power-of-two column scales (the default) at AVX-512: bf16 rows are
                 // encoded in 16-bit lanes, one exponent per column.
-                let mut ks = [0i32; CHUNK];
-                for (e, &s) in ks.iter_mut().zip(scales.iter()) {
-                    *e = pow2_exponent(s);
-                }
-                col_lanes = level == Level::Avx512
-                    && T::DTYPE == quant_core::DType::BF16
-                    && scratch.lanes.set(dt.pow2_codec(), &ks[..cw]);
+                col_lanes = level == Level::Avx512 && T::DTYPE == quant_core::DType::BF16 && {
+                    let mut ks = [0i32; CHUNK];
+                    for (e, &s) in ks.iter_mut().zip(scales.iter()) {
+                        *e = pow2_exponent(s);
+                    }
+                    scratch.lanes.set(dt.pow2_codec(), &ks[..cw])
+                };
                 false
             }
             _ => true,
