@@ -405,6 +405,13 @@ mod tests {
     use super::*;
     use quant_core::codec::e2m1;
 
+    /// bf16 bit patterns widened exactly to f32 (the values the bits-reading kernels see).
+    fn widened(bits: &[u16]) -> Vec<f32> {
+        bits.iter()
+            .map(|&b| f32::from_bits(u32::from(b) << 16))
+            .collect()
+    }
+
     /// The portable bytes: codes of `w[i] * enc[i / 16]`, packed low nibble first.
     fn portable(w: &[f32], enc: &[f32]) -> Vec<u8> {
         let codes: Vec<u8> = w
@@ -485,10 +492,7 @@ mod tests {
                 assert_eq!(out, portable(&w, &enc), "{nb} blocks, round {round}");
                 // The same values through bf16 (each value's bf16 bits, widened).
                 let hi: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
-                let wide: Vec<f32> = hi
-                    .iter()
-                    .map(|&h| f32::from_bits(u32::from(h) << 16))
-                    .collect();
+                let wide = widened(&hi);
                 assert!(encode_run_rn(Run::Bf16(&hi), &enc, &mut out));
                 assert_eq!(
                     out,
@@ -512,12 +516,7 @@ mod tests {
         let enc: Vec<f32> = (0..lo.len())
             .map(|c| [1.0f32, 0.5, 3.0, 1.0e-3, 7.5e2, 6.0 / 448.0][c % 6])
             .collect();
-        let w = |v: &[u16]| -> Vec<f32> {
-            v.iter()
-                .map(|&b| f32::from_bits(u32::from(b) << 16))
-                .collect()
-        };
-        let (lo32, hi32) = (w(&lo), w(&hi));
+        let (lo32, hi32) = (widened(&lo), widened(&hi));
         let want: Vec<u8> = (0..lo.len())
             .map(|c| e2m1::encode(lo32[c] * enc[c]) | e2m1::encode(hi32[c] * enc[c]) << 4)
             .collect();
@@ -576,10 +575,7 @@ mod tests {
         }
         // All 65536 bf16 patterns, under three encode multipliers.
         let hi: Vec<u16> = (0..=u16::MAX).collect();
-        let wide: Vec<f32> = hi
-            .iter()
-            .map(|&h| f32::from_bits(u32::from(h) << 16))
-            .collect();
+        let wide = widened(&hi);
         for e in [1.0f32, 0.75, 3.0e5] {
             let enc = vec![e; hi.len() / BLOCK];
             let mut out = vec![0u8; hi.len() / 2];
@@ -633,10 +629,7 @@ mod tests {
         // Every bf16 value under three multipliers, each with random bytes and with
         // the extreme bytes 0 and 255 (every grid crossing of the jitter).
         let hi: Vec<u16> = (0..=u16::MAX).collect();
-        let wide: Vec<f32> = hi
-            .iter()
-            .map(|&h| f32::from_bits(u32::from(h) << 16))
-            .collect();
+        let wide = widened(&hi);
         let nb = hi.len() / BLOCK;
         for e in [1.0f32, 0.75, 3.0e5] {
             let enc = vec![e; nb];
