@@ -48,7 +48,7 @@
 
 use half::bf16;
 use quant_core::dtype::bf16_slice_bits;
-use quant_core::simd::Level;
+use quant_core::simd::{self, Level};
 use quant_core::stream::StoreMode;
 use quant_core::strips::Strip;
 use quant_core::{DType, Element, widened};
@@ -273,6 +273,13 @@ const BATCH: usize = 16;
 /// than in steps of 16 groups (8 KiB / 4 KiB), and 1 KiB steps of f32 lost some again.
 const STEP_BYTES: usize = 2048;
 
+/// How far ahead of the group being packed its input is prefetched: two steps' worth.
+/// The hardware prefetcher alone left the first loads of each step waiting on memory
+/// (a third of a single-thread profile); one group's lines per group, 4 KiB ahead,
+/// spreads the hints through the compute, where a step's lines prefetched in one burst
+/// had measured x0.87-1.00.
+const PREFETCH_BYTES: usize = 4096;
+
 /// Groups per quantize step: [`STEP_BYTES`] of `T` input, between 1 and [`BATCH`].
 #[inline(always)]
 fn batch_groups<T>(g: usize) -> usize {
@@ -314,6 +321,7 @@ pub(crate) fn quantize_tile<T: Element>(
     let g = geo.group_size;
     let logical = geo.logical_groups();
     let batch = batch_groups::<T>(g);
+    let ahead = PREFETCH_BYTES / std::mem::size_of::<T>();
     for nr in 0..N_TILE {
         let n = nt * N_TILE + nr;
         let real = if n < geo.n { logical } else { 0 };
@@ -349,6 +357,11 @@ pub(crate) fn quantize_tile<T: Element>(
                 match bits {
                     Some(_) => group_nibbles(level, path, &src[i * g..(i + 1) * g], p, u),
                     None => group_nibbles(level, path, &w[i * g..(i + 1) * g], p, u),
+                }
+                // Rows are consecutive in `x`, so the lines ahead run on into the next row.
+                let next = n * geo.k + gi * g + ahead;
+                if let Some(lines) = x.get(next..next + g) {
+                    simd::prefetch(lines);
                 }
                 let row = sz.row_mut(gi);
                 row[nr * 2] = p.scale_bf16;
