@@ -129,6 +129,56 @@ fn quantize_bytes_are_level_independent_and_usage_independent() {
     assert!(checked > 300, "{checked}");
 }
 
+/// The rowwise-only 128x128 walk folds the next slab's tile maxima while it encodes the
+/// current one, and a worker that then takes that next slab uses them. On one thread
+/// every slab after the first takes that route; its bytes must equal the slab walk's
+/// (the rowwise buffers of a BOTH tensor), at every level. Each slab is an order of
+/// magnitude below the one before it, so maxima carried over from the wrong slab would
+/// show, and one tile of the second slab holds a NaN (ignored by the amax).
+#[test]
+fn tile_maxima_folded_ahead_equal_the_slab_walk() {
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let spec: FormatSpec = "fp8-block:128x128".parse().unwrap();
+    let (rowwise, both) = (
+        spec.boxed(Usage::ROWWISE).unwrap(),
+        spec.boxed(Usage::BOTH).unwrap(),
+    );
+    let mut checked = 0usize;
+    for [m, k] in [[257, 384], [300, 2200], [512, 130], [129, 4192]] {
+        let mut s = (m * 31 + k) as u64 | 1;
+        let mut base: Vec<f32> = (0..m * k)
+            .map(|e| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let unit = (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                unit * 10f32.powi(3 - (e / k / 128) as i32)
+            })
+            .collect();
+        base[129.min(m - 1) * k + 5] = f32::NAN;
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            let x = HostTensor::f32(&base, &[m, k])
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let whole =
+                simd::with_level(Level::Scalar, || bytes(&*both.quantize(&x).unwrap())).unwrap();
+            simd::for_each_supported_level(|level| {
+                let got = one.install(|| bytes(&*rowwise.quantize(&x).unwrap()));
+                let what = format!(
+                    "fp8-block:128x128 [{m}, {k}] {dtype} rowwise on one thread at {level}"
+                );
+                assert_same(&what, &got, &same_names(&whole, &got));
+                checked += 1;
+            });
+        }
+    }
+    assert!(checked >= 12, "{checked}");
+}
+
 #[test]
 fn dequantize_bytes_are_level_independent() {
     let [m, k] = [130, 2200];
