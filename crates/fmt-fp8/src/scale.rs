@@ -184,7 +184,8 @@ pub fn amax_of<T: quant_core::Element>(xs: &[T]) -> f32 {
 }
 
 /// `fmaxf(m, a)` for `m >= 0`, `a` possibly NaN: NaN loses (the shared
-/// [`quant_core::cpu::fmax_nan_loses`]).
+/// `quant_core::cpu::fmax_nan_loses`, re-exported under the name this crate's callers
+/// know; written without a link, which rustdoc 1.95 crashes on for a renamed re-export).
 pub use quant_core::cpu::fmax_nan_loses as fmax_ignore_nan;
 
 #[cfg(test)]
