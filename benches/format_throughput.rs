@@ -19,6 +19,7 @@ use std::time::Duration;
 use criterion::{Criterion, Throughput};
 use half::bf16;
 use quant_core::{DType, Direction, Element, Format, HostTensor, quantize};
+use quantfmt_testkit::XorShift64;
 
 /// `[M, K]` from `QUANTFMT_BENCH_SHAPE`, default 8192x8192.
 fn shape() -> [usize; 2] {
@@ -36,15 +37,8 @@ fn shape() -> [usize; 2] {
 
 /// Deterministic weight-like data in [-2, 2).
 fn data(n: usize) -> Vec<f32> {
-    let mut s = 0x2545_F491_4F6C_DD1Du64;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
-        })
-        .collect()
+    let mut rng = XorShift64::new(0x2545_F491_4F6C_DD1D);
+    (0..n).map(|_| (rng.next_f32() - 0.5) * 4.0).collect()
 }
 
 /// Benches quantize and dequantize of `q` (labelled `label`) against the same-run

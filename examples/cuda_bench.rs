@@ -28,6 +28,7 @@ use quantfmt::{
     DType, Direction, Format, Fp8BlockQuantizer, Fp8Quantizer, HostTensor, Int4TiledQuantizer,
     Mxfp8Quantizer, Nvfp4Quantizer, Result, Usage,
 };
+use quantfmt_testkit::XorShift64;
 
 struct Args {
     sizes: Vec<usize>,
@@ -124,15 +125,8 @@ struct Row {
 }
 
 fn random_input(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
-        })
-        .collect()
+    let mut rng = XorShift64::new(seed | 1);
+    (0..n).map(|_| (rng.next_f32() - 0.5) * 8.0).collect()
 }
 
 #[allow(clippy::too_many_arguments)]

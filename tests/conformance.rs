@@ -9,6 +9,7 @@ use quantfmt::{
     AnyQuantizer, AnyStorage, Buffer, DType, Direction, Error, HostTensor, Quantizer, Shape,
     Storage, TensorProto, Usage, registry,
 };
+use quantfmt_testkit::XorShift32;
 
 /// Option combinations exercised on top of each format's defaults (those of formats not
 /// in this build are skipped). Stochastic rounding and RHT (bf16 input only) have their
@@ -51,12 +52,10 @@ fn quantizers() -> Vec<Box<dyn Quantizer>> {
 
 /// Deterministic weight-like data with an outlier column and a few exact zeros.
 fn data(n: usize, k: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    let mut rng = XorShift32::new(seed.wrapping_mul(2_654_435_761).wrapping_add(1));
     (0..n * k)
         .map(|i| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
+            let s = rng.next_u32();
             let u = (s as f32 / u32::MAX as f32) - 0.5;
             if i % 97 == 0 {
                 0.0

@@ -16,20 +16,16 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use fmt_int4tiled::{Int4TiledQuantizer, Int4TiledTensor, int4_linear_slice};
 use half::bf16;
 use quant_core::HostTensor;
+use quantfmt_testkit::XorShift64;
 use rayon::prelude::*;
 
 const SHAPES: [(usize, usize); 2] = [(4096, 4096), (4096, 11008)];
 const MS: [usize; 4] = [1, 4, 16, 64];
 
 fn rand_bf16(len: usize, seed: u64) -> Vec<bf16> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = XorShift64::scrambled(seed);
     (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            bf16::from_f32(((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2)
-        })
+        .map(|_| bf16::from_f32((rng.next_f32() - 0.5) * 0.2))
         .collect()
 }
 

@@ -7,16 +7,12 @@ use half::bf16;
 use quant_core::{
     Buffer, DType, Direction, Format, HostTensor, QuantizedTensor, Registry, Shape, Usage,
 };
+use quantfmt_testkit::XorShift32;
 
 fn weights(len: usize, seed: u32) -> Vec<bf16> {
-    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
+    let mut rng = XorShift32::new(seed.wrapping_mul(2_654_435_761) | 1);
     (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            bf16::from_f32((s % 20_000) as f32 / 10_000.0 - 1.0)
-        })
+        .map(|_| bf16::from_f32((rng.next_u32() % 20_000) as f32 / 10_000.0 - 1.0))
         .collect()
 }
 

@@ -6,6 +6,7 @@ use fmt_int4tiled::layout::{from_prepacked, locate, position, to_prepacked};
 use fmt_int4tiled::{Int4TiledQuantizer, Int4TiledTensorExt};
 use half::bf16;
 use proptest::prelude::*;
+use quantfmt_testkit::XorShift64;
 
 fn quantizer(g: usize, ikt: usize) -> Int4TiledQuantizer {
     Int4TiledQuantizer::new()
@@ -105,14 +106,9 @@ fn spec_pseudocode(u: &[u8], n_rows: usize, k: usize, ikt: usize) -> Vec<i32> {
 }
 
 fn random_u(len: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed | 1;
+    let mut rng = XorShift64::new(seed | 1);
     (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as u8 & 0xF
-        })
+        .map(|_| (rng.next_u64() >> 40) as u8 & 0xF)
         .collect()
 }
 

@@ -7,16 +7,12 @@ use fmt_int4tiled::{
 };
 use half::{bf16, f16};
 use quant_core::{DType, Element, Format, HostTensor, Usage};
+use quantfmt_testkit::XorShift64;
 
 fn rand_vec(len: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = XorShift64::scrambled(seed);
     (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32 * scale
-        })
+        .map(|_| (rng.next_f64() * 2.0 - 1.0) as f32 * scale)
         .collect()
 }
 

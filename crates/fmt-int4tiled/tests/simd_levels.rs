@@ -8,15 +8,14 @@ use fmt_int4tiled::{Int4TiledQuantizer, reference};
 use half::bf16;
 use quant_core::simd::{self, Level};
 use quant_core::{DType, Format, HostTensor, Usage};
+use quantfmt_testkit::{XorShift64, unit_f64};
 
 fn data(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = XorShift64::scrambled(seed);
     (0..n)
         .map(|i| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let u = (s >> 11) as f64 / (1u64 << 53) as f64;
+            let s = rng.next_u64();
+            let u = unit_f64(s);
             match s % 211 {
                 0 => f32::NAN,
                 1 => f32::INFINITY,
@@ -105,17 +104,13 @@ fn dequant_single_rounding_on_random_qparams() {
     let q = Int4TiledQuantizer::from_spec(&["g32"], Usage::ROWWISE).unwrap();
     let (n, k) = (64, 64);
     let u: Vec<u8> = (0..n * k).map(|i| (i % 16) as u8).collect();
-    let mut s = 0x1234_5678u64;
-    let mut next = || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
+    let mut rng = XorShift64::new(0x1234_5678);
     let scale: Vec<bf16> = (0..n * 2)
-        .map(|_| bf16::from_bits((next() as u16) & 0x7FFF))
+        .map(|_| bf16::from_bits((rng.next_u64() as u16) & 0x7FFF))
         .collect();
-    let zero: Vec<bf16> = (0..n * 2).map(|_| bf16::from_bits(next() as u16)).collect();
+    let zero: Vec<bf16> = (0..n * 2)
+        .map(|_| bf16::from_bits(rng.next_u64() as u16))
+        .collect();
     use fmt_int4tiled::Int4TiledQuantizer as Q;
     let t = <Q>::from_logical(&q, &[n, k], &u, &scale, &zero).unwrap();
     simd::for_each_supported_level(|level| {
@@ -171,11 +166,9 @@ fn division_free_quotient_is_exact() {
         }
     }
     // The f32 path: full-precision numerators.
-    let mut st = 0x9E37_79B9u64;
+    let mut rng = XorShift64::new(0x9E37_79B9);
     for _ in 0..2_000_000 {
-        st ^= st << 13;
-        st ^= st >> 7;
-        st ^= st << 17;
+        let st = rng.next_u64();
         let d = f32::from_bits((st as u32) & 0x7FFF_FFFF)
             * if st & (1 << 40) != 0 { -1.0 } else { 1.0 };
         let s = scales[(st >> 32) as usize % scales.len()];

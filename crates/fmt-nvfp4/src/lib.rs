@@ -119,8 +119,6 @@ pub mod rht;
 mod rht_x86;
 pub mod scale;
 pub mod sr;
-#[cfg(test)]
-mod test_rng;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)] // AVX-512 intrinsics; every block has a SAFETY comment
 mod x86;

@@ -235,6 +235,7 @@ unsafe fn fwht<const N: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use quantfmt_testkit::XorShift32;
 
     #[test]
     fn equals_the_product_form_in_index_order() {
@@ -243,10 +244,10 @@ mod tests {
             return;
         }
         let stride = 40;
-        let mut s = 0x9E37_79B9u32;
+        let mut rng = XorShift32::new(0x9E37_79B9);
         let mut x: Vec<f32> = (0..DIM * stride)
             .map(|_| {
-                let s = crate::test_rng::xorshift32(&mut s);
+                let s = rng.next_u32();
                 // Wide magnitudes, so the order of the sums shows.
                 f32::from_bits(0x3000_0000 + (s >> 4) % 0x1C00_0000)
                     * if s & 1 == 1 { -1.0 } else { 1.0 }
@@ -281,14 +282,14 @@ mod tests {
         // dequantized block holds them; factors from subnormal to huge.
         let stride = 24;
         let e2m1 = [0.0f32, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
-        let mut s = 0x1234_5678u32;
+        let mut rng = XorShift32::new(0x1234_5678);
         let mut y = vec![0f32; DIM * stride];
         for c in 0..stride {
             let f = f32::from_bits(
                 0x0000_0100 + (c as u32) * 0x0340_0000 % 0x7E00_0000 + (c as u32 * 7919),
             );
             for j in 0..DIM {
-                let s = crate::test_rng::xorshift32(&mut s);
+                let s = rng.next_u32();
                 let e = e2m1[(s % 8) as usize] * if s & 8 == 8 { -1.0 } else { 1.0 };
                 y[j * stride + c] = e * f;
             }

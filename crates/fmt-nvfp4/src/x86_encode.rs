@@ -404,6 +404,7 @@ fn pair_bytes(codes: __m512i) -> __m512i {
 mod tests {
     use super::*;
     use quant_core::codec::e2m1;
+    use quantfmt_testkit::XorShift32;
 
     /// bf16 bit patterns widened exactly to f32 (the values the bits-reading kernels see).
     fn widened(bits: &[u16]) -> Vec<f32> {
@@ -470,13 +471,12 @@ mod tests {
                 specials.extend([v, -v]);
             }
         }
-        let mut s = 0x9E37_79B9u32;
-        let mut next = || crate::test_rng::xorshift32(&mut s);
+        let mut rng = XorShift32::new(0x9E37_79B9);
         for nb in 0..=9 {
             for round in 0..40 {
                 let w: Vec<f32> = (0..nb * BLOCK)
                     .map(|i| {
-                        let r = next();
+                        let r = rng.next_u32();
                         if (i + round) % 3 == 0 {
                             specials[r as usize % specials.len()]
                         } else {
@@ -624,8 +624,7 @@ mod tests {
             eprintln!("no AVX-512 VBMI: skipped");
             return;
         }
-        let mut s = 0x2545_F491u32;
-        let mut next = || crate::test_rng::xorshift32(&mut s);
+        let mut rng = XorShift32::new(0x2545_F491);
         // Every bf16 value under three multipliers, each with random bytes and with
         // the extreme bytes 0 and 255 (every grid crossing of the jitter).
         let hi: Vec<u16> = (0..=u16::MAX).collect();
@@ -635,7 +634,7 @@ mod tests {
             let enc = vec![e; nb];
             for fill in [None, Some(0u8), Some(255), Some(128)] {
                 let rnd: Vec<[u8; BLOCK]> = (0..nb)
-                    .map(|_| std::array::from_fn(|_| fill.unwrap_or_else(|| next() as u8)))
+                    .map(|_| std::array::from_fn(|_| fill.unwrap_or_else(|| rng.next_u32() as u8)))
                     .collect();
                 let want = portable_sr(&wide, &enc, &rnd);
                 let mut out = vec![0u8; hi.len() / 2];
@@ -653,7 +652,7 @@ mod tests {
             .collect();
         let enc = vec![1.0f32; w.len() / BLOCK];
         let rnd: Vec<[u8; BLOCK]> = (0..enc.len())
-            .map(|_| std::array::from_fn(|_| next() as u8))
+            .map(|_| std::array::from_fn(|_| rng.next_u32() as u8))
             .collect();
         let mut out = vec![0u8; w.len() / 2];
         assert!(encode_run_sr(Run::F32(&w), &enc, &rnd, &mut out));

@@ -7,6 +7,7 @@ use quant_core::codec::{e2m1, e4m3};
 use quant_core::{
     Buffer, DType, Direction, Format, HostTensor, QuantizedTensor, Registry, Shape, Usage,
 };
+use quantfmt_testkit::XorShift64;
 
 fn q(opts: &[&str], usage: Usage) -> Nvfp4Quantizer {
     Nvfp4Quantizer::from_spec(opts, usage).unwrap()
@@ -20,14 +21,10 @@ fn err(opts: &[&str], usage: Usage) -> String {
 
 /// Deterministic pseudo-random values with a wide dynamic range.
 fn data(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = XorShift64::scrambled(seed);
     (0..n)
         .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let u = (s >> 11) as f64 / (1u64 << 53) as f64;
-            let v = (u - 0.5) * 8.0;
+            let v = (rng.next_f64() - 0.5) * 8.0;
             (v * v * v) as f32
         })
         .collect()

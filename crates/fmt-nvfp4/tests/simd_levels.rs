@@ -7,17 +7,16 @@
 use fmt_nvfp4::{Nvfp4Quantizer, reference};
 use quant_core::simd::{self, Level};
 use quant_core::{DType, Direction, Format, HostTensor, Usage};
+use quantfmt_testkit::{XorShift64, unit_f64};
 
 /// Weight-like values with special values sprinkled in: NaN, ±inf, ±0, subnormals,
 /// huge values, exact E2M1 grid points and rounding ties of the block scale.
 fn data(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = XorShift64::scrambled(seed);
     (0..n)
         .map(|i| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let u = (s >> 11) as f64 / (1u64 << 53) as f64;
+            let s = rng.next_u64();
+            let u = unit_f64(s);
             match s % 97 {
                 0 => f32::NAN,
                 1 => f32::INFINITY,

@@ -6,6 +6,7 @@ use fmt_nvfp4::{Nvfp4Quantizer, scale, sr};
 use half::bf16;
 use quant_core::codec::{e2m1, e4m3};
 use quant_core::{Direction, Format, HostTensor, Usage};
+use quantfmt_testkit::XorShift64;
 
 fn q(opts: &[&str], usage: Usage) -> Nvfp4Quantizer {
     Nvfp4Quantizer::from_spec(opts, usage).unwrap()
@@ -13,13 +14,9 @@ fn q(opts: &[&str], usage: Usage) -> Nvfp4Quantizer {
 
 /// Standard normal samples (Box-Muller over a xorshift stream).
 fn normal(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    };
+    let mut rng = XorShift64::scrambled(seed);
+    // The centre of one of 2^53 equal steps: never 0, which `ln` below cannot take.
+    let mut next = move || ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
     (0..n)
         .map(|_| {
             let (u, v) = (next(), next());

@@ -107,6 +107,7 @@ pub mod x86 {
 mod tests {
     use super::*;
     use crate::dtype::bf16_bits;
+    use quantfmt_testkit::XorShift32;
 
     /// Every rounding case (each low half-word pattern class, ties both ways), every
     /// exponent, both signs, NaN payloads (quiet and signalling), infinities, zeros,
@@ -120,12 +121,9 @@ mod tests {
                 xs.push(f32::from_bits(hi << 16 | lo));
             }
         }
-        let mut s = 0x9E37_79B9u32;
+        let mut rng = XorShift32::new(0x9E37_79B9);
         for _ in 0..300_000 {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            xs.push(f32::from_bits(s));
+            xs.push(f32::from_bits(rng.next_u32()));
         }
         // One subnormal in an otherwise normal step, at every offset.
         for at in 0..32 {

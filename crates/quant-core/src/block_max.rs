@@ -441,6 +441,7 @@ mod x86 {
 mod tests {
     use super::*;
     use crate::simd;
+    use quantfmt_testkit::XorShift32;
 
     #[test]
     fn column_keys_equal_the_widened_keys_on_every_bf16() {
@@ -479,12 +480,10 @@ mod tests {
             f32::MAX,
             -f32::MAX,
         ];
-        let mut s = seed | 1;
+        let mut rng = XorShift32::new(seed | 1);
         (0..len)
             .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
+                let s = rng.next_u32();
                 if s.is_multiple_of(29) {
                     special[(s as usize >> 8) % special.len()]
                 } else {

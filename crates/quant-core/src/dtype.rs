@@ -368,6 +368,7 @@ mod private {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use quantfmt_testkit::XorShift64;
 
     #[test]
     fn names_round_trip() {
@@ -449,11 +450,9 @@ mod tests {
         assert_eq!(<bf16 as Element>::from_f64(v).to_f32(), 1.007_812_5);
         let w = 1.0 + 2f64.powi(-11) + 2f64.powi(-40);
         assert_eq!(<f16 as Element>::from_f64(w).to_f32(), 1.0 + 2f32.powi(-10));
-        let mut s = 0x1234_5678_9ABC_DEF1u64;
+        let mut rng = XorShift64::new(0x1234_5678_9ABC_DEF1);
         for i in 0..200_000 {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
+            let s = rng.next_u64();
             // Values near bf16 ties: a bf16 midpoint nudged by a tiny f64-only amount.
             let base = f64::from(bf16::from_bits((s >> 48) as u16 & 0x7E7F | 0x0080).to_f32());
             let ulp = base.abs() * 2f64.powi(-8);

@@ -13,6 +13,7 @@ use quant_core::cuda::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use quant_core::cuda::testing::device_or_skip;
 use quant_core::cuda::{CudaDevice, DeviceTensor, SELFTEST_KERNELS, kernels};
 use quant_core::{DType, Element, HostTensor, Shape};
+use quantfmt_testkit::{XorShift32, XorShift64};
 
 fn dev(test: &str) -> Option<Arc<CudaDevice>> {
     device_or_skip(test).unwrap()
@@ -178,11 +179,9 @@ fn device_conversions_match_element() {
         return;
     };
     let mut vals: Vec<f64> = Vec::new();
-    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rng = XorShift64::new(0x9E37_79B9_7F4A_7C15);
     for _ in 0..(1 << 20) {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
+        let s = rng.next_u64();
         let v = f64::from_bits(s);
         vals.push(if v.is_finite() && v.abs() < 1e6 {
             v
@@ -293,12 +292,10 @@ fn device_swizzle_matches_layout() {
 }
 
 fn ragged_input(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2_654_435_761).max(1);
+    let mut rng = XorShift32::new(seed.wrapping_mul(2_654_435_761).max(1));
     (0..n)
         .map(|i| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
+            let s = rng.next_u32();
             match i % 97 {
                 0 => f32::NAN,
                 1 => f32::NEG_INFINITY,

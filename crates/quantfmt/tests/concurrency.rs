@@ -10,6 +10,7 @@ use quantfmt::{
     AnyQuantizer, AnyStorage, Buffer, GroupedStorage, HostTensor, Quantizer, Registry, Storage,
     TensorProto, Usage, registry,
 };
+use quantfmt_testkit::XorShift32;
 
 const fn send_sync<T: Send + Sync + ?Sized>() {}
 const _: () = {
@@ -26,12 +27,10 @@ const _: () = {
 };
 
 fn data(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    let mut rng = XorShift32::new(seed.wrapping_mul(2_654_435_761).wrapping_add(1));
     (0..n)
         .map(|i| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
+            let s = rng.next_u32();
             let u = (s as f32 / u32::MAX as f32) - 0.5;
             if i % 61 == 0 { u * 300.0 } else { u }
         })

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use quantfmt::io::{Loaded, SaveItem, load_bytes, save, save_items};
 use quantfmt::{HostTensor, Quantizer, Shape, Storage, Usage, registry};
+use quantfmt_testkit::XorShift32;
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------
@@ -151,12 +152,10 @@ fn with_meta(bytes: &[u8], f: impl FnOnce(&mut Value)) -> Vec<u8> {
 
 /// Deterministic weight-like data.
 fn data(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    let mut rng = XorShift32::new(seed.wrapping_mul(2_654_435_761).wrapping_add(1));
     (0..n)
         .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
+            let s = rng.next_u32();
             (s as f32 / u32::MAX as f32) - 0.5
         })
         .collect()
@@ -440,11 +439,9 @@ fn truncated_and_bit_flipped_valid_files_never_panic() {
         }
         // Single-byte corruptions: header bytes and data bytes. Must not panic; a load
         // that succeeds (a changed data byte is still a valid code) must dequantize.
-        let mut s = 0x1234_5678u32;
+        let mut rng = XorShift32::new(0x1234_5678);
         for i in 0..600 {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
+            let s = rng.next_u32();
             let pos = if i % 2 == 0 {
                 8 + (s as usize % n)
             } else {

@@ -16,6 +16,7 @@ mod special_input;
 
 use quant_core::simd::{self, Level};
 use quantfmt::{DType, Direction, FormatSpec, HostTensor, Quantizer, Shape, Storage, Usage};
+use quantfmt_testkit::{XorShift64, unit_f32};
 
 const SPECS: [&str; 10] = [
     "fp8",
@@ -148,13 +149,10 @@ fn tile_maxima_folded_ahead_equal_the_slab_walk() {
     );
     let mut checked = 0usize;
     for [m, k] in [[257, 384], [300, 2200], [512, 130], [129, 4192]] {
-        let mut s = (m * 31 + k) as u64 | 1;
+        let mut rng = XorShift64::new((m * 31 + k) as u64 | 1);
         let mut base: Vec<f32> = (0..m * k)
             .map(|e| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                let unit = (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                let unit = rng.next_f32() - 0.5;
                 unit * 10f32.powi(3 - (e / k / 128) as i32)
             })
             .collect();
@@ -228,12 +226,10 @@ fn bf16_power_of_two_encoder_edges_are_level_independent() {
         .collect();
     for &k in &[96usize, 256] {
         let m = (maxima.len() * 32 / k + 1).next_multiple_of(32);
-        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rng = XorShift64::new(0x9E37_79B9_7F4A_7C15);
         let v: Vec<f32> = (0..m * k)
             .map(|i| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
+                let s = rng.next_u64();
                 let max = maxima[(i / 32) % maxima.len()];
                 match (i % 32, s % 97) {
                     (0, _) => max,
@@ -242,7 +238,7 @@ fn bf16_power_of_two_encoder_edges_are_level_independent() {
                     (_, 2) if i % 3 == 0 => f32::NAN,
                     (_, 3) if i % 5 == 0 => f32::NEG_INFINITY,
                     _ => {
-                        let f = (s >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
+                        let f = unit_f32(s); // [0, 1)
                         let sign = if s & 1 == 1 { -1.0 } else { 1.0 };
                         sign * max * f.powi(((s >> 8) % 9) as i32)
                     }

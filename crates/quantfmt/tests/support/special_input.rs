@@ -1,19 +1,14 @@
 //! The input generator shared by the device check (`tests/cuda_device.rs`) and the host
 //! emulation's case writer (`tools/cuda-emu/cases.rs`), so both exercise the kernels on the
-//! same values. Included with `#[path]`; not a test crate of its own.
+//! same values. Included with `#[path]`; not a test crate of its own (the including crate
+//! needs the `quantfmt-testkit` dev-dependency).
 
 /// Deterministic data over many magnitudes, with the special values salted in at fixed
 /// positions and whole special blocks (zero, NaN, subnormal, huge) along the first rows.
 pub fn input(dims: &[usize], seed: u64) -> Vec<f32> {
     let n: usize = dims.iter().product();
     let k = *dims.last().unwrap();
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
+    let mut rng = quantfmt_testkit::XorShift64::scrambled(seed);
     let specials = [
         f32::NAN,
         f32::INFINITY,
@@ -37,7 +32,7 @@ pub fn input(dims: &[usize], seed: u64) -> Vec<f32> {
     ];
     let mut v: Vec<f32> = (0..n)
         .map(|i| {
-            let r = next();
+            let r = rng.next_u64();
             if i % 53 == 7 {
                 specials[(r % specials.len() as u64) as usize]
             } else {
