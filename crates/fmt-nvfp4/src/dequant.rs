@@ -163,7 +163,8 @@ pub(crate) fn columnwise<T: Element>(
             (
                 vec![0u8; slab / 2 * CHUNK],
                 vec![0f32; BLOCK * CHUNK],
-                Box::new([[0f32; CHUNK]; BLOCK]),
+                // The inverse transform's scratch, only where there is one to undo.
+                rht_on.then(|| Box::new([[0f32; CHUNK]; BLOCK])),
             )
         },
         |(pairs, vals, inv), (s, o)| {
@@ -208,7 +209,7 @@ pub(crate) fn columnwise<T: Element>(
                                     *b = e2m1::decode_fast(byte >> 4) * f;
                                 }
                             }
-                            if rht_on {
+                            if let Some(inv) = inv.as_deref_mut() {
                                 inverse_group(
                                     level,
                                     vals,
