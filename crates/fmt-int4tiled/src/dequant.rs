@@ -174,8 +174,8 @@ mod tests {
     #[test]
     fn odd_rounding_is_exact_for_bf16_targets() {
         // Randomized: compare with an exact rational rounding done in i128.
-        let mut state = 0x1234_5678_9abc_def0u64;
-        let mut next = || crate::test_rng::xorshift(&mut state);
+        let mut state = quantfmt_testkit::XorShift64::new(0x1234_5678_9abc_def0);
+        let mut next = || state.next_u64();
         for _ in 0..200_000 {
             let s = bf16::from_bits((next() as u16) & 0x7F7F | 0x0080);
             let z = bf16::from_bits((next() as u16) & 0xFF7F);

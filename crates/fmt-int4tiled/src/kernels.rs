@@ -506,7 +506,7 @@ fn round_odd_sum(p: f32, z: f32) -> f32 {
 mod tests {
     use super::*;
     use crate::qparams::{NEAR_HALF, group_params};
-    use crate::test_rng::xorshift;
+    use quantfmt_testkit::XorShift64;
 
     /// Word `c`'s nibble `q < 4` is `u[8q + 2c]` and nibble `q + 4` is `u[8q + 2c + 1]`
     /// (the tinygemm lane layout, spelled out one nibble at a time).
@@ -617,7 +617,7 @@ mod tests {
     #[test]
     fn group_nibbles_equal_the_specification_for_any_eps() {
         use crate::qparams::quantize_group;
-        let mut st = 0x2545_F491_4F6C_DD1Du64;
+        let mut st = XorShift64::new(0x2545_F491_4F6C_DD1D);
         let eps = [
             1e-45,
             1e-40,
@@ -632,7 +632,7 @@ mod tests {
             let spread = [1e-30f32, 1e-3, 1.0, 1e3, 1e30, 1e38][round % 6];
             let mut xs: Vec<f32> = (0..64)
                 .map(|_| {
-                    let v = ((xorshift(&mut st) >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * spread;
+                    let v = ((st.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * spread;
                     bf16::from_f32(v).to_f32()
                 })
                 .collect();
@@ -667,7 +667,7 @@ mod tests {
     #[test]
     fn subnormal_groups_near_the_hardware_scale_bound() {
         use crate::qparams::{EPS_V2, quantize_group};
-        let mut st = 0x0123_4567_89AB_CDEFu64;
+        let mut st = XorShift64::new(0x0123_4567_89AB_CDEF);
         let mut taken = 0;
         for e in -26i32..=6 {
             // Group maxima about 15 * 2^(e - 100): scales from 2^-126 to past the bound.
@@ -675,7 +675,7 @@ mod tests {
             for round in 0..40 {
                 let xs: Vec<bf16> = (0..64)
                     .map(|i| {
-                        let r = xorshift(&mut st);
+                        let r = st.next_u64();
                         let v = match (i + round) % 4 {
                             // Subnormal bf16 values of either sign.
                             0 => f32::from_bits((r >> 45) as u32 & 0x007F_0000),
@@ -722,9 +722,9 @@ mod tests {
 
     #[test]
     fn pack32_matches_the_layout_and_round_trips() {
-        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut s = XorShift64::new(0x9E37_79B9_7F4A_7C15);
         for _ in 0..2000 {
-            let u: [u8; 32] = std::array::from_fn(|_| (xorshift(&mut s) >> 60) as u8);
+            let u: [u8; 32] = std::array::from_fn(|_| (s.next_u64() >> 60) as u8);
             let w = pack32(&u);
             assert_eq!(w, pack32_naive(&u));
             assert_eq!(unpack32(w), u.map(u16::from));

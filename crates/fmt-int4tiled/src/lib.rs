@@ -49,8 +49,6 @@ mod linear;
 pub mod qparams;
 pub mod reference;
 mod tensor;
-#[cfg(test)]
-mod test_rng;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)] // AVX-512 intrinsics; every block has a SAFETY comment
 mod x86;

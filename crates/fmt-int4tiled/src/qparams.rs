@@ -346,7 +346,7 @@ pub(crate) fn group_params_batch<const N: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_rng::xorshift;
+    use quantfmt_testkit::XorShift64;
 
     #[test]
     fn all_equal_and_zero_groups() {
@@ -377,8 +377,8 @@ mod tests {
 
     #[test]
     fn min_max_bf16_equals_min_max_of_the_widened_values() {
-        let mut st = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || xorshift(&mut st);
+        let mut st = XorShift64::new(0x9E37_79B9_7F4A_7C15);
+        let mut next = move || st.next_u64();
         let specials = [
             0x7FC0u16, 0xFFC1, 0x7F80, 0xFF80, 0x0000, 0x8000, 0x0001, 0x8001, 0x7F7F, 0xFF7F,
         ];
@@ -430,8 +430,8 @@ mod tests {
 
     #[test]
     fn batched_params_equal_one_group_at_a_time() {
-        let mut st = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = || xorshift(&mut st);
+        let mut st = XorShift64::new(0x9E37_79B9_7F4A_7C15);
+        let mut next = || st.next_u64();
         let specials = [
             0.0f32,
             -0.0,
