@@ -119,7 +119,9 @@ mod tests {
     #[test]
     fn branchless_ceil_equals_the_branching_rule() {
         for hi in 0u32..512 {
-            for man in [0u32, 1, 0x3F_FFFF, 0x40_0000, 0x40_0001, 0x7F_FFFE, 0x7F_FFFF] {
+            for man in [
+                0u32, 1, 0x3F_FFFF, 0x40_0000, 0x40_0001, 0x7F_FFFE, 0x7F_FFFF,
+            ] {
                 let v = f32::from_bits(hi << 23 | man);
                 assert_eq!(from_f32_ceil(v), ceil_branching(v), "{:#010x}", v.to_bits());
             }
