@@ -48,7 +48,7 @@ pub fn exp2_rcp(code: u8) -> f32 {
 ///
 /// ```
 /// use quant_core::codec::e8m0::from_f32_ceil;
-/// assert_eq!(from_f32_ceil(3.0), 128); // 4 = 2^(128 - 127)
+/// assert_eq!(from_f32_ceil(3.0), 129); // 4 = 2^(129 - 127)
 /// assert_eq!(from_f32_ceil(0.0), 0);
 /// assert_eq!(from_f32_ceil(f32::INFINITY), 0xFE);
 /// assert_eq!(from_f32_ceil(f32::NAN), 0xFF);
