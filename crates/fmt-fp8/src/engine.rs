@@ -528,7 +528,7 @@ pub(crate) fn run_slab<T: Element>(
                         column_abs_max_bf16(&bits[r * k + c0..][..cw], NanRule::Ignore, keys);
                     }
                     for (s, &key) in scales.iter_mut().zip(keys.iter()) {
-                        *s = scale_of(f32::from_bits(u32::from(key) << 16));
+                        *s = scale_of(quant_core::dtype::f32_from_bf16_bits(key));
                     }
                 } else {
                     scales.fill(0.0);

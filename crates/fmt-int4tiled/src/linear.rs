@@ -194,7 +194,7 @@ fn nib(w: u32, j: usize) -> f32 {
 /// re-quieted, which does not matter here and avoids a branch).
 #[inline(always)]
 fn bf(x: bf16) -> f32 {
-    f32::from_bits(u32::from(x.to_bits()) << 16)
+    quant_core::dtype::f32_from_bf16_bits(x.to_bits())
 }
 
 #[inline(always)]

@@ -99,7 +99,7 @@ impl QParamsPath {
 /// ```
 #[inline(always)]
 pub fn rb(x: f32) -> f32 {
-    f32::from_bits(u32::from(quant_core::dtype::bf16_bits(x)) << 16)
+    quant_core::dtype::f32_from_bf16_bits(quant_core::dtype::bf16_bits(x))
 }
 
 /// `amin` / `amax` with NaN propagation, as `torch.amin` / `torch.amax` do.
@@ -197,7 +197,7 @@ pub fn min_max_bf16(bits: &[u16]) -> (f32, f32) {
     // The key map is its own inverse.
     let value = |k: i16| {
         let b = k as u16;
-        f32::from_bits(u32::from(b ^ (((k >> 15) as u16) & 0x7FFF)) << 16)
+        quant_core::dtype::f32_from_bf16_bits(b ^ (((k >> 15) as u16) & 0x7FFF))
     };
     (value(lo), value(hi))
 }

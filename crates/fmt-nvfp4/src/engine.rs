@@ -27,6 +27,7 @@ use half::bf16;
 use quant_core::block_max::{NanRule, block_abs_max, block_abs_max_bf16, column_abs_max_bf16};
 use quant_core::codec::{e2m1, e4m3};
 use quant_core::cpu::{amax_f32, fmax_nan_loses};
+use quant_core::dtype::f32_from_bf16_bits;
 use quant_core::simd::Level;
 use quant_core::strips::{Strip, column_strips};
 use quant_core::{DType, Element, Result, simd};
@@ -733,7 +734,7 @@ fn rowwise_run<T: Element>(
 /// fallback of a run the AVX-512 encoders refuse.
 #[inline(always)]
 fn widen_bf16_block(bits: &[u16]) -> [f32; BLOCK] {
-    std::array::from_fn(|j| f32::from_bits(u32::from(bits[j]) << 16))
+    std::array::from_fn(|j| f32_from_bf16_bits(bits[j]))
 }
 
 /// The bf16 bits of `xs` when the AVX-512 encoder takes them directly (nearest or
@@ -906,7 +907,7 @@ fn pairs_rn(level: Level, pair: Pair<'_>, enc: &[f32], out: &mut [u8]) {
             }
         }
         Pair::Bf16(a, b) => {
-            let w = |v: u16| f32::from_bits(u32::from(v) << 16);
+            let w = f32_from_bf16_bits;
             for (((d, &x), &y), &e) in out.iter_mut().zip(a).zip(b).zip(enc) {
                 *d = code(w(x), e) | code(w(y), e) << 4;
             }
@@ -1043,7 +1044,7 @@ fn columnwise_chunk_bf16(
             }
             column_abs_max_bf16(run(r), NanRule::Ignore, &mut keys[..cw]);
         }
-        let amax: [f32; CHUNK] = std::array::from_fn(|c| f32::from_bits(u32::from(keys[c]) << 16));
+        let amax: [f32; CHUNK] = std::array::from_fn(|c| f32_from_bf16_bits(keys[c]));
         let (mut sdb, mut enc) = ([0u8; CHUNK], [0f32; CHUNK]);
         block_scales_each(
             &amax[..cw],

@@ -140,7 +140,7 @@ pub fn block_abs_max_bf16(level: Level, xs: &[u16], nan: NanRule, out: &mut [u32
     let _ = level;
     for (o, b) in out.iter_mut().zip(xs.chunks_exact(n)) {
         *o = b.iter().fold(0, |m, &v| {
-            m.max(nan.key(f32::from_bits(u32::from(v) << 16)))
+            m.max(nan.key(crate::dtype::f32_from_bf16_bits(v)))
         });
     }
 }

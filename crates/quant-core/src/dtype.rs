@@ -187,7 +187,7 @@ impl Element for bf16 {
     fn widen_slice(src: &[Self], dst: &mut [f32]) {
         // bf16 is the top half of an f32: widening is a shift (NaN payloads kept).
         for (d, s) in dst.iter_mut().zip(src) {
-            *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+            *d = f32_from_bf16_bits(s.to_bits());
         }
     }
     #[inline(always)]
@@ -228,6 +228,21 @@ impl Element for f16 {
         use half::slice::HalfFloatSliceExt;
         dst.convert_from_f32_slice(src);
     }
+}
+
+/// The f32 value of the bf16 bit pattern `bits`: exact (bf16 is the top half of an
+/// f32), NaN payloads and the sign kept. The widening every bf16 kernel does on raw bits
+/// (block-maximum keys, bit slices of an input), written once.
+///
+/// ```
+/// use quant_core::dtype::f32_from_bf16_bits;
+/// assert_eq!(f32_from_bf16_bits(0x3F80), 1.0);
+/// assert_eq!(f32_from_bf16_bits(0xC0A0), -5.0);
+/// assert_eq!(f32_from_bf16_bits(0x7FC1).to_bits(), 0x7FC1_0000);
+/// ```
+#[inline(always)]
+pub const fn f32_from_bf16_bits(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
 }
 
 /// The bits of `x` rounded to bf16: round to nearest even, identical to
