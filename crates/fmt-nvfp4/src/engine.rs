@@ -396,10 +396,14 @@ fn slab<T: Element>(
         }
         return;
     }
+    let src = Src::of(p, x, k);
+    // The widened chunk serves the rowwise direction, 2-D tiles and the columnwise
+    // groups unless those are summed straight from the bits.
+    let widen = job.row.is_some() || p.two_d || matches!(src, Src::Wide);
     for c0 in (0..k).step_by(CHUNK) {
         let cw = CHUNK.min(k - c0);
         let nb = cw / BLOCK;
-        for r in 0..rows {
+        for r in (0..rows).filter(|_| widen) {
             // Each row's run of the chunk is short and starts a new stream, which the
             // hardware prefetchers pick up late: fetch the run a few rows ahead.
             if r + AHEAD < rows {
@@ -431,7 +435,7 @@ fn slab<T: Element>(
             );
         }
         if let Some(col) = job.col.as_mut() {
-            columnwise_chunk(p, job.i0, c0, cw, nb, rows, &tile_amax, col, s);
+            columnwise_chunk(p, job.i0, src, c0, cw, nb, rows, &tile_amax, col, s);
         }
     }
 }
@@ -812,26 +816,75 @@ fn four_over_six_rows(
     }
 }
 
+/// Where the columnwise groups of a chunk come from.
+#[derive(Clone, Copy)]
+enum Src<'a> {
+    /// The widened chunk in the scratch.
+    Wide,
+    /// The slab's bf16 bits (row stride `k`), summed straight into the rotated groups
+    /// ([`crate::rht_x86::rounded_sums_bf16`]): RHT on bf16 with AVX-512.
+    Bits(&'a [u16], usize),
+}
+
+impl<'a> Src<'a> {
+    /// [`Src::Bits`] where it applies to the slab `x` (`[rows, k]`): RHT, bf16 input,
+    /// AVX-512, and chunks of whole 16-column steps; else [`Src::Wide`].
+    fn of<T: Element>(p: &Params<'_>, x: &'a [T], k: usize) -> Src<'a> {
+        let fits = p.rht
+            && cfg!(target_arch = "x86_64")
+            && p.level == Level::Avx512
+            && k.is_multiple_of(crate::rht::DIM);
+        match quant_core::dtype::bf16_slice_bits(x) {
+            Some(bits) if fits => Src::Bits(bits, k),
+            _ => Src::Wide,
+        }
+    }
+}
+
 /// The columnwise operand of one 16-row group, 16 rows of [`CHUNK`]: `v[i][c]` for rows
 /// `i` of the group (a view of `wide`, no copy), or `bf16(sum_i v[i][c] * R[i][j])` (in
-/// index order from `+0.0`) with RHT, computed into `buf`.
+/// index order from `+0.0`) with RHT, computed into `buf`. Returns `true` when it also
+/// wrote each column's `max_i |v[i][c]|` (NaN ignored) into `amax`, as the fused RHT
+/// kernel does; otherwise the caller folds them.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn group_values<'a>(
     p: &Params<'_>,
+    src: Src<'_>,
     wide: &'a [f32],
     g: usize,
+    c0: usize,
     cw: usize,
     buf: &'a mut [[f32; CHUNK]; BLOCK],
-) -> &'a [[f32; CHUNK]] {
+    amax: &mut [f32; CHUNK],
+) -> (&'a [[f32; CHUNK]], bool) {
     if !p.rht {
-        return wide[g * BLOCK * CHUNK..(g + 1) * BLOCK * CHUNK]
-            .as_chunks::<CHUNK>()
-            .0;
+        let vals = wide[g * BLOCK * CHUNK..(g + 1) * BLOCK * CHUNK].as_chunks::<CHUNK>();
+        return (vals.0, false);
     }
+    let mut local;
+    let rows = match src {
+        Src::Wide => &wide[g * BLOCK * CHUNK..],
+        Src::Bits(bits, k) => {
+            let group = &bits[g * BLOCK * k + c0..];
+            #[cfg(target_arch = "x86_64")]
+            if crate::rht_x86::rounded_sums_bf16(group, k, cw, buf, amax) {
+                return (buf, true);
+            }
+            // Not reached where `Src::of` chose the bits (AVX-512, widths of whole
+            // blocks); widened here so that any call still gets the exact sums.
+            local = [0f32; BLOCK * CHUNK];
+            for (i, row) in local.chunks_exact_mut(CHUNK).enumerate() {
+                for (d, &b) in row[..cw].iter_mut().zip(&group[i * k..]) {
+                    *d = f32_from_bf16_bits(b);
+                }
+            }
+            &local[..]
+        }
+    };
     // The sums into `buf`, with AVX-512 or portably, then rounded to bf16 in place.
     #[cfg(target_arch = "x86_64")]
-    let summed = p.level == Level::Avx512
-        && crate::rht_x86::hadamard_sums(&wide[g * BLOCK * CHUNK..], CHUNK, cw, buf);
+    let summed = p.level == Level::Avx512 && crate::rht_x86::hadamard_sums(rows, CHUNK, cw, buf);
     #[cfg(not(target_arch = "x86_64"))]
     let summed = false;
     if !summed {
@@ -839,7 +892,7 @@ fn group_values<'a>(
             o[..cw].fill(0.0);
         }
         for (i, ri) in R.iter().enumerate() {
-            let v = &wide[(g * BLOCK + i) * CHUNK..][..cw];
+            let v = &rows[i * CHUNK..][..cw];
             for (a, &rij) in buf.iter_mut().zip(ri) {
                 for (a, &x) in a[..cw].iter_mut().zip(v) {
                     *a += x * rij;
@@ -852,7 +905,7 @@ fn group_values<'a>(
             *o = bf16::from_f32(*o).to_f32();
         }
     }
-    buf
+    (buf, false)
 }
 
 /// `S_enc` and `S_dec` of columns `c0..c0 + cw` of the columnwise operand (one global
@@ -921,6 +974,7 @@ fn pairs_rn(level: Level, pair: Pair<'_>, enc: &[f32], out: &mut [u8]) {
 fn columnwise_chunk(
     p: &Params<'_>,
     i0: usize,
+    src: Src<'_>,
     c0: usize,
     cw: usize,
     nb: usize,
@@ -934,7 +988,8 @@ fn columnwise_chunk(
     let mut buf = [[0f32; CHUNK]; BLOCK];
     let mut scales = [[0u8; SLAB / BLOCK]; CHUNK];
     for g in 0..groups {
-        let vals = group_values(p, &s.wide, g, cw, &mut buf);
+        let mut amax = [0f32; CHUNK];
+        let (vals, have_amax) = group_values(p, src, &s.wide, g, c0, cw, &mut buf, &mut amax);
         let mb = (i0 / BLOCK + g) as u32;
         let mut sdb = [0u8; CHUNK];
         let codes = &mut s.codes[..BLOCK * CHUNK];
@@ -943,12 +998,11 @@ fn columnwise_chunk(
         if let Some(mode) = p.four_over_six {
             four_over_six_cols(p, mode, vals, cw, nb, g, tile_amax, c0, &mut sdb, codes);
         } else {
-            let mut amax = [0f32; CHUNK];
             if p.two_d {
                 for (c, a) in amax[..cw].iter_mut().enumerate() {
                     *a = tile_amax[g][c / BLOCK];
                 }
-            } else {
+            } else if !have_amax {
                 for v in vals.iter() {
                     for (a, &x) in amax[..cw].iter_mut().zip(&v[..cw]) {
                         *a = fmax_nan_loses(*a, x.abs());
@@ -1245,19 +1299,26 @@ pub(crate) fn amaxes<T: Element>(
                             }
                         }
                         if want_y {
+                            let src = Src::of(&p, x, k);
                             let mut buf = [[0f32; CHUNK]; BLOCK];
                             for c0 in (0..k).step_by(CHUNK) {
                                 let cw = CHUNK.min(k - c0);
-                                for r in 0..nrows {
+                                for r in (0..nrows).filter(|_| matches!(src, Src::Wide)) {
                                     T::widen_slice(
                                         &x[r * k + c0..r * k + c0 + cw],
                                         &mut wide[r * CHUNK..r * CHUNK + cw],
                                     );
                                 }
                                 for g in 0..nrows / BLOCK {
-                                    let vals = group_values(&p, &wide, g, cw, &mut buf);
-                                    for v in vals.iter() {
-                                        ay = fmax_nan_loses(ay, amax_f32(&v[..cw]));
+                                    let mut cm = [0f32; CHUNK];
+                                    let (vals, have) =
+                                        group_values(&p, src, &wide, g, c0, cw, &mut buf, &mut cm);
+                                    if have {
+                                        ay = fmax_nan_loses(ay, amax_f32(&cm[..cw]));
+                                    } else {
+                                        for v in vals.iter() {
+                                            ay = fmax_nan_loses(ay, amax_f32(&v[..cw]));
+                                        }
                                     }
                                 }
                             }

@@ -11,10 +11,13 @@
 
 use std::arch::x86_64::{
     __m512, __m512d, _CMP_EQ_OQ, _CMP_NEQ_UQ, _MM_FROUND_NO_EXC, _MM_FROUND_TO_ZERO,
-    _mm256_castps_si256, _mm256_castsi256_ps, _mm256_loadu_ps, _mm256_mask_or_epi32,
-    _mm256_set1_epi32, _mm256_storeu_ps, _mm512_add_pd, _mm512_add_ps, _mm512_cmp_pd_mask,
-    _mm512_cvt_roundpd_ps, _mm512_cvtpd_ps, _mm512_cvtps_pd, _mm512_fmadd_pd, _mm512_loadu_ps,
-    _mm512_mul_ps, _mm512_set1_pd, _mm512_set1_ps, _mm512_setzero_pd, _mm512_setzero_ps,
+    _mm256_castps_si256, _mm256_castsi256_ps, _mm256_loadu_ps, _mm256_loadu_si256,
+    _mm256_mask_or_epi32, _mm256_set1_epi32, _mm256_storeu_ps, _mm512_abs_ps, _mm512_add_epi32,
+    _mm512_add_pd, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps,
+    _mm512_cmp_pd_mask, _mm512_cvt_roundpd_ps, _mm512_cvtepu16_epi32, _mm512_cvtpd_ps,
+    _mm512_cvtps_pd, _mm512_fmadd_pd, _mm512_fpclass_ps_mask, _mm512_loadu_ps,
+    _mm512_mask_or_epi32, _mm512_max_ps, _mm512_mul_ps, _mm512_set1_epi32, _mm512_set1_pd,
+    _mm512_set1_ps, _mm512_setzero_pd, _mm512_setzero_ps, _mm512_slli_epi32, _mm512_srli_epi32,
     _mm512_storeu_ps, _mm512_sub_pd, _mm512_sub_ps,
 };
 
@@ -77,32 +80,117 @@ pub(crate) fn hadamard_sums<const N: usize>(
 /// `15 * stride + cols <= x.len()`.
 #[target_feature(enable = "avx512f")]
 unsafe fn sums<const N: usize>(x: &[f32], stride: usize, cols: usize, out: &mut [[f32; N]; DIM]) {
-    let quarter = _mm512_set1_ps(0.25);
     for c in (0..cols).step_by(COLS) {
-        let mut y: [__m512; DIM] = [_mm512_setzero_ps(); DIM];
-        macro_rules! steps {
-            ($i:literal: $($j:literal)*) => {{
-                // SAFETY: `i * stride + c + 16 <= 15 * stride + cols <= x.len()`; one
-                // unaligned 512-bit load.
-                let v = unsafe { _mm512_loadu_ps(x.as_ptr().add($i * stride + c)) };
-                let q = _mm512_mul_ps(v, quarter);
-                $(
-                    y[$j] = if NEG[$i][$j] {
-                        _mm512_sub_ps(y[$j], q)
-                    } else {
-                        _mm512_add_ps(y[$j], q)
-                    };
-                )*
-            }};
-        }
-        macro_rules! rows {
-            ($($i:literal)*) => {$( steps!($i: 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15); )*};
-        }
-        rows!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+        let y = forward_step(|i| {
+            // SAFETY: `i * stride + c + 16 <= 15 * stride + cols <= x.len()`; one
+            // unaligned 512-bit load.
+            unsafe { _mm512_loadu_ps(x.as_ptr().add(i * stride + c)) }
+        });
         for (o, y) in out.iter_mut().zip(y) {
             // SAFETY: `c + 16 <= cols <= o.len()`; one unaligned 512-bit store.
             unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(c), y) };
         }
+    }
+}
+
+/// The forward sums of one 16-column step: `y[j] = sum_i v_i * R[i][j]` in index order
+/// from `+0.0`, row `i` of the step given by `row(i)`. Each `(i, j)` step is one add or
+/// subtract of `v_i * 0.25`, its sign fixed at compile time.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn forward_step(row: impl Fn(usize) -> __m512) -> [__m512; DIM] {
+    let quarter = _mm512_set1_ps(0.25);
+    let mut y: [__m512; DIM] = [_mm512_setzero_ps(); DIM];
+    macro_rules! steps {
+        ($i:literal: $($j:literal)*) => {{
+            let q = _mm512_mul_ps(row($i), quarter);
+            $(
+                y[$j] = if NEG[$i][$j] {
+                    _mm512_sub_ps(y[$j], q)
+                } else {
+                    _mm512_add_ps(y[$j], q)
+                };
+            )*
+        }};
+    }
+    macro_rules! rows {
+        ($($i:literal)*) => {$( steps!($i: 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15); )*};
+    }
+    rows!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+    y
+}
+
+/// `y` rounded to bf16 (nearest even), as f32: `bf16::from_f32(y).to_f32()` lane by
+/// lane, NaN included (the quiet bit set, sign and top payload kept), subnormals
+/// rounded like any other value (where `vcvtneps2bf16` would flush them).
+#[target_feature(enable = "avx512f,avx512dq")]
+#[inline]
+fn round_bf16(y: __m512) -> __m512 {
+    let b = _mm512_castps_si512(y);
+    let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+    let r = _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7FFF)), lsb);
+    // Quiet or signalling NaN.
+    let nan = _mm512_fpclass_ps_mask::<0x81>(y);
+    let r = _mm512_mask_or_epi32(r, nan, b, _mm512_set1_epi32(0x0040_0000));
+    _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(!0xFFFF)))
+}
+
+/// The columnwise operand of a 16-row group of bf16 input, straight from its bits:
+/// for each of the `cols` columns (a multiple of [`COLS`]) `c`, `out[j][c] =
+/// bf16(sum_i x[i * stride + c] * R[i][j])` (the sums of [`hadamard_sums`], rounded to
+/// nearest even, held as f32), and `amax[c] = max_j |out[j][c]|` ignoring NaN, from 0.
+///
+/// Widening, summing, rounding and the column maxima happen in registers, where the
+/// portable path widens the group into a scratch, sums, rounds and folds the maxima in
+/// three more passes over it. Returns `false`, writing nothing, unless the CPU has
+/// AVX-512 and the lengths fit.
+#[inline(always)]
+pub(crate) fn rounded_sums_bf16<const N: usize>(
+    bits: &[u16],
+    stride: usize,
+    cols: usize,
+    out: &mut [[f32; N]; DIM],
+    amax: &mut [f32; N],
+) -> bool {
+    if !fits(bits.len(), stride, cols, COLS, N) {
+        return false;
+    }
+    // SAFETY: the CPU has AVX-512 F and DQ (checked above, in `Level::Avx512`); the
+    // lengths were checked above.
+    unsafe { sums_bf16(bits, stride, cols, out, amax) };
+    true
+}
+
+/// [`rounded_sums_bf16`] after its checks.
+///
+/// # Safety
+/// The CPU must have AVX-512 F and DQ; `cols % 16 == 0`, `cols <= N` and
+/// `15 * stride + cols <= bits.len()`.
+#[target_feature(enable = "avx512f,avx512dq")]
+unsafe fn sums_bf16<const N: usize>(
+    bits: &[u16],
+    stride: usize,
+    cols: usize,
+    out: &mut [[f32; N]; DIM],
+    amax: &mut [f32; N],
+) {
+    for c in (0..cols).step_by(COLS) {
+        let y = forward_step(|i| {
+            // SAFETY: `i * stride + c + 16 <= 15 * stride + cols <= bits.len()`; one
+            // unaligned 256-bit load of 16 bf16 patterns, widened by a shift (exact).
+            let h = unsafe { _mm256_loadu_si256(bits.as_ptr().add(i * stride + c).cast()) };
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        });
+        let mut m = _mm512_setzero_ps();
+        for (o, y) in out.iter_mut().zip(y) {
+            let r = round_bf16(y);
+            // `vmaxps` returns its second operand when either is NaN: a NaN loses.
+            m = _mm512_max_ps(_mm512_abs_ps(r), m);
+            // SAFETY: `c + 16 <= cols <= N`; one unaligned 512-bit store.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(c), r) };
+        }
+        // SAFETY: as the stores above.
+        unsafe { _mm512_storeu_ps(amax.as_mut_ptr().add(c), m) };
     }
 }
 
@@ -270,6 +358,65 @@ mod tests {
         // Lengths that do not fit are refused.
         assert!(!hadamard_sums(&x, stride, 48, &mut out));
         assert!(!hadamard_sums(&x[..15 * stride + 31], stride, 32, &mut out));
+    }
+
+    #[test]
+    fn rounded_bf16_sums_equal_forward_16() {
+        if !Level::Avx512.is_supported() {
+            eprintln!("skipped: this CPU has no AVX-512");
+            return;
+        }
+        use half::bf16;
+        let stride = 72;
+        let mut rng = XorShift32::new(0x0BAD_F00D);
+        // bf16 patterns over the whole range: subnormal sums, sums that round up to
+        // infinity, wide magnitudes (so the order shows), and the specials.
+        let mut x: Vec<u16> = (0..DIM * stride)
+            .map(|_| {
+                let s = rng.next_u32();
+                match s % 11 {
+                    0 => (s >> 16) as u16 & 0x807F,    // zero or subnormal
+                    1 => 0x7F7F | (s as u16 & 0x8000), // bf16::MAX
+                    _ => ((s >> 16) as u16 % 0x7F80) | (s as u16 & 0x8000),
+                }
+            })
+            .collect();
+        x[7] = 0x7FC0; // NaN
+        x[stride + 9] = 0xFF81; // signalling NaN, negative
+        x[2 * stride + 20] = 0x7F80; // +inf
+        x[3 * stride + 21] = 0xFF80; // -inf, with +inf in the same column below
+        x[4 * stride + 21] = 0x7F80;
+        for i in 0..DIM {
+            x[i * stride + 40] = 0x0001 + i as u16; // all subnormal
+            x[i * stride + 41] = if i % 2 == 0 { 0x4040 } else { 0xC040 }; // cancels to +0
+            x[i * stride + 42] = 0x8000; // -0 everywhere
+        }
+        let mut out = [[0f32; 64]; DIM];
+        let mut amax = [0f32; 64];
+        assert!(rounded_sums_bf16(&x, stride, 64, &mut out, &mut amax));
+        for c in 0..64 {
+            let v: [bf16; DIM] = std::array::from_fn(|i| bf16::from_bits(x[i * stride + c]));
+            let want = crate::rht::forward_16(&v);
+            let mut m = 0f32;
+            for j in 0..DIM {
+                assert_eq!(
+                    out[j][c].to_bits(),
+                    want[j].to_f32().to_bits(),
+                    "c {c} j {j}"
+                );
+                m = quant_core::cpu::fmax_nan_loses(m, want[j].to_f32().abs());
+            }
+            assert_eq!(amax[c].to_bits(), m.to_bits(), "amax c {c}");
+        }
+        // Lengths that do not fit are refused.
+        assert!(!rounded_sums_bf16(&x, stride, 40, &mut out, &mut amax));
+        assert!(!rounded_sums_bf16(
+            &x[..15 * stride + 63],
+            stride,
+            64,
+            &mut out,
+            &mut amax
+        ));
     }
 
     #[test]
