@@ -10,12 +10,14 @@
 //! Zen 4), and a portable unrolled form spilled them to the stack.
 
 use std::arch::x86_64::{
-    __m512, __m512d, _CMP_EQ_OQ, _CMP_NEQ_UQ, _MM_FROUND_NO_EXC, _MM_FROUND_TO_ZERO,
-    _mm256_castps_si256, _mm256_castsi256_ps, _mm256_loadu_ps, _mm256_loadu_si256,
-    _mm256_mask_or_epi32, _mm256_set1_epi32, _mm256_storeu_ps, _mm512_abs_ps, _mm512_add_epi32,
+    __m256i, __m512, __m512d, _CMP_EQ_OQ, _CMP_NEQ_UQ, _MM_FROUND_NO_EXC, _MM_FROUND_TO_ZERO,
+    _mm256_add_epi16, _mm256_and_si256, _mm256_castps_si256, _mm256_castsi256_ps,
+    _mm256_cmpgt_epu16_mask, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_mask_or_epi32,
+    _mm256_max_epu16, _mm256_min_epu16, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_setzero_si256,
+    _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi16, _mm512_abs_ps, _mm512_add_epi32,
     _mm512_add_pd, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps,
     _mm512_cmp_pd_mask, _mm512_cvt_roundpd_ps, _mm512_cvtepu16_epi32, _mm512_cvtpd_ps,
-    _mm512_cvtps_pd, _mm512_fmadd_pd, _mm512_fpclass_ps_mask, _mm512_loadu_ps,
+    _mm512_cvtps_pd, _mm512_fmadd_pd, _mm512_fmadd_ps, _mm512_fpclass_ps_mask, _mm512_loadu_ps,
     _mm512_mask_or_epi32, _mm512_max_ps, _mm512_mul_ps, _mm512_set1_epi32, _mm512_set1_pd,
     _mm512_set1_ps, _mm512_setzero_pd, _mm512_setzero_ps, _mm512_slli_epi32, _mm512_srli_epi32,
     _mm512_storeu_ps, _mm512_sub_pd, _mm512_sub_ps,
@@ -120,6 +122,72 @@ fn forward_step(row: impl Fn(usize) -> __m512) -> [__m512; DIM] {
     y
 }
 
+/// Whether every partial sum of every column of `rows` (16 bf16 rows of 16 columns,
+/// each value scaled by ±0.25) is exact in f32, so that the sums come out the same in
+/// any order: true where, in each column, the nonzero values' exponent fields span at
+/// most 12 (subnormals counted as field 1) and the largest is at most 252.
+///
+/// Why that suffices: `v * ±0.25` with `v`'s field `e` is an integer below 2^8 times
+/// `2^(max(e, 1) - 136)`, so every partial sum is a multiple of `2^g` with
+/// `g = max(emin, 1) - 136`, and below `16 * 2^(emax - 128) = 2^(emax - 124)` in
+/// magnitude: an integer below `2^(emax - max(emin, 1) + 12) <= 2^24` times `2^g`,
+/// which f32 holds exactly (`g >= -135`), and below `2^128` (no overflow) when
+/// `emax <= 252`. Infinities and NaN (field 255) fail the test.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+fn sums_exact(rows: &[__m256i; DIM]) -> bool {
+    let magnitude = _mm256_set1_epi16(0x7FFF);
+    let one = _mm256_set1_epi16(1);
+    let mut hi = _mm256_setzero_si256();
+    // Smallest nonzero magnitude minus one (a zero wraps to 0xFFFF and loses).
+    let mut lo = _mm256_set1_epi16(-1);
+    for &r in rows {
+        let a = _mm256_and_si256(r, magnitude);
+        hi = _mm256_max_epu16(hi, a);
+        lo = _mm256_min_epu16(lo, _mm256_sub_epi16(a, one));
+    }
+    let emax = _mm256_srli_epi16::<7>(hi);
+    // An all-zero column wraps back to 0 here: field 0, counted as 1 like subnormals.
+    let emin = _mm256_max_epu16(_mm256_srli_epi16::<7>(_mm256_add_epi16(lo, one)), one);
+    let bound = _mm256_min_epu16(
+        _mm256_add_epi16(emin, _mm256_set1_epi16(12)),
+        _mm256_set1_epi16(252),
+    );
+    _mm256_cmpgt_epu16_mask(emax, bound) == 0
+}
+
+/// The forward sums of one 16-column step whose partial sums are all exact
+/// ([`sums_exact`]): `y = H16 (s * 0.25 * v)` by a fast Walsh-Hadamard transform, 64
+/// adds where the index order takes 256, with the same results. `v * (±0.25) + 0.0`
+/// turns a `-0` input into `+0`, so no sum is `-0`: in index order from `+0.0` an exact
+/// zero is `+0` too.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn fast_forward_step(v: [__m512; DIM]) -> [__m512; DIM] {
+    let zero = _mm512_setzero_ps();
+    let mut v: [__m512; DIM] = std::array::from_fn(|i| {
+        let f = if (SIGN_MASK >> i) & 1 == 1 {
+            -0.25
+        } else {
+            0.25
+        };
+        _mm512_fmadd_ps(v[i], _mm512_set1_ps(f), zero)
+    });
+    // Sylvester order: after the four stages `v[j] = sum_i H[j][i] * q[i]`.
+    let mut h = 1;
+    while h < DIM {
+        for a in 0..DIM {
+            if a & h == 0 {
+                let (p, q) = (v[a], v[a + h]);
+                v[a] = _mm512_add_ps(p, q);
+                v[a + h] = _mm512_sub_ps(p, q);
+            }
+        }
+        h *= 2;
+    }
+    v
+}
+
 /// `y` rounded to bf16 (nearest even), as f32: `bf16::from_f32(y).to_f32()` lane by
 /// lane, NaN included (the quiet bit set, sign and top payload kept), subnormals
 /// rounded like any other value (where `vcvtneps2bf16` would flush them).
@@ -155,8 +223,8 @@ pub(crate) fn rounded_sums_bf16<const N: usize>(
     if !fits(bits.len(), stride, cols, COLS, N) {
         return false;
     }
-    // SAFETY: the CPU has AVX-512 F and DQ (checked above, in `Level::Avx512`); the
-    // lengths were checked above.
+    // SAFETY: the CPU has AVX-512 F, DQ, BW and VL (checked above, in `Level::Avx512`);
+    // the lengths were checked above.
     unsafe { sums_bf16(bits, stride, cols, out, amax) };
     true
 }
@@ -164,9 +232,9 @@ pub(crate) fn rounded_sums_bf16<const N: usize>(
 /// [`rounded_sums_bf16`] after its checks.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F and DQ; `cols % 16 == 0`, `cols <= N` and
+/// The CPU must have AVX-512 F, DQ, BW and VL; `cols % 16 == 0`, `cols <= N` and
 /// `15 * stride + cols <= bits.len()`.
-#[target_feature(enable = "avx512f,avx512dq")]
+#[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl")]
 unsafe fn sums_bf16<const N: usize>(
     bits: &[u16],
     stride: usize,
@@ -175,12 +243,19 @@ unsafe fn sums_bf16<const N: usize>(
     amax: &mut [f32; N],
 ) {
     for c in (0..cols).step_by(COLS) {
-        let y = forward_step(|i| {
+        let rows: [__m256i; DIM] = std::array::from_fn(|i| {
             // SAFETY: `i * stride + c + 16 <= 15 * stride + cols <= bits.len()`; one
-            // unaligned 256-bit load of 16 bf16 patterns, widened by a shift (exact).
-            let h = unsafe { _mm256_loadu_si256(bits.as_ptr().add(i * stride + c).cast()) };
-            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            // unaligned 256-bit load of 16 bf16 patterns.
+            unsafe { _mm256_loadu_si256(bits.as_ptr().add(i * stride + c).cast()) }
         });
+        // Widened by a shift (exact).
+        let widen =
+            |h: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
+        let y = if sums_exact(&rows) {
+            fast_forward_step(rows.map(widen))
+        } else {
+            forward_step(|i| widen(rows[i]))
+        };
         let mut m = _mm512_setzero_ps();
         for (o, y) in out.iter_mut().zip(y) {
             let r = round_bf16(y);
@@ -417,6 +492,182 @@ mod tests {
             &mut out,
             &mut amax
         ));
+    }
+
+    /// The index-order f32 sums of column `c` of 16 bf16 rows, `stride` apart.
+    fn index_order(x: &[u16], stride: usize, c: usize) -> [f32; DIM] {
+        let mut y = [0f32; DIM];
+        for (i, ri) in R.iter().enumerate() {
+            let v = quant_core::dtype::f32_from_bf16_bits(x[i * stride + c]);
+            for (a, &r) in y.iter_mut().zip(ri) {
+                *a += v * r;
+            }
+        }
+        y
+    }
+
+    /// Whether [`sums_exact`] takes the 16 columns at `c` of 16 rows `stride` apart, and
+    /// what [`fast_forward_step`] makes of them.
+    fn fast(x: &[u16], stride: usize, c: usize) -> (bool, [[f32; 16]; DIM]) {
+        let rows: [__m256i; DIM] = std::array::from_fn(|i| {
+            // SAFETY: 16 patterns from `i * stride + c`, inside `x` (indexed first).
+            unsafe { _mm256_loadu_si256(x[i * stride + c..][..16].as_ptr().cast()) }
+        });
+        // SAFETY: the callers checked `Level::Avx512` (F, BW, VL).
+        let exact = unsafe { sums_exact(&rows) };
+        let wide = rows.map(|h| {
+            // SAFETY: as above.
+            unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h))) }
+        });
+        // SAFETY: as above.
+        let y = unsafe { fast_forward_step(wide) };
+        let out = y.map(|v| {
+            let mut o = [0f32; 16];
+            // SAFETY: 16 lanes into 16 floats.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), v) };
+            o
+        });
+        (exact, out)
+    }
+
+    /// One column of 16 bf16 values from `rng`: field spread `spread` below `emax`
+    /// (clamped at 0), random signs, sometimes a zero or `-0`, or, with `aligned`, 15
+    /// values that all add up in `y[0]` (largest magnitude, the sign of `s_i`) and one
+    /// of the smallest granularity, the case that needs every bit of the bound.
+    fn column(rng: &mut XorShift32, emax: u16, spread: u16, aligned: bool) -> [u16; DIM] {
+        let emin = emax.saturating_sub(spread);
+        std::array::from_fn(|i| {
+            let r = rng.next_u32();
+            let s_neg = (SIGN_MASK >> i) & 1;
+            if aligned {
+                return if i == 7 {
+                    (emin << 7) | 0x01 | ((r as u16) & 0x8000)
+                } else {
+                    (s_neg << 15) | (emax << 7) | 0x7F
+                };
+            }
+            let e = match r % 8 {
+                0 => emax,
+                1 => emin,
+                _ => emin + (r >> 8) as u16 % (emax - emin + 1),
+            };
+            let v = (e << 7) | ((r >> 20) as u16 & 0x7F) | ((r as u16) & 0x8000);
+            match r % 29 {
+                0 => 0,
+                1 => 0x8000,
+                _ => v,
+            }
+        })
+    }
+
+    #[test]
+    fn exact_sums_take_the_fast_transform_with_index_order_results() {
+        if !Level::Avx512.is_supported() {
+            eprintln!("skipped: this CPU has no AVX-512");
+            return;
+        }
+        let mut rng = XorShift32::new(0x51DE_CAFE);
+        let (mut taken, mut refused) = (0, 0);
+        for case in 0..4000 {
+            let emax = [1u16, 12, 13, 127, 200, 252, 253][case % 7]
+                .max((rng.next_u32() % 254) as u16 * (case % 3 == 0) as u16);
+            let spread = [0u16, 5, 11, 12, 13, 20][case % 6];
+            let aligned = case % 5 < 2;
+            let cols: [[u16; DIM]; 16] =
+                std::array::from_fn(|_| column(&mut rng, emax.min(254), spread, aligned));
+            let x: Vec<u16> = (0..DIM * 16).map(|n| cols[n % 16][n / 16]).collect();
+            let (exact, y) = fast(&x, 16, 0);
+            // The test's rule, column by column: fields of the nonzero values, a
+            // subnormal counted as 1.
+            let want_exact = cols.iter().all(|col| {
+                let fields = col
+                    .iter()
+                    .filter(|&&b| b & 0x7FFF != 0)
+                    .map(|&b| (b >> 7) & 0xFF);
+                let hi = fields.clone().max().unwrap_or(0);
+                let lo = fields.min().unwrap_or(0).max(1);
+                hi <= 252 && hi <= lo + 12
+            });
+            assert_eq!(
+                exact, want_exact,
+                "case {case}: emax {emax} spread {spread}"
+            );
+            if !exact {
+                refused += 1;
+                continue;
+            }
+            taken += 1;
+            for c in 0..16 {
+                let want = index_order(&x, 16, c);
+                for (j, (yj, w)) in y.iter().zip(want).enumerate() {
+                    assert_eq!(yj[c].to_bits(), w.to_bits(), "case {case} c {c} j {j}");
+                }
+            }
+        }
+        assert!(
+            taken > 1000 && refused > 1000,
+            "taken {taken}, refused {refused}"
+        );
+    }
+
+    #[test]
+    fn the_exactness_test_draws_its_lines_where_stated() {
+        if !Level::Avx512.is_supported() {
+            eprintln!("skipped: this CPU has no AVX-512");
+            return;
+        }
+        // One column varied (column 5), the others zero.
+        let check = |vals: &[u16]| {
+            let mut x = [0u16; DIM * 16];
+            for (i, &v) in vals.iter().enumerate() {
+                x[i * 16 + 5] = v;
+            }
+            fast(&x, 16, 0).0
+        };
+        let f = |e: u16| e << 7 | 0x55;
+        assert!(check(&[]), "all zero");
+        assert!(check(&[0x8000, 0x8000]), "-0");
+        assert!(check(&[f(100), f(88)]), "spread 12");
+        assert!(!check(&[f(100), f(87)]), "spread 13");
+        assert!(check(&[f(100), 0, f(88) | 0x8000]), "zeros do not count");
+        assert!(check(&[f(13), 0x0001]), "subnormal counts as field 1");
+        assert!(!check(&[f(14), 0x0001]), "subnormal and field 14");
+        assert!(check(&[f(252), f(252) | 0x8000]), "field 252");
+        assert!(!check(&[f(253)]), "field 253 may overflow");
+        assert!(!check(&[0x7F80]), "infinity");
+        assert!(!check(&[0x7FC1, f(100)]), "NaN");
+        // Columns of signed zeros: every sum `+0`, as in index order from `+0.0`.
+        let mut x = [0u16; DIM * 16];
+        for (n, v) in x.iter_mut().enumerate() {
+            *v = if (n * 7 + n / 16) % 3 == 0 { 0x8000 } else { 0 };
+        }
+        x[..16].fill(0x8000);
+        let (exact, y) = fast(&x, 16, 0);
+        assert!(exact);
+        for c in 0..16 {
+            let want = index_order(&x, 16, c);
+            for (j, (yj, w)) in y.iter().zip(want).enumerate() {
+                assert_eq!(yj[c].to_bits(), w.to_bits(), "zeros: c {c} j {j}");
+            }
+        }
+        // The bound is near the edge: columns of spread 14 (15 large values that add up
+        // in `y[0]` and one small one) sum differently from the index order. (Spread 13
+        // needs several small values to round twice; the bound keeps to what it proves.)
+        let mut differ = 0;
+        for pos in 0..DIM {
+            for small in (0..0x100u16).map(|m| (86 << 7) | (m & 0x7F) | (m & 0x80) << 8) {
+                let mut x = [0u16; DIM * 16];
+                for i in 0..DIM {
+                    x[i * 16] = ((SIGN_MASK >> i) & 1) << 15 | (100 << 7) | 0x7F;
+                }
+                x[pos * 16] = small;
+                let (exact, y) = fast(&x, 16, 0);
+                assert!(!exact);
+                let want = index_order(&x, 16, 0);
+                differ += (0..DIM).any(|j| y[j][0].to_bits() != want[j].to_bits()) as usize;
+            }
+        }
+        assert!(differ > 0);
     }
 
     #[test]
