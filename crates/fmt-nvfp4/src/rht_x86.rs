@@ -18,9 +18,9 @@ use std::arch::x86_64::{
     _mm512_add_pd, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps,
     _mm512_cmp_pd_mask, _mm512_cvt_roundpd_ps, _mm512_cvtepu16_epi32, _mm512_cvtpd_ps,
     _mm512_cvtps_pd, _mm512_fmadd_pd, _mm512_fmadd_ps, _mm512_fpclass_ps_mask, _mm512_loadu_ps,
-    _mm512_mask_or_epi32, _mm512_max_ps, _mm512_mul_ps, _mm512_set1_epi32, _mm512_set1_pd,
-    _mm512_set1_ps, _mm512_setzero_pd, _mm512_setzero_ps, _mm512_slli_epi32, _mm512_srli_epi32,
-    _mm512_storeu_ps, _mm512_sub_pd, _mm512_sub_ps,
+    _mm512_mask_or_epi32, _mm512_max_ps, _mm512_mul_ps, _mm512_reduce_max_ps, _mm512_set1_epi32,
+    _mm512_set1_pd, _mm512_set1_ps, _mm512_setzero_pd, _mm512_setzero_ps, _mm512_slli_epi32,
+    _mm512_srli_epi32, _mm512_storeu_ps, _mm512_sub_pd, _mm512_sub_ps,
 };
 
 use quant_core::simd::Level;
@@ -188,6 +188,31 @@ fn fast_forward_step(v: [__m512; DIM]) -> [__m512; DIM] {
     v
 }
 
+/// The forward sums of the 16 columns at `c` of 16 bf16 rows `stride` apart, widened
+/// from the bits: by the fast transform where that is exact ([`sums_exact`]), else in
+/// index order. A macro, so that both kernels inline it (a `#[target_feature]` function
+/// cannot be `#[inline(always)]`, and as a call its 1 KiB result went through memory).
+/// The caller must have AVX-512 F, BW and VL enabled and `15 * stride + c + 16 <=
+/// bits.len()`.
+macro_rules! bf16_step {
+    ($bits:expr, $stride:expr, $c:expr) => {{
+        let (bits, stride, c): (&[u16], usize, usize) = ($bits, $stride, $c);
+        let rows: [__m256i; DIM] = std::array::from_fn(|i| {
+            // SAFETY: `i * stride + c + 16 <= bits.len()` (the caller's promise); one
+            // unaligned 256-bit load of 16 bf16 patterns.
+            unsafe { _mm256_loadu_si256(bits.as_ptr().add(i * stride + c).cast()) }
+        });
+        // Widened by a shift (exact).
+        let widen =
+            |h: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
+        if sums_exact(&rows) {
+            fast_forward_step(rows.map(widen))
+        } else {
+            forward_step(|i| widen(rows[i]))
+        }
+    }};
+}
+
 /// `y` rounded to bf16 (nearest even), as f32: `bf16::from_f32(y).to_f32()` lane by
 /// lane, NaN included (the quiet bit set, sign and top payload kept), subnormals
 /// rounded like any other value (where `vcvtneps2bf16` would flush them).
@@ -243,19 +268,8 @@ unsafe fn sums_bf16<const N: usize>(
     amax: &mut [f32; N],
 ) {
     for c in (0..cols).step_by(COLS) {
-        let rows: [__m256i; DIM] = std::array::from_fn(|i| {
-            // SAFETY: `i * stride + c + 16 <= 15 * stride + cols <= bits.len()`; one
-            // unaligned 256-bit load of 16 bf16 patterns.
-            unsafe { _mm256_loadu_si256(bits.as_ptr().add(i * stride + c).cast()) }
-        });
-        // Widened by a shift (exact).
-        let widen =
-            |h: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
-        let y = if sums_exact(&rows) {
-            fast_forward_step(rows.map(widen))
-        } else {
-            forward_step(|i| widen(rows[i]))
-        };
+        // `15 * stride + c + 16 <= 15 * stride + cols <= bits.len()`.
+        let y = bf16_step!(bits, stride, c);
         let mut m = _mm512_setzero_ps();
         for (o, y) in out.iter_mut().zip(y) {
             let r = round_bf16(y);
@@ -267,6 +281,41 @@ unsafe fn sums_bf16<const N: usize>(
         // SAFETY: as the stores above.
         unsafe { _mm512_storeu_ps(amax.as_mut_ptr().add(c), m) };
     }
+}
+
+/// The largest `|y|` of the columnwise operand of a 16-row group of bf16 input (the
+/// unrounded sums of [`rounded_sums_bf16`], NaN ignored, from 0), for the tensor's
+/// rotated amax. Rounding to bf16 is monotone and odd, so the amax of the rounded
+/// values is this maximum rounded once (`bf16::from_f32(m).to_f32()`), which the
+/// caller does after folding every group: no rounding or store per value here.
+/// `None` unless the CPU has AVX-512 and the lengths fit (as [`rounded_sums_bf16`]).
+#[inline(always)]
+pub(crate) fn sums_abs_max_bf16(bits: &[u16], stride: usize, cols: usize) -> Option<f32> {
+    if !fits(bits.len(), stride, cols, COLS, usize::MAX) {
+        return None;
+    }
+    // SAFETY: the CPU has AVX-512 F, BW and VL (checked above, in `Level::Avx512`); the
+    // lengths were checked above.
+    Some(unsafe { abs_max_bf16(bits, stride, cols) })
+}
+
+/// [`sums_abs_max_bf16`] after its checks.
+///
+/// # Safety
+/// The CPU must have AVX-512 F, BW and VL; `cols % 16 == 0` and
+/// `15 * stride + cols <= bits.len()`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn abs_max_bf16(bits: &[u16], stride: usize, cols: usize) -> f32 {
+    let mut m = _mm512_setzero_ps();
+    for c in (0..cols).step_by(COLS) {
+        // `15 * stride + c + 16 <= 15 * stride + cols <= bits.len()`.
+        for y in bf16_step!(bits, stride, c) {
+            // `vmaxps` returns its second operand when either is NaN: a NaN loses.
+            m = _mm512_max_ps(_mm512_abs_ps(y), m);
+        }
+    }
+    // Lanes folded the same way (a NaN lane cannot occur: none entered `m`).
+    _mm512_reduce_max_ps(m)
 }
 
 /// Columns per step of [`inverse_sums`] (f64 lanes of one vector).
@@ -492,6 +541,46 @@ mod tests {
             &mut out,
             &mut amax
         ));
+    }
+
+    #[test]
+    fn unrounded_maximum_rounds_to_the_rounded_maximum() {
+        if !Level::Avx512.is_supported() {
+            eprintln!("skipped: this CPU has no AVX-512");
+            return;
+        }
+        use half::bf16;
+        let stride = 48;
+        let mut rng = XorShift32::new(0xA11C_E5ED);
+        let round = |v: f32| bf16::from_f32(v).to_f32();
+        for case in 0..3000 {
+            // Narrow exponent windows (the fast transform) and wide ones (index order),
+            // sometimes a NaN or an infinity, sometimes all zero.
+            let (base, span) = [(120u32, 4u32), (127, 12), (60, 200), (1, 3), (250, 4)][case % 5];
+            let mut x: Vec<u16> = (0..DIM * stride)
+                .map(|_| {
+                    let r = rng.next_u32();
+                    let e = (base + (r >> 8) % (span + 1)).min(254) as u16;
+                    (e << 7) | (r >> 20) as u16 & 0x7F | (r as u16 & 0x8000)
+                })
+                .collect();
+            match case % 7 {
+                0 => x[(case / 7) % (DIM * stride)] = 0x7FC0 | (case as u16 & 0x8000),
+                1 => x[(case / 7) % (DIM * stride)] = 0xFF80,
+                2 => x.fill(0x8000),
+                _ => {}
+            }
+            let mut out = [[0f32; 48]; DIM];
+            let mut amax = [0f32; 48];
+            assert!(rounded_sums_bf16(&x, stride, 48, &mut out, &mut amax));
+            let want = amax
+                .iter()
+                .fold(0f32, |m, &a| quant_core::cpu::fmax_nan_loses(m, a));
+            let got = sums_abs_max_bf16(&x, stride, 48).expect("fits");
+            assert_eq!(round(got).to_bits(), want.to_bits(), "case {case}");
+        }
+        assert_eq!(sums_abs_max_bf16(&[0u16; DIM * 16], 16, 32), None);
+        assert_eq!(sums_abs_max_bf16(&[0u16; DIM * 16], 16, 8), None);
     }
 
     /// The index-order f32 sums of column `c` of 16 bf16 rows, `stride` apart.
