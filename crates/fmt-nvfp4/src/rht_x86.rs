@@ -173,19 +173,30 @@ fn fast_forward_step(v: [__m512; DIM]) -> [__m512; DIM] {
         };
         _mm512_fmadd_ps(v[i], _mm512_set1_ps(f), zero)
     });
-    // Sylvester order: after the four stages `v[j] = sum_i H[j][i] * q[i]`.
+    butterflies(
+        &mut v,
+        |p, q| _mm512_add_ps(p, q),
+        |p, q| _mm512_sub_ps(p, q),
+    );
+    v
+}
+
+/// The four stages of a 16-point fast Walsh-Hadamard transform in place, Sylvester
+/// order: afterwards `v[i] = sum_j H16[i][j] * v_in[j]` (`H16` symmetric), computed with
+/// the given vector `add` and `sub`.
+#[inline(always)]
+fn butterflies<V: Copy>(v: &mut [V; DIM], add: impl Fn(V, V) -> V, sub: impl Fn(V, V) -> V) {
     let mut h = 1;
     while h < DIM {
         for a in 0..DIM {
             if a & h == 0 {
                 let (p, q) = (v[a], v[a + h]);
-                v[a] = _mm512_add_ps(p, q);
-                v[a + h] = _mm512_sub_ps(p, q);
+                v[a] = add(p, q);
+                v[a + h] = sub(p, q);
             }
         }
         h *= 2;
     }
-    v
 }
 
 /// The forward sums of the 16 columns at `c` of 16 bf16 rows `stride` apart, widened
@@ -399,18 +410,12 @@ unsafe fn fwht<const N: usize>(
             // 256-bit load.
             _mm512_cvtps_pd(unsafe { _mm256_loadu_ps(y.as_ptr().add(j * stride + c)) })
         });
-        // Sylvester order: after the four stages `v[i] = sum_j H[i][j] * y[j]`.
-        let mut h = 1;
-        while h < DIM {
-            for a in 0..DIM {
-                if a & h == 0 {
-                    let (p, q) = (v[a], v[a + h]);
-                    v[a] = _mm512_add_pd(p, q);
-                    v[a + h] = _mm512_sub_pd(p, q);
-                }
-            }
-            h *= 2;
-        }
+        // Afterwards `v[i] = sum_j H[i][j] * y[j]`.
+        butterflies(
+            &mut v,
+            |p, q| _mm512_add_pd(p, q),
+            |p, q| _mm512_sub_pd(p, q),
+        );
         // `v[0] - v[0]` is 0 where the column's values are finite, NaN elsewhere.
         let finite =
             _mm512_cmp_pd_mask::<_CMP_EQ_OQ>(_mm512_sub_pd(v[0], v[0]), _mm512_setzero_pd());
