@@ -1321,15 +1321,13 @@ pub(crate) fn amaxes<T: Element>(
                                             continue;
                                         }
                                     }
+                                    // The values themselves (rounded), whether or not
+                                    // their column maxima came with them.
                                     let mut cm = [0f32; CHUNK];
-                                    let (vals, have) =
+                                    let (vals, _) =
                                         group_values(&p, src, &wide, g, c0, cw, &mut buf, &mut cm);
-                                    if have {
-                                        ay = fmax_nan_loses(ay, amax_f32(&cm[..cw]));
-                                    } else {
-                                        for v in vals.iter() {
-                                            ay = fmax_nan_loses(ay, amax_f32(&v[..cw]));
-                                        }
+                                    for v in vals.iter() {
+                                        ay = fmax_nan_loses(ay, amax_f32(&v[..cw]));
                                     }
                                 }
                             }

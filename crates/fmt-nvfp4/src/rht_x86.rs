@@ -199,6 +199,13 @@ fn butterflies<V: Copy>(v: &mut [V; DIM], add: impl Fn(V, V) -> V, sub: impl Fn(
     }
 }
 
+/// 16 bf16 bit patterns widened exactly into f32 lanes (a shift into the high half).
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn widen_bf16_bits(h: __m256i) -> __m512 {
+    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+}
+
 /// The forward sums of the 16 columns at `c` of 16 bf16 rows `stride` apart, widened
 /// from the bits: by the fast transform where that is exact ([`sums_exact`]), else in
 /// index order. A macro, so that both kernels inline it (a `#[target_feature]` function
@@ -213,13 +220,10 @@ macro_rules! bf16_step {
             // unaligned 256-bit load of 16 bf16 patterns.
             unsafe { _mm256_loadu_si256(bits.as_ptr().add(i * stride + c).cast()) }
         });
-        // Widened by a shift (exact).
-        let widen =
-            |h: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
         if sums_exact(&rows) {
-            fast_forward_step(rows.map(widen))
+            fast_forward_step(rows.map(|h| widen_bf16_bits(h)))
         } else {
-            forward_step(|i| widen(rows[i]))
+            forward_step(|i| widen_bf16_bits(rows[i]))
         }
     }};
 }
@@ -609,10 +613,8 @@ mod tests {
         });
         // SAFETY: the callers checked `Level::Avx512` (F, BW, VL).
         let exact = unsafe { sums_exact(&rows) };
-        let wide = rows.map(|h| {
-            // SAFETY: as above.
-            unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h))) }
-        });
+        // SAFETY: as above.
+        let wide = rows.map(|h| unsafe { widen_bf16_bits(h) });
         // SAFETY: as above.
         let y = unsafe { fast_forward_step(wide) };
         let out = y.map(|v| {

@@ -15,12 +15,12 @@ use std::arch::x86_64::{
     __m128i, __m256i, __m512, __m512i, _mm_loadu_si128, _mm_storel_epi64, _mm_storeu_si128,
     _mm256_loadu_si256, _mm256_storeu_si256, _mm512_and_si512, _mm512_castps_si512,
     _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmple_epu32_mask, _mm512_cvtepi32_epi8,
-    _mm512_cvtepi32_ps, _mm512_cvtepi64_epi8, _mm512_cvtepu8_epi32, _mm512_cvtepu16_epi32,
-    _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_loadu_si512, _mm512_mask_blend_epi8,
-    _mm512_mask_blend_epi32, _mm512_mask_ternarylogic_epi32, _mm512_max_epu32, _mm512_min_epu32,
-    _mm512_mul_ps, _mm512_or_si512, _mm512_permutex2var_epi8, _mm512_permutex2var_epi32,
-    _mm512_permutexvar_epi32, _mm512_set1_epi32, _mm512_set1_ps, _mm512_slli_epi32,
-    _mm512_srli_epi32, _mm512_srli_epi64, _mm512_sub_epi32, _mm512_test_epi32_mask,
+    _mm512_cvtepi32_ps, _mm512_cvtepi64_epi8, _mm512_cvtepu8_epi32, _mm512_fmadd_ps,
+    _mm512_loadu_ps, _mm512_loadu_si512, _mm512_mask_blend_epi8, _mm512_mask_blend_epi32,
+    _mm512_mask_ternarylogic_epi32, _mm512_max_epu32, _mm512_min_epu32, _mm512_mul_ps,
+    _mm512_or_si512, _mm512_permutex2var_epi8, _mm512_permutex2var_epi32, _mm512_permutexvar_epi32,
+    _mm512_set1_epi32, _mm512_set1_ps, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srli_epi64,
+    _mm512_sub_epi32, _mm512_test_epi32_mask,
 };
 
 use quant_core::simd::Level;
@@ -129,7 +129,7 @@ fn widen_bf16(v: &[u16]) -> __m512 {
     assert_eq!(v.len(), 16, "widen_bf16: one vector of 16 values");
     // SAFETY: `v` is 16 u16 (one unaligned 256-bit load).
     let v = unsafe { _mm256_loadu_si256(v.as_ptr().cast::<__m256i>()) };
-    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(v)))
+    crate::rht_x86::widen_bf16_bits(v)
 }
 
 /// [`encode_pairs_rn`] after its checks: `lo(c)` and `hi(c)` give the 16 values of
