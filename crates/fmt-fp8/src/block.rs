@@ -375,8 +375,13 @@ impl Format for Fp8BlockQuantizer {
                                 si.copy_from_slice(&s[mb * sc[1] + j0..mb * sc[1] + j0 + si.len()])
                             }
                             BlockScaling::TwoD => {
-                                for (b, seg) in si.chunks_mut(BLOCK).enumerate() {
-                                    seg.fill(s[(j0 / BLOCK + b) * sc[1] + mb]);
+                                // Runs of one block column each; `j0` need not start one.
+                                let mut at = 0;
+                                while at < si.len() {
+                                    let j = j0 + at;
+                                    let end = (at + BLOCK - j % BLOCK).min(si.len());
+                                    si[at..end].fill(s[j / BLOCK * sc[1] + mb]);
+                                    at = end;
                                 }
                             }
                         }

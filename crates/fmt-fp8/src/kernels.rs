@@ -16,6 +16,7 @@
 use quant_core::codec::{e4m3, e5m2, pow2};
 use quant_core::cpu::{BLOCK, amax_f32, fmax_nan_loses};
 use quant_core::simd::Level;
+use quant_core::stream::StoreMode;
 use quant_core::{Element, narrowed, widened};
 
 use crate::scale::Fp8Dtype;
@@ -95,6 +96,50 @@ pub(crate) fn amax_cols<T: Element>(src: &[T], acc: &mut [f32], buf: &mut Wide) 
         for (a, &v) in a.iter_mut().zip(widened(s, &mut buf[..s.len()])) {
             *a = fmax_nan_loses(*a, v.abs());
         }
+    }
+}
+
+/// The scale of each code of a run.
+#[derive(Clone, Copy)]
+pub(crate) enum Scales<'a> {
+    /// One for the whole run (a tensor scale, or a row of one block).
+    One(f32),
+    /// One per code (the columnwise decode's per-column scales).
+    Each(&'a [f32]),
+}
+
+impl Scales<'_> {
+    /// The scale of code `j`.
+    #[inline(always)]
+    pub(crate) fn at(self, j: usize) -> f32 {
+        match self {
+            Scales::One(s) => s,
+            Scales::Each(s) => s[j],
+        }
+    }
+}
+
+/// `dst[i] = T(decode(src[i]) * scale)`: the AVX-512 kernel ([`crate::x86`], which
+/// streams large outputs in `mode`) where `level` runs it, else the portable loops
+/// ([`decode_scaled`], [`decode_cols`]); the same bits either way.
+#[inline(always)]
+pub(crate) fn decode_run<T: Element>(
+    level: Level,
+    mode: StoreMode,
+    dt: Fp8Dtype,
+    src: &[u8],
+    scale: Scales<'_>,
+    dst: &mut [T],
+    buf: &mut Wide,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::x86::decode_run(level, dt, src, scale, dst, mode) {
+        return;
+    }
+    let _ = (level, mode);
+    match scale {
+        Scales::One(s) => decode_scaled(dt, src, s, dst, buf),
+        Scales::Each(s) => decode_cols(dt, src, s, dst, buf),
     }
 }
 

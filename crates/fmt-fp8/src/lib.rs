@@ -36,6 +36,9 @@ mod kernels;
 mod per_tensor;
 mod scale;
 mod transpose;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // AVX-512 kernels; every block has a SAFETY comment
+mod x86;
 
 pub use block::{BLOCK, BlockScaling, Fp8BlockQuantizer};
 pub use per_tensor::{Fp8Quantizer, tensor_amax};

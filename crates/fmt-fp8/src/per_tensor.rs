@@ -18,10 +18,11 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{self, Mode};
-use crate::kernels::{WIDE, decode_scaled, encode_scaled};
+use crate::kernels::{Scales, WIDE, decode_run, encode_scaled};
 use crate::scale::{AmaxEpsilon, Fp8Dtype, compute_scale_from_amax};
 use crate::transpose::{decode_transposed, transpose_bytes};
 use quant_core::simd;
+use quant_core::stream::StoreMode;
 
 /// Elements per parallel work item for streaming passes.
 const CHUNK: usize = quant_core::cpu::PAR_CHUNK;
@@ -308,13 +309,17 @@ impl Format for Fp8Quantizer {
             Direction::Rowwise => {
                 let q = buffer_by_name(bufs, "rowwise_data")?.bytes();
                 let level = simd::level();
+                let mode = StoreMode::for_output_bytes(std::mem::size_of_val(out));
                 out.par_chunks_mut(CHUNK)
                     .zip(q.par_chunks(CHUNK))
                     .for_each(|(o, q)| {
                         simd::dispatch(
                             level,
                             #[inline(always)]
-                            || decode_scaled(dt, q, sinv, o, &mut { WIDE }),
+                            || {
+                                let scale = Scales::One(sinv);
+                                decode_run(level, mode, dt, q, scale, o, &mut { WIDE })
+                            },
                         )
                     });
             }

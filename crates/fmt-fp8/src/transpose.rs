@@ -10,10 +10,11 @@
 
 use quant_core::Element;
 use quant_core::simd;
+use quant_core::stream::StoreMode;
 use quant_core::strips::{Strip, task_rows};
 use rayon::prelude::*;
 
-use crate::kernels::{WIDE, decode_cols};
+use crate::kernels::{Scales, WIDE, decode_run};
 use crate::scale::Fp8Dtype;
 
 /// Input rows per task (and output columns per strip).
@@ -70,7 +71,8 @@ pub fn transpose_bytes(src: &[u8], dst: &mut [u8], rows: usize, cols: usize) {
 /// Dequantizes the transposed codes `q` (`[k, m]`) into `out` (`[m, k]`).
 ///
 /// `scale_inv(i0, j0, s)` fills `s` with the scale_inv of logical elements
-/// `(i, j0..j0 + s.len())` for every row `i` of the slab `i0..i0 + SLAB`: the scale may
+/// `(i, j0..j0 + s.len())` for every row `i` of the slab `i0..i0 + SLAB`, for any `j0`
+/// (a chunk may start inside a block, see [`chunk_width`]): the scale may
 /// depend on the row only through `i / SLAB` (true of a tensor scale and of 128-row
 /// blocks), so one call serves 128 output rows (filling a scale row per output row
 /// was a fifth of the profile).
@@ -94,6 +96,7 @@ pub(crate) fn decode_transposed<T: Element>(
     debug_assert_eq!(q.len(), m * k);
     debug_assert_eq!(out.len(), m * k);
     let level = simd::level();
+    let mode = StoreMode::for_output_bytes(std::mem::size_of_val(out));
     let task = task_rows(m, SLAB, MAX_SLABS);
     let cols = DECODE_COLS.min(k);
     out.par_chunks_mut(task * k).enumerate().for_each_init(
@@ -102,7 +105,19 @@ pub(crate) fn decode_transposed<T: Element>(
             simd::dispatch(
                 level,
                 #[inline(always)]
-                || decode_task(dt, q, m, k, t * task, &scale_inv, o, tile, cols),
+                || {
+                    decode_task(
+                        (level, mode, dt),
+                        q,
+                        m,
+                        k,
+                        t * task,
+                        &scale_inv,
+                        o,
+                        tile,
+                        cols,
+                    )
+                },
             )
         },
     );
@@ -113,7 +128,7 @@ pub(crate) fn decode_transposed<T: Element>(
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn decode_task<T: Element>(
-    dt: Fp8Dtype,
+    (level, mode, dt): (simd::Level, StoreMode, Fp8Dtype),
     q: &[u8],
     m: usize,
     k: usize,
@@ -127,8 +142,9 @@ fn decode_task<T: Element>(
     let run = |j: usize| &q[j * m + i0..j * m + i0 + rows];
     let mut si = [0f32; DECODE_COLS];
     let mut wide = WIDE;
-    for c0 in (0..k).step_by(cols) {
-        let cw = cols.min(k - c0);
+    let mut c0 = 0;
+    while c0 < k {
+        let cw = chunk_width(o, c0, cols).min(k - c0);
         for j in (0..cw).step_by(TILE) {
             let bw = TILE.min(cw - j);
             simd::transpose_bytes(&q[(c0 + j) * m + i0..], m, &mut tile[j..], cols, bw, rows);
@@ -143,14 +159,33 @@ fn decode_task<T: Element>(
             for j in next + r * share..(next + (r + 1) * share).min(next + ahead) {
                 simd::prefetch(run(j));
             }
-            decode_cols(
+            decode_run(
+                level,
+                mode,
                 dt,
                 &tile[r * cols..r * cols + cw],
-                &si[..cw],
+                Scales::Each(&si[..cw]),
                 &mut o[r * k + c0..r * k + c0 + cw],
                 &mut wide,
             );
         }
+        c0 += cw;
+    }
+}
+
+/// Width of the chunk starting at column `c0`: `cols`, except that the first chunk is
+/// cut short so that every later one starts on a 64-byte line of the output row `o`
+/// starts with (of every row when a row is a whole number of lines, as at `k = 8192`).
+/// Each streamed run then ends where the next begins, on a line, and no line is split
+/// between two chunks: the parts of a split line are written with ordinary stores,
+/// each a read for ownership missing in cache (a tenth of the time before).
+fn chunk_width<T>(o: &[T], c0: usize, cols: usize) -> usize {
+    let line = 64 / std::mem::size_of::<T>();
+    let lead = o.as_ptr().align_offset(64).min(line);
+    if c0 == 0 && lead > 0 && cols > line {
+        cols - line + lead
+    } else {
+        cols
     }
 }
 
@@ -159,11 +194,13 @@ mod tests {
     use super::*;
     use half::bf16;
     use quant_core::codec::{e4m3, e5m2};
+    use quant_core::stream::with_store_mode;
 
     /// `decode(q[j][i]) * scale(i / 128, j)`, element by element, against the tiled
     /// walk: shapes whose tasks span several slabs with a short last one (4112 rows:
     /// 512-row tasks, then 16), chunks with a ragged last one (1040 columns), every
-    /// code, scales that differ per slab and column, at every SIMD level.
+    /// code, scales that differ per slab and column, at every SIMD level and in both
+    /// store modes (the AVX-512 decode streams large outputs).
     #[test]
     fn decode_transposed_equals_elementwise() {
         fn check<T: Element>(dt: Fp8Dtype, m: usize, k: usize) {
@@ -185,27 +222,33 @@ mod tests {
                         .to_bits()
                 })
                 .collect();
+            let modes = [StoreMode::Cached, StoreMode::Streaming];
             simd::for_each_supported_level(|level| {
-                let mut out = vec![T::from_f32(0.0); m * k];
-                decode_transposed(
-                    dt,
-                    &q,
-                    m,
-                    k,
-                    |i0, j0, s: &mut [f32]| {
-                        for (j, v) in s.iter_mut().enumerate() {
-                            *v = scale(i0 / SLAB, j0 + j);
+                for mode in modes {
+                    with_store_mode(mode, || {
+                        let mut out = vec![T::from_f32(0.0); m * k];
+                        decode_transposed(
+                            dt,
+                            &q,
+                            m,
+                            k,
+                            |i0, j0, s: &mut [f32]| {
+                                for (j, v) in s.iter_mut().enumerate() {
+                                    *v = scale(i0 / SLAB, j0 + j);
+                                }
+                            },
+                            &mut out,
+                        );
+                        for (e, (o, &w)) in out.iter().zip(&want).enumerate() {
+                            let g = o.to_f32().to_bits();
+                            let same = g == w
+                                || (f32::from_bits(g).is_nan() && f32::from_bits(w).is_nan());
+                            assert!(
+                                same,
+                                "{dt:?} [{m}, {k}] at {level}, {mode:?}: element {e}: {g:#x} != {w:#x}"
+                            );
                         }
-                    },
-                    &mut out,
-                );
-                for (e, (o, &w)) in out.iter().zip(&want).enumerate() {
-                    let g = o.to_f32().to_bits();
-                    let same = g == w || (f32::from_bits(g).is_nan() && f32::from_bits(w).is_nan());
-                    assert!(
-                        same,
-                        "{dt:?} [{m}, {k}] at {level}: element {e}: {g:#x} != {w:#x}"
-                    );
+                    })
                 }
             });
         }
