@@ -16,7 +16,7 @@
 use quant_core::codec::{e4m3, e5m2, pow2};
 use quant_core::cpu::{BLOCK, amax_f32, fmax_nan_loses};
 use quant_core::simd::Level;
-use quant_core::stream::StoreMode;
+use quant_core::stream::{Fence, StoreMode};
 use quant_core::{Element, narrowed, widened};
 
 use crate::scale::Fp8Dtype;
@@ -120,12 +120,12 @@ impl Scales<'_> {
 }
 
 /// `dst[i] = T(decode(src[i]) * scale)`: the AVX-512 kernel ([`crate::x86`], which
-/// streams large outputs in `mode`) where `level` runs it, else the portable loops
+/// streams large outputs in `mode`, leaving the fence to `fence`) where `level` runs it,
+/// else the portable loops
 /// ([`decode_scaled`], [`decode_cols`]); the same bits either way.
 #[inline(always)]
 pub(crate) fn decode_run<T: Element>(
-    level: Level,
-    mode: StoreMode,
+    (level, mode, fence): (Level, StoreMode, &Fence),
     dt: Fp8Dtype,
     src: &[u8],
     scale: Scales<'_>,
@@ -133,10 +133,10 @@ pub(crate) fn decode_run<T: Element>(
     buf: &mut Wide,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if crate::x86::decode_run(level, dt, src, scale, dst, mode) {
+    if crate::x86::decode_run(level, dt, src, scale, dst, (mode, fence)) {
         return;
     }
-    let _ = (level, mode);
+    let _ = (level, mode, fence);
     match scale {
         Scales::One(s) => decode_scaled(dt, src, s, dst, buf),
         Scales::Each(s) => decode_cols(dt, src, s, dst, buf),

@@ -22,7 +22,7 @@ use crate::kernels::{Scales, WIDE, decode_run, encode_scaled};
 use crate::scale::{AmaxEpsilon, Fp8Dtype, compute_scale_from_amax};
 use crate::transpose::{decode_transposed, transpose_bytes};
 use quant_core::simd;
-use quant_core::stream::StoreMode;
+use quant_core::stream::{Fence, StoreMode};
 
 /// Elements per parallel work item for streaming passes.
 const CHUNK: usize = quant_core::cpu::PAR_CHUNK;
@@ -317,8 +317,8 @@ impl Format for Fp8Quantizer {
                             level,
                             #[inline(always)]
                             || {
-                                let scale = Scales::One(sinv);
-                                decode_run(level, mode, dt, q, scale, o, &mut { WIDE })
+                                let (scale, fence) = (Scales::One(sinv), Fence::new());
+                                decode_run((level, mode, &fence), dt, q, scale, o, &mut { WIDE })
                             },
                         )
                     });

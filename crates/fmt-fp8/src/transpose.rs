@@ -10,7 +10,7 @@
 
 use quant_core::Element;
 use quant_core::simd;
-use quant_core::stream::StoreMode;
+use quant_core::stream::{Fence, StoreMode, line_chunks};
 use quant_core::strips::{Strip, task_rows};
 use rayon::prelude::*;
 
@@ -72,7 +72,7 @@ pub fn transpose_bytes(src: &[u8], dst: &mut [u8], rows: usize, cols: usize) {
 ///
 /// `scale_inv(i0, j0, s)` fills `s` with the scale_inv of logical elements
 /// `(i, j0..j0 + s.len())` for every row `i` of the slab `i0..i0 + SLAB`, for any `j0`
-/// (a chunk may start inside a block, see [`chunk_width`]): the scale may
+/// (a chunk may start inside a block: see [`line_chunks`]): the scale may
 /// depend on the row only through `i / SLAB` (true of a tensor scale and of 128-row
 /// blocks), so one call serves 128 output rows (filling a scale row per output row
 /// was a fifth of the profile).
@@ -142,9 +142,9 @@ fn decode_task<T: Element>(
     let run = |j: usize| &q[j * m + i0..j * m + i0 + rows];
     let mut si = [0f32; DECODE_COLS];
     let mut wide = WIDE;
-    let mut c0 = 0;
-    while c0 < k {
-        let cw = chunk_width(o, c0, cols).min(k - c0);
+    let fence = Fence::new();
+    for chunk in line_chunks(o, k, cols) {
+        let (c0, cw) = (chunk.start, chunk.len());
         for j in (0..cw).step_by(TILE) {
             let bw = TILE.min(cw - j);
             simd::transpose_bytes(&q[(c0 + j) * m + i0..], m, &mut tile[j..], cols, bw, rows);
@@ -160,8 +160,7 @@ fn decode_task<T: Element>(
                 simd::prefetch(run(j));
             }
             decode_run(
-                level,
-                mode,
+                (level, mode, &fence),
                 dt,
                 &tile[r * cols..r * cols + cw],
                 Scales::Each(&si[..cw]),
@@ -169,23 +168,6 @@ fn decode_task<T: Element>(
                 &mut wide,
             );
         }
-        c0 += cw;
-    }
-}
-
-/// Width of the chunk starting at column `c0`: `cols`, except that the first chunk is
-/// cut short so that every later one starts on a 64-byte line of the output row `o`
-/// starts with (of every row when a row is a whole number of lines, as at `k = 8192`).
-/// Each streamed run then ends where the next begins, on a line, and no line is split
-/// between two chunks: the parts of a split line are written with ordinary stores,
-/// each a read for ownership missing in cache (a tenth of the time before).
-fn chunk_width<T>(o: &[T], c0: usize, cols: usize) -> usize {
-    let line = 64 / std::mem::size_of::<T>();
-    let lead = o.as_ptr().align_offset(64).min(line);
-    if c0 == 0 && lead > 0 && cols > line {
-        cols - line + lead
-    } else {
-        cols
     }
 }
 

@@ -24,8 +24,8 @@ use std::arch::x86_64::{
 use quant_core::bf16_narrow::x86::narrow32;
 use quant_core::dtype::bf16_bits;
 use quant_core::simd::Level;
-use quant_core::stream::StoreMode;
 use quant_core::stream::x86::LineWriter;
+use quant_core::stream::{Fence, StoreMode};
 use quant_core::{DType, Element};
 
 use crate::kernels::Scales;
@@ -42,7 +42,7 @@ pub(crate) fn decode_run<T: Element>(
     codes: &[u8],
     scale: Scales<'_>,
     out: &mut [T],
-    mode: StoreMode,
+    (mode, fence): (StoreMode, &Fence),
 ) -> bool {
     let scales_fit = match scale {
         Scales::One(_) => true,
@@ -55,13 +55,13 @@ pub(crate) fn decode_run<T: Element>(
         DType::F32 => match bytemuck::try_cast_slice_mut::<T, f32>(out) {
             // SAFETY: the CPU has AVX-512 F, BW and DQ (`Level::Avx512` is only active
             // where it does).
-            Ok(o) => unsafe { decode_run_f32(dt, codes, scale, o, mode) },
+            Ok(o) => unsafe { decode_run_f32(dt, codes, scale, o, mode, fence) },
             Err(_) => return false,
         },
         DType::BF16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
             // SAFETY: as above, and the CPU has AVX-512 BF16 (checked).
             Ok(o) if std::is_x86_feature_detected!("avx512bf16") => unsafe {
-                decode_run_bf16(dt, codes, scale, o, mode)
+                decode_run_bf16(dt, codes, scale, o, mode, fence)
             },
             _ => return false,
         },
@@ -130,11 +130,18 @@ fn decode_one(dt: Fp8Dtype, code: u8, scale: f32) -> f32 {
 
 /// [`decode_run`] into f32 after its checks.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq")]
-fn decode_run_f32(dt: Fp8Dtype, codes: &[u8], scale: Scales<'_>, out: &mut [f32], mode: StoreMode) {
+fn decode_run_f32(
+    dt: Fp8Dtype,
+    codes: &[u8],
+    scale: Scales<'_>,
+    out: &mut [f32],
+    mode: StoreMode,
+    fence: &Fence,
+) {
     let main = out.len() / 16 * 16;
     let (head, tail) = out.split_at_mut(main);
     {
-        let mut w = LineWriter::new(mode, bytemuck::cast_slice_mut(head));
+        let mut w = LineWriter::fenced_by(fence, mode, bytemuck::cast_slice_mut(head));
         for j in (0..main).step_by(16) {
             w.push(_mm512_castps_si512(step(dt, codes, scale, j)));
         }
@@ -152,11 +159,12 @@ fn decode_run_bf16(
     scale: Scales<'_>,
     out: &mut [u16],
     mode: StoreMode,
+    fence: &Fence,
 ) {
     let main = out.len() / 32 * 32;
     let (head, tail) = out.split_at_mut(main);
     {
-        let mut w = LineWriter::new(mode, bytemuck::cast_slice_mut(head));
+        let mut w = LineWriter::fenced_by(fence, mode, bytemuck::cast_slice_mut(head));
         for j in (0..main).step_by(32) {
             let (lo, hi) = (step(dt, codes, scale, j), step(dt, codes, scale, j + 16));
             w.push(narrow32(lo, hi).unwrap_or_else(
@@ -259,7 +267,7 @@ mod tests {
             c,
             scale,
             o,
-            mode
+            (mode, &Fence::new())
         )));
         let got = o.iter().map(|&v| bits(v)).collect::<Vec<_>>();
         let untouched = |v: &T| bits(*v) == bits(fill);
@@ -284,7 +292,7 @@ mod tests {
             &[0; 4],
             Scales::Each(&[1.0; 4]),
             &mut out,
-            StoreMode::Cached
+            (StoreMode::Cached, &Fence::new())
         ));
         let mut out = [0f32; 4];
         assert!(!decode_run(
@@ -293,7 +301,7 @@ mod tests {
             &[0; 4],
             Scales::Each(&[1.0; 4]),
             &mut out,
-            StoreMode::Cached
+            (StoreMode::Cached, &Fence::new())
         ));
         assert!(!decode_run(
             Level::Avx512,
@@ -301,7 +309,7 @@ mod tests {
             &[0; 3],
             Scales::Each(&[1.0; 4]),
             &mut out,
-            StoreMode::Cached
+            (StoreMode::Cached, &Fence::new())
         ));
         assert!(!decode_run(
             Level::Avx512,
@@ -309,7 +317,7 @@ mod tests {
             &[0; 4],
             Scales::Each(&[1.0; 3]),
             &mut out,
-            StoreMode::Cached
+            (StoreMode::Cached, &Fence::new())
         ));
         assert_eq!(out, [0.0; 4]);
     }

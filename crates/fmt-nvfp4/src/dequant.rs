@@ -15,6 +15,7 @@
 //! its 16 elements, so an exact input value (e.g. a zero) generally comes back nonzero.
 
 use quant_core::codec::e2m1;
+use quant_core::stream::{Fence, StoreMode, line_chunks, write_f32};
 use quant_core::strips::task_rows;
 use quant_core::{Element, simd};
 use rayon::prelude::*;
@@ -153,6 +154,7 @@ pub(crate) fn columnwise<T: Element>(
         return;
     }
     let level = simd::level();
+    let mode = StoreMode::for_output_bytes(std::mem::size_of_val(out));
     // Each task reads `slab / 2` bytes of every stored row, `m / 2` bytes apart.
     let slab = task_rows(m, SLAB, MAX_SLABS);
     // Stored rows of the next chunk prefetched per 16-row group (a full task's groups
@@ -168,6 +170,7 @@ pub(crate) fn columnwise<T: Element>(
             )
         },
         |(pairs, vals, inv), (s, o)| {
+            let fence = Fence::new();
             simd::dispatch(
                 level,
                 #[inline(always)]
@@ -175,8 +178,9 @@ pub(crate) fn columnwise<T: Element>(
                     let rows = o.len() / k;
                     let half = rows / 2;
                     let p0 = s * slab / 2;
-                    for c0 in (0..k).step_by(CHUNK) {
-                        let cw = CHUNK.min(k - c0);
+                    // Chunks after the first start on output lines (whole streamed lines).
+                    for chunk in line_chunks(o, k, CHUNK) {
+                        let (c0, cw) = (chunk.start, chunk.len());
                         // Stored rows c0.. (columns of x), this slab's bytes, transposed.
                         simd::transpose_bytes(
                             &op.data[c0 * (m / 2) + p0..],
@@ -187,7 +191,7 @@ pub(crate) fn columnwise<T: Element>(
                             half,
                         );
                         for g in 0..rows / BLOCK {
-                            let next = c0 + CHUNK;
+                            let next = c0 + cw;
                             for r in next + g * ahead..(next + (g + 1) * ahead).min(k) {
                                 simd::prefetch(&op.data[r * (m / 2) + p0..][..half]);
                             }
@@ -211,7 +215,7 @@ pub(crate) fn columnwise<T: Element>(
                             }
                             if let Some(inv) = inv.as_deref_mut() {
                                 inverse_group(
-                                    level,
+                                    (level, mode, &fence),
                                     vals,
                                     cw,
                                     inv,
@@ -222,9 +226,12 @@ pub(crate) fn columnwise<T: Element>(
                             } else {
                                 for i in 0..BLOCK {
                                     let r = g * BLOCK + i;
-                                    T::narrow_slice(
+                                    write_f32(
+                                        level,
                                         &vals[i * CHUNK..i * CHUNK + cw],
                                         &mut o[r * k + c0..r * k + c0 + cw],
+                                        mode,
+                                        &fence,
                                     );
                                 }
                             }
@@ -243,7 +250,7 @@ pub(crate) fn columnwise<T: Element>(
 /// ([`crate::rht_x86::inverse_sums`]), into `wide`; the rows are then narrowed.
 #[inline(always)]
 fn inverse_group<T: Element>(
-    level: simd::Level,
+    (level, mode, fence): (simd::Level, StoreMode, &Fence),
     y: &[f32],
     cw: usize,
     wide: &mut [[f32; CHUNK]; BLOCK],
@@ -263,12 +270,13 @@ fn inverse_group<T: Element>(
         };
         if crate::rht_x86::inverse_sums(y, CHUNK, cw, narrow, wide) {
             for (i, w) in wide.iter().enumerate() {
-                T::narrow_slice(&w[..cw], &mut out[i * k + c0..i * k + c0 + cw]);
+                let o = &mut out[i * k + c0..i * k + c0 + cw];
+                write_f32(level, &w[..cw], o, mode, fence);
             }
             return;
         }
     }
-    let _ = wide;
+    let _ = (wide, mode, fence);
     for (i, ri) in rht::R.iter().enumerate() {
         let mut acc = [0f64; CHUNK];
         for (j, &rij) in ri.iter().enumerate() {

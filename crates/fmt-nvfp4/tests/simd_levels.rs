@@ -6,6 +6,7 @@
 
 use fmt_nvfp4::{Nvfp4Quantizer, reference};
 use quant_core::simd::{self, Level};
+use quant_core::stream::{StoreMode, with_store_mode};
 use quant_core::{DType, Direction, Format, HostTensor, Usage};
 use quantfmt_testkit::{XorShift64, unit_f64};
 
@@ -166,6 +167,13 @@ fn dequantize_is_level_independent_at(m: usize, k: usize) {
                     simd::level_differing_from_scalar(bytes),
                     None,
                     "{} {dir} {dtype}: bytes differ from the scalar level's",
+                    q.spec()
+                );
+                // Large outputs are streamed: the same bytes as ordinary stores.
+                assert_eq!(
+                    with_store_mode(StoreMode::Streaming, bytes),
+                    with_store_mode(StoreMode::Cached, bytes),
+                    "{} {dir} {dtype}: streamed bytes differ",
                     q.spec()
                 );
             }

@@ -19,8 +19,12 @@
 //! cache behaviour differs.
 #![allow(unsafe_code)]
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
+
+use crate::simd::Level;
+use crate::{DType, Element};
 
 /// Outputs at least this large are written with streaming stores by
 /// [`StoreMode::for_output_bytes`]: larger than the last-level cache of the machines this
@@ -102,15 +106,145 @@ pub fn with_store_mode<R>(mode: StoreMode, f: impl FnOnce() -> R) -> R {
     crate::simd::with_forced(&LOCK, &FORCED, mode.code(), f)
 }
 
+/// One `sfence` for many streamed runs, when it is dropped.
+///
+/// Streaming stores are weakly ordered: before another thread may rely on them (a rayon
+/// task reporting that it is done), a fence must order them. A [`x86::LineWriter`] fences
+/// when it is dropped, which costs a wait for every streamed line still in flight; a
+/// decoder that streams short runs (512 bytes of each of 16 output rows) spent a third
+/// of its time there. Writers built with [`x86::LineWriter::fenced_by`] borrow a `Fence`
+/// instead and leave the fence to it: create one per task, before its writers.
+///
+/// ```
+/// use quant_core::simd;
+/// use quant_core::stream::{write_f32, Fence, StoreMode};
+/// let fence = Fence::new();
+/// let mut out = [0f32; 40];
+/// for run in out.chunks_mut(20) {
+///     write_f32(simd::level(), &[1.5; 20], run, StoreMode::Streaming, &fence);
+/// }
+/// drop(fence); // the streamed stores are ordered from here on
+/// assert_eq!(out, [1.5; 40]);
+/// ```
+#[derive(Debug, Default)]
+pub struct Fence {
+    _private: (),
+}
+
+impl Fence {
+    /// A fence for the writers of one task.
+    pub fn new() -> Fence {
+        Fence { _private: () }
+    }
+}
+
+impl Drop for Fence {
+    fn drop(&mut self) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `sfence` has no operands and is part of SSE (baseline on x86-64).
+        unsafe {
+            std::arch::x86_64::_mm_sfence()
+        };
+    }
+}
+
+/// Writes the f32 values `src` into `dst` (the same length) as `T`, rounded to nearest
+/// even where `T` is narrower ([`Element::narrow_slice`]). In [`StoreMode::Streaming`],
+/// with `level` at [`Level::Avx512`] and `T` f32 or bf16 (bf16 also needs AVX-512 BF16),
+/// the whole lines of `dst` are written with streaming stores through an
+/// [`x86::LineWriter`] that leaves its fence to `fence`; otherwise with ordinary stores.
+/// The bytes are the same either way.
+///
+/// Decoders that build a run of f32 values in cache and then write it to a large output
+/// end with this call.
+///
+/// ```
+/// use half::bf16;
+/// use quant_core::simd;
+/// use quant_core::stream::{write_f32, Fence, StoreMode};
+/// let src = [1.0f32, 1.00390625, -0.5];
+/// let mut out = [bf16::ZERO; 3];
+/// write_f32(simd::level(), &src, &mut out, StoreMode::Streaming, &Fence::new());
+/// assert_eq!(out.map(f32::from), [1.0, 1.0, -0.5]); // 1 + 2^-8 ties to even
+/// ```
+#[inline]
+pub fn write_f32<T: Element>(
+    level: Level,
+    src: &[f32],
+    dst: &mut [T],
+    mode: StoreMode,
+    fence: &Fence,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if mode == StoreMode::Streaming && level == Level::Avx512 && src.len() == dst.len() {
+        if let Ok(d) = bytemuck::try_cast_slice_mut::<T, f32>(dst)
+            && T::DTYPE == DType::F32
+        {
+            // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` is only active where
+            // it does).
+            return unsafe { x86::write_f32(src, d, fence) };
+        }
+        if T::DTYPE == DType::BF16
+            && std::is_x86_feature_detected!("avx512bf16")
+            && let Ok(d) = bytemuck::try_cast_slice_mut::<T, u16>(dst)
+        {
+            // SAFETY: as above, and the CPU has AVX-512 BF16 (checked).
+            return unsafe { x86::write_bf16(src, d, fence) };
+        }
+    }
+    let _ = (level, mode);
+    T::narrow_slice(src, dst);
+}
+
+/// The column ranges in which a tiled decoder writes `0..k` of rows that start where
+/// `row` does: runs of `cols` (at least one line's worth of `T`), except that the first
+/// is cut short so that every later one starts on a 64-byte line. Each streamed run then
+/// ends where the next begins, so no line is split between two runs, whose halves would
+/// otherwise be written with ordinary stores, each missing in cache (on every row when
+/// a row is a whole number of lines, as at `k = 8192`; on the first only otherwise).
+///
+/// ```
+/// use quant_core::stream::line_chunks;
+/// let buf = vec![0u16; 4096 + 64];
+/// let at = buf.as_ptr().align_offset(64) + 8; // 8 elements past a line
+/// let runs: Vec<_> = line_chunks(&buf[at..], 4096, 1024).collect();
+/// assert_eq!(runs[0], 0..1024 - 8);
+/// assert_eq!(runs[1], 1024 - 8..2048 - 8);
+/// assert_eq!(runs.last(), Some(&(4096 - 8..4096)));
+/// ```
+pub fn line_chunks<T>(
+    row: &[T],
+    k: usize,
+    cols: usize,
+) -> impl Iterator<Item = Range<usize>> + use<T> {
+    let line = 64 / std::mem::size_of::<T>().clamp(1, 64);
+    let lead = row.as_ptr().align_offset(64).min(line);
+    let first = if lead > 0 && cols > line {
+        cols - line + lead
+    } else {
+        cols.max(1)
+    };
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        (at < k).then(|| {
+            let width = if at == 0 { first } else { cols.max(1) };
+            let run = at..(at + width).min(k);
+            at = run.end;
+            run
+        })
+    })
+}
+
 /// The AVX-512 line writer (x86-64 only).
 #[cfg(target_arch = "x86_64")]
 pub mod x86 {
     use std::arch::x86_64::{
-        __m512i, _mm_sfence, _mm512_loadu_si512, _mm512_permutex2var_epi16, _mm512_setzero_si512,
-        _mm512_storeu_si512, _mm512_stream_si512,
+        __m512i, _mm_sfence, _mm512_loadu_ps, _mm512_loadu_si512, _mm512_permutex2var_epi16,
+        _mm512_setzero_si512, _mm512_storeu_si512, _mm512_stream_si512,
     };
 
-    use super::StoreMode;
+    use super::{Fence, StoreMode};
+    use crate::dtype::bf16_bits;
 
     /// How a [`LineWriter`] stores.
     #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -138,6 +272,8 @@ pub mod x86 {
     /// methods carry those target features).
     pub struct LineWriter<'a> {
         dst: &'a mut [u8],
+        /// Whether dropping the writer fences (no [`Fence`] took that over).
+        fences: bool,
         /// Bytes pushed so far.
         at: usize,
         cut: Cut,
@@ -170,6 +306,7 @@ pub mod x86 {
             let idx: [i16; 32] = std::array::from_fn(|l| h + l as i16);
             LineWriter {
                 dst,
+                fences: true,
                 at: 0,
                 cut,
                 lead,
@@ -177,6 +314,21 @@ pub mod x86 {
                 // SAFETY: `idx` is 32 i16 = 64 bytes (one unaligned 512-bit load).
                 index: unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) },
             }
+        }
+
+        /// A writer of `dst` in `mode` that does not fence when dropped: `fence`, which
+        /// outlives it, does.
+        ///
+        /// # Safety
+        ///
+        /// As for [`LineWriter::new`].
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw")]
+        pub fn fenced_by(fence: &'a Fence, mode: StoreMode, dst: &'a mut [u8]) -> LineWriter<'a> {
+            let _ = fence;
+            let mut w = LineWriter::new(mode, dst);
+            w.fences = false;
+            w
         }
 
         /// Writes `v` to the next 64 bytes of the span.
@@ -231,6 +383,51 @@ pub mod x86 {
         unsafe { std::mem::transmute::<__m512i, [u8; 64]>(v) }
     }
 
+    /// [`super::write_f32`] into f32, streamed.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) fn write_f32(src: &[f32], dst: &mut [f32], fence: &Fence) {
+        let main = src.len() / 16 * 16;
+        let (head, tail) = dst.split_at_mut(main);
+        {
+            let mut w =
+                LineWriter::fenced_by(fence, StoreMode::Streaming, bytemuck::cast_slice_mut(head));
+            for s in src[..main].chunks_exact(16) {
+                // SAFETY: `s` is 16 f32 = 64 bytes (one unaligned 512-bit load).
+                w.push(unsafe { _mm512_loadu_si512(s.as_ptr().cast()) });
+            }
+        }
+        tail.copy_from_slice(&src[main..]);
+    }
+
+    /// [`super::write_f32`] into bf16 bits, narrowed in registers and streamed.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+    pub(super) fn write_bf16(src: &[f32], dst: &mut [u16], fence: &Fence) {
+        let main = src.len() / 32 * 32;
+        let (head, tail) = dst.split_at_mut(main);
+        {
+            let mut w =
+                LineWriter::fenced_by(fence, StoreMode::Streaming, bytemuck::cast_slice_mut(head));
+            for s in src[..main].chunks_exact(32) {
+                // SAFETY: `s` is 32 f32 (two unaligned 512-bit loads).
+                let (lo, hi) = unsafe {
+                    (
+                        _mm512_loadu_ps(s.as_ptr()),
+                        _mm512_loadu_ps(s[16..].as_ptr()),
+                    )
+                };
+                let v = crate::bf16_narrow::x86::narrow32(lo, hi).unwrap_or_else(|| {
+                    let bits: [u16; 32] = std::array::from_fn(|i| bf16_bits(s[i]));
+                    // SAFETY: 32 u16 are 64 bytes of plain data, as is the vector.
+                    unsafe { std::mem::transmute::<[u16; 32], __m512i>(bits) }
+                });
+                w.push(v);
+            }
+        }
+        for (o, &x) in tail.iter_mut().zip(&src[main..]) {
+            *o = bf16_bits(x);
+        }
+    }
+
     impl Drop for LineWriter<'_> {
         fn drop(&mut self) {
             if self.cut == Cut::Plain {
@@ -241,10 +438,12 @@ pub mod x86 {
                 let (lead, last) = (self.lead, self.at - 64);
                 self.dst[last + lead..last + 64].copy_from_slice(&bytes(self.prev)[lead..]);
             }
-            // SAFETY: `sfence` has no operands and is part of SSE (baseline on x86-64).
-            // It orders the streaming stores before every later store, such as the one
-            // that tells another thread this task is done.
-            unsafe { _mm_sfence() }
+            if self.fences {
+                // SAFETY: `sfence` has no operands and is part of SSE (baseline on
+                // x86-64). It orders the streaming stores before every later store, such
+                // as the one that tells another thread this task is done.
+                unsafe { _mm_sfence() }
+            }
         }
     }
 }
@@ -252,6 +451,90 @@ pub mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `write_f32` gives `narrow_slice`'s bits in both modes at every level, for lengths
+    /// with every tail and starts at every offset of a line, on values that include
+    /// subnormals (which the hardware bf16 narrowing would flush), NaN and ties.
+    #[test]
+    fn write_f32_equals_narrow_slice() {
+        use half::bf16;
+        let mut rng = quantfmt_testkit::XorShift32::new(7);
+        let src: Vec<f32> = (0..300)
+            .map(|i| match i % 9 {
+                0 => f32::from_bits(0x0001_8000),
+                1 => f32::NAN,
+                2 => 1.0 + f32::EPSILON * 65536.0,
+                _ => f32::from_bits(rng.next_u32()),
+            })
+            .collect();
+        fn check<T: Element>(src: &[f32], fill: T, bits: impl Fn(T) -> u32) {
+            crate::simd::for_each_supported_level(|level| {
+                for mode in [StoreMode::Cached, StoreMode::Streaming] {
+                    for at in 0..32 {
+                        for len in [0, 1, 15, 16, 17, 31, 32, 33, 100, src.len() - at] {
+                            let mut want = vec![fill; len];
+                            T::narrow_slice(&src[at..at + len], &mut want);
+                            let mut buf = vec![fill; len + 64 + 32];
+                            let start = buf.as_ptr().align_offset(64) + at;
+                            write_f32(
+                                level,
+                                &src[at..at + len],
+                                &mut buf[start..start + len],
+                                mode,
+                                &Fence::new(),
+                            );
+                            let case = format!("{level} {mode:?} {at}+{len}");
+                            let got: Vec<u32> =
+                                buf[start..start + len].iter().map(|&v| bits(v)).collect();
+                            let want: Vec<u32> = want.iter().map(|&v| bits(v)).collect();
+                            assert_eq!(got, want, "{case}");
+                            let outside = buf[..start].iter().chain(&buf[start + len..]);
+                            assert!(outside.map(|&v| bits(v)).all(|b| b == bits(fill)), "{case}");
+                        }
+                    }
+                }
+            });
+        }
+        check(&src, f32::from_bits(0x7F80_0001), f32::to_bits);
+        check(&src, bf16::from_bits(0x7F81), |v: bf16| {
+            u32::from(v.to_bits())
+        });
+        check(&src, half::f16::ONE, |v: half::f16| u32::from(v.to_bits()));
+    }
+
+    /// The runs cover `0..k` in order, none longer than `cols`, and every run after the
+    /// first starts on a line of the row.
+    #[test]
+    fn line_chunks_start_on_lines() {
+        let buf = vec![0u16; 5000];
+        for at in 0..40 {
+            for (k, cols) in [
+                (4096, 1024),
+                (1000, 256),
+                (33, 1024),
+                (0, 64),
+                (70, 8),
+                (100, 32),
+            ] {
+                let row = &buf[at..];
+                let runs: Vec<Range<usize>> = line_chunks(row, k, cols).collect();
+                let mut next = 0;
+                for (i, r) in runs.iter().enumerate() {
+                    assert_eq!(r.start, next, "{at} {k} {cols}");
+                    assert!(!r.is_empty() && r.len() <= cols, "{at} {k} {cols}: {r:?}");
+                    if i > 0 && cols > 32 {
+                        assert_eq!(
+                            row[r.start..].as_ptr().align_offset(64),
+                            0,
+                            "{at} {k} {cols}"
+                        );
+                    }
+                    next = r.end;
+                }
+                assert_eq!(next, k);
+            }
+        }
+    }
 
     #[test]
     fn forcing_overrides_the_size_rule() {
