@@ -79,6 +79,27 @@ impl<'a> Operand<'a> {
             Factors::PerRow { rcp } => scale::dequant_factor_with(sdb, self.amax[row], *rcp),
         }
     }
+
+    /// `out[c] = self.factor(r0 + c, block, stride)` for every `c`: one block column of
+    /// consecutive stored rows, as the columnwise decoder needs per 16-row group. The
+    /// common case (compact scales, a tensor amax) is a strided walk of the scale bytes
+    /// through the table, without the per-element branches on the layout and the amax
+    /// kind that made this loop a fifth of the columnwise dequantize.
+    #[inline(always)]
+    fn factors_into(&self, r0: usize, block: usize, stride: usize, out: &mut [f32]) {
+        if let (Factors::Table(t), false) = (&self.factors, self.swizzled)
+            && let Some(first) = self.scales.get(r0 * stride + block..)
+            && out.len() <= first.len().div_ceil(stride)
+        {
+            for (f, &sdb) in out.iter_mut().zip(first.iter().step_by(stride)) {
+                *f = t[usize::from(sdb)];
+            }
+            return;
+        }
+        for (c, f) in out.iter_mut().enumerate() {
+            *f = self.factor(r0 + c, block, stride);
+        }
+    }
 }
 
 /// Rowwise: `[m, k]` codes and scales to `out` (`[m, k]`). At AVX-512 each row is
@@ -197,9 +218,7 @@ pub(crate) fn columnwise<T: Element>(
                             }
                             let mb = s * slab / BLOCK + g;
                             let mut f = [0f32; CHUNK];
-                            for (c, f) in f[..cw].iter_mut().enumerate() {
-                                *f = op.factor(c0 + c, mb, stride);
-                            }
+                            op.factors_into(c0, mb, stride, &mut f[..cw]);
                             for q in 0..BLOCK / 2 {
                                 let src = &pairs[(g * BLOCK / 2 + q) * CHUNK..][..cw];
                                 let (lo, hi) = vals[2 * q * CHUNK..].split_at_mut(CHUNK);
