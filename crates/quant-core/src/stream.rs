@@ -17,6 +17,13 @@
 //! burst of stores cannot overlap the next span's arithmetic the way stores issued
 //! between the lookups do. The bytes written are the same in either mode; only the
 //! cache behaviour differs.
+//!
+//! Decoders that build a run of f32 values in cache write it with [`write_f32`]. A
+//! decoder that writes many short runs (a columnwise dequantize writes 0.5-2 KiB of each
+//! of hundreds of output rows per step) also needs two things from this module: column
+//! ranges that start on output lines ([`line_chunks`]), so that no line is split between
+//! two runs and written half by ordinary stores, and one fence per task ([`Fence`])
+//! instead of one per run, since a fence waits for every streamed line in flight.
 #![allow(unsafe_code)]
 
 use std::ops::Range;
