@@ -31,6 +31,7 @@ use quant_core::block_max::{NanRule, block_abs_max, block_abs_max_bf16, column_a
 use quant_core::codec::pow2::{self, LaneExps};
 use quant_core::cpu::LaneAmax;
 use quant_core::simd::Level;
+use quant_core::stream::{Fence, StoreMode};
 use quant_core::strips::Strip;
 
 use crate::kernels::{
@@ -100,6 +101,9 @@ pub(crate) struct SlabJob<'a, T> {
     pub row_s: Option<RowScales<'a>>,
     pub col: Option<Strip<'a, u8>>,
     pub col_s: Option<ColScales<'a>>,
+    /// How `col` is written: its rows are short runs a page apart, streamed when the
+    /// operand is large ([`quant_core::stream::write_bytes`]), with one fence per slab.
+    pub store: (StoreMode, Fence),
 }
 
 /// Per-worker scratch: a chunk of codes, a transposed block and the widening spans.
@@ -650,7 +654,9 @@ pub(crate) fn run_slab<T: Element>(
                     Some(rd) if from_row => (&rd[c0 + j..], k),
                     _ => (&codes[j..], cw),
                 };
-                store_transposed(src, stride, rows, bw, strip, c0 + j, &mut scratch.tposed);
+                let (store, fence) = (job.store.0, &job.store.1);
+                let out = (&mut *strip, c0 + j, (level, store, fence));
+                store_transposed(src, stride, rows, bw, out, &mut scratch.tposed);
             }
         }
     }
@@ -693,6 +699,7 @@ pub(crate) fn run<T: Element>(
             .collect(),
         _ => nones(slabs),
     };
+    let store = StoreMode::for_output_bytes(col.as_deref().map_or(0, <[u8]>::len));
     let col: Vec<Option<Strip<'_, u8>>> = match col {
         Some(c) => column_strips(c, m, SLAB)?.map(Some).collect(),
         None => nones(slabs),
@@ -722,6 +729,7 @@ pub(crate) fn run<T: Element>(
             row_s,
             col,
             col_s,
+            store: (store, Fence::new()),
         })
         .collect();
     let level = simd::level();

@@ -10,7 +10,7 @@
 
 use quant_core::Element;
 use quant_core::simd;
-use quant_core::stream::{Fence, StoreMode, line_chunks};
+use quant_core::stream::{Fence, StoreMode, line_chunks, write_bytes};
 use quant_core::strips::{Strip, task_rows};
 use rayon::prelude::*;
 
@@ -31,20 +31,25 @@ const MAX_SLABS: usize = 4;
 const DECODE_COLS: usize = 1024;
 
 /// Writes the `rows x cols` codes tile `codes` (row stride `stride`), transposed, into
-/// rows `j0..j0+cols` of `strip` (whose width is `rows`). `scratch` holds `rows * cols`.
+/// rows `j0..j0+cols` of `strip` (whose width is `rows`), each row with
+/// [`write_bytes`] at the level and in the store mode given. `scratch` holds
+/// `rows * cols`.
 #[inline]
 pub(crate) fn store_transposed(
     codes: &[u8],
     stride: usize,
     rows: usize,
     cols: usize,
-    strip: &mut Strip<'_, u8>,
-    j0: usize,
+    (strip, j0, (level, mode, fence)): (
+        &mut Strip<'_, u8>,
+        usize,
+        (simd::Level, StoreMode, &Fence),
+    ),
     scratch: &mut [u8],
 ) {
     simd::transpose_bytes(codes, stride, scratch, rows, rows, cols);
     for (jj, src) in scratch.chunks_exact(rows).take(cols).enumerate() {
-        strip.row_mut(j0 + jj).copy_from_slice(src);
+        write_bytes(level, src, strip.row_mut(j0 + jj), mode, fence);
     }
 }
 

@@ -29,6 +29,7 @@ use quant_core::codec::{e2m1, e4m3};
 use quant_core::cpu::{amax_f32, fmax_nan_loses};
 use quant_core::dtype::f32_from_bf16_bits;
 use quant_core::simd::Level;
+use quant_core::stream::{Fence, StoreMode, write_bytes};
 use quant_core::strips::{Strip, column_strips};
 use quant_core::{DType, Element, Result, simd};
 use rayon::prelude::*;
@@ -77,6 +78,9 @@ pub(crate) struct Params<'a> {
 struct ColOut<'a> {
     data: Strip<'a, u8>,
     scales: Strip<'a, u8>,
+    /// How `data` is written: its rows are 64-byte runs a page apart, streamed when the
+    /// operand is large ([`quant_core::stream::write_bytes`]), one fence per slab.
+    store: (StoreMode, Fence),
 }
 
 struct Job<'a, T> {
@@ -149,6 +153,7 @@ pub(crate) fn quantize<T: Element>(
     };
     let mut cols: Vec<Option<ColOut<'_>>> = match col {
         Some((d, s)) => {
+            let store = StoreMode::for_output_bytes(d.len());
             let scales: Vec<Strip<'_, u8>> = if p.swizzled {
                 column_strips(s, cstride / 4 * TILE_BYTES, 2 * TILE_BYTES)?.collect()
             } else {
@@ -159,7 +164,14 @@ pub(crate) fn quantize<T: Element>(
                 .collect::<Vec<_>>()
                 .into_iter()
                 .zip(scales)
-                .map(|(data, scales)| Some(ColOut { data, scales }))
+                .map(|(data, scales)| {
+                    let store = (store, Fence::new());
+                    Some(ColOut {
+                        data,
+                        scales,
+                        store,
+                    })
+                })
                 .collect()
         }
         None => Vec::new(),
@@ -1152,8 +1164,9 @@ fn store_columnwise(
     // [rows/2][cw] pairs -> [cw][rows/2] bytes, one strip row per column of x.
     let half = rows / 2;
     simd::transpose_bytes(&s.pairs, CHUNK, &mut s.tposed, half, half, cw);
+    let (mode, fence) = (col.store.0, &col.store.1);
     for (c, src) in s.tposed.chunks_exact(half).take(cw).enumerate() {
-        col.data.row_mut(c0 + c).copy_from_slice(src);
+        write_bytes(p.level, src, col.data.row_mut(c0 + c), mode, fence);
     }
 }
 

@@ -1,8 +1,9 @@
 //! Named, typed buffers: the bytes a quantized tensor is made of.
 //!
 //! A [`Buffer`] is a [`BufferDesc`] (name, dtype, shape) plus its bytes. Host bytes live
-//! in an 8-byte-aligned shared allocation, so typed views (`&[f32]`, `&[i32]`) are free
-//! and a grouped tensor can hand out members as zero-copy views of one allocation.
+//! in a shared allocation and start on a 64-byte cache line, so typed views (`&[f32]`,
+//! `&[i32]`) are free, kernels can write whole lines with streaming stores, and a grouped
+//! tensor can hand out members as zero-copy views of one allocation.
 //! Writing goes through copy-on-write: a buffer shared with a view is copied first,
 //! never mutated under the view's feet.
 
@@ -85,7 +86,8 @@ impl BufferElem for bf16 {
     const DTYPE: DType = DType::BF16;
 }
 
-/// Host bytes: a window into a shared, 8-byte-aligned allocation.
+/// Host bytes: a window into a shared allocation, whose own bytes start on a 64-byte
+/// line.
 #[derive(Clone)]
 pub struct HostBytes {
     alloc: Arc<Vec<u64>>,
@@ -93,12 +95,30 @@ pub struct HostBytes {
     len: usize,
 }
 
+/// Bytes from the start of `alloc` to its first 64-byte line: where its data begins.
+/// Streamed kernels write whole aligned lines: a columnwise quantize stores 64 or 128
+/// bytes of each of thousands of rows per task, and rows that straddle lines left a
+/// third to all of those stores partial, each a read for ownership missing in cache.
+fn origin(alloc: &[u64]) -> usize {
+    alloc.as_ptr().align_offset(64) * 8
+}
+
 impl HostBytes {
-    /// `len` zero bytes (calloc-backed: untouched pages cost nothing).
+    /// `len` zero bytes starting on a 64-byte line (calloc-backed: untouched pages cost
+    /// nothing).
+    ///
+    /// ```
+    /// use quant_core::HostBytes;
+    /// let b = HostBytes::zeroed(100);
+    /// assert_eq!(b.as_slice().as_ptr().align_offset(64), 0);
+    /// assert!(b.as_slice().iter().all(|&x| x == 0));
+    /// ```
     pub fn zeroed(len: usize) -> HostBytes {
+        // Up to 56 bytes before the first line (the allocation is 8-byte aligned).
+        let alloc = vec![0u64; len.div_ceil(8) + 7];
         HostBytes {
-            alloc: Arc::new(vec![0u64; len.div_ceil(8)]),
-            start: 0,
+            start: origin(&alloc),
+            alloc: Arc::new(alloc),
             len,
         }
     }
@@ -127,7 +147,7 @@ impl HostBytes {
 
     /// Mutable bytes; copies first when the allocation is shared or this is a window.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        if self.start != 0 || Arc::get_mut(&mut self.alloc).is_none() {
+        if self.start != origin(&self.alloc) || Arc::get_mut(&mut self.alloc).is_none() {
             *self = HostBytes::copy_from(self.as_slice());
         }
         let len = self.len;
@@ -159,10 +179,11 @@ impl HostBytes {
         Arc::ptr_eq(&self.alloc, &other.alloc)
     }
 
+    /// The bytes from this window's start to the end of the allocation.
     fn words_mut_unique(&mut self) -> &mut [u8] {
         // Only called when `alloc` is uniquely owned (just created or checked above).
         match Arc::get_mut(&mut self.alloc) {
-            Some(v) => bytemuck::cast_slice_mut::<u64, u8>(v.as_mut_slice()),
+            Some(v) => &mut bytemuck::cast_slice_mut::<u64, u8>(v.as_mut_slice())[self.start..],
             None => &mut [],
         }
     }

@@ -205,6 +205,55 @@ fn dequantize_bytes_are_level_independent() {
     }
 }
 
+/// Large outputs are written with streaming stores (`quant_core::stream`): every
+/// format, in both directions, must write the same bytes as with ordinary stores, in
+/// quantize (the transposed columnwise operands) and in dequantize (every direction,
+/// output types with and without a streamed route). Shapes whose rows are not whole
+/// lines (`k = 2200`, `m = 130`) and are (`[256, 512]`).
+#[test]
+fn streamed_stores_write_the_same_bytes() {
+    use quant_core::stream::{StoreMode, with_store_mode};
+    let specs = SPECS.iter().copied().chain([
+        "nvfp4",
+        "nvfp4:2d,swizzled",
+        "nvfp4:rht",
+        "nvfp4:sr",
+        "int4tiled",
+    ]);
+    for spec in specs {
+        for [m, k] in [[130, 2200], [256, 512]] {
+            let x = HostTensor::f32(&special_input::input(&[m, k], 9), &[m, k])
+                .unwrap()
+                .to_dtype(DType::BF16)
+                .unwrap();
+            let parsed = spec.parse::<FormatSpec>().unwrap();
+            let q = match parsed.quantizer(Usage::BOTH) {
+                Ok(q) => q,
+                Err(_) => parsed.quantizer(Usage::ROWWISE).unwrap(),
+            };
+            if q.check_shape(&Shape::new(&[m, k]).unwrap()).is_err() {
+                continue;
+            }
+            let run = |mode| {
+                with_store_mode(mode, || {
+                    let t = q.quantize(&x).unwrap();
+                    let mut out = bytes(&t);
+                    for dir in [Direction::Rowwise, Direction::Columnwise] {
+                        for dtype in [DType::F32, DType::BF16, DType::F16] {
+                            if let Ok(d) = t.dequantize(dir, dtype) {
+                                out.push((format!("{dir} {dtype}"), d.as_bytes().to_vec()));
+                            }
+                        }
+                    }
+                    out
+                })
+            };
+            let what = format!("{spec} [{m}, {k}] streamed");
+            assert_same(&what, &run(StoreMode::Streaming), &run(StoreMode::Cached));
+        }
+    }
+}
+
 /// bf16 blocks at the edges of the 16-bit power-of-two encoder
 /// (`quant_core::codec::pow2`, used by MXFP8 and by FP8 with power-of-two scales): block maxima from bf16 subnormals (the scales whose
 /// exponent is outside the encoder's exact range, where the span takes the f32 route)
