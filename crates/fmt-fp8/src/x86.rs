@@ -285,40 +285,20 @@ mod tests {
     /// Other levels, element types and mismatched lengths are declined, untouched.
     #[test]
     fn declines_what_it_does_not_run() {
-        let mut out = [half::f16::ONE; 4];
-        assert!(!decode_run(
+        fn runs<T: Element>(level: Level, codes: &[u8], scales: &[f32], out: &mut [T]) -> bool {
+            let (each, how) = (Scales::Each(scales), (StoreMode::Cached, &Fence::new()));
+            decode_run(level, Fp8Dtype::E4M3, codes, each, out, how)
+        }
+        assert!(!runs(
             Level::Avx512,
-            Fp8Dtype::E4M3,
             &[0; 4],
-            Scales::Each(&[1.0; 4]),
-            &mut out,
-            (StoreMode::Cached, &Fence::new())
+            &[1.0; 4],
+            &mut [half::f16::ONE; 4]
         ));
         let mut out = [0f32; 4];
-        assert!(!decode_run(
-            Level::Scalar,
-            Fp8Dtype::E4M3,
-            &[0; 4],
-            Scales::Each(&[1.0; 4]),
-            &mut out,
-            (StoreMode::Cached, &Fence::new())
-        ));
-        assert!(!decode_run(
-            Level::Avx512,
-            Fp8Dtype::E4M3,
-            &[0; 3],
-            Scales::Each(&[1.0; 4]),
-            &mut out,
-            (StoreMode::Cached, &Fence::new())
-        ));
-        assert!(!decode_run(
-            Level::Avx512,
-            Fp8Dtype::E4M3,
-            &[0; 4],
-            Scales::Each(&[1.0; 3]),
-            &mut out,
-            (StoreMode::Cached, &Fence::new())
-        ));
+        assert!(!runs(Level::Scalar, &[0; 4], &[1.0; 4], &mut out));
+        assert!(!runs(Level::Avx512, &[0; 3], &[1.0; 4], &mut out));
+        assert!(!runs(Level::Avx512, &[0; 4], &[1.0; 3], &mut out));
         assert_eq!(out, [0.0; 4]);
     }
 }

@@ -188,8 +188,14 @@ pub fn write_f32<T: Element>(
             && T::DTYPE == DType::F32
         {
             // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` is only active where
-            // it does).
-            return unsafe { x86::write_f32(src, d, fence) };
+            // it does). f32 output is a byte copy.
+            return unsafe {
+                x86::write_bytes(
+                    bytemuck::cast_slice(src),
+                    bytemuck::cast_slice_mut(d),
+                    fence,
+                )
+            };
         }
         if T::DTYPE == DType::BF16
             && std::is_x86_feature_detected!("avx512bf16")
@@ -429,22 +435,6 @@ pub mod x86 {
             let mut w = LineWriter::fenced_by(fence, StoreMode::Streaming, head);
             for s in src[..main].chunks_exact(64) {
                 // SAFETY: `s` is 64 bytes (one unaligned 512-bit load).
-                w.push(unsafe { _mm512_loadu_si512(s.as_ptr().cast()) });
-            }
-        }
-        tail.copy_from_slice(&src[main..]);
-    }
-
-    /// [`super::write_f32`] into f32, streamed.
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) fn write_f32(src: &[f32], dst: &mut [f32], fence: &Fence) {
-        let main = src.len() / 16 * 16;
-        let (head, tail) = dst.split_at_mut(main);
-        {
-            let mut w =
-                LineWriter::fenced_by(fence, StoreMode::Streaming, bytemuck::cast_slice_mut(head));
-            for s in src[..main].chunks_exact(16) {
-                // SAFETY: `s` is 16 f32 = 64 bytes (one unaligned 512-bit load).
                 w.push(unsafe { _mm512_loadu_si512(s.as_ptr().cast()) });
             }
         }
