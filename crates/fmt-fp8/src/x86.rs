@@ -32,7 +32,8 @@ use crate::kernels::Scales;
 use crate::scale::Fp8Dtype;
 
 /// Decodes `codes` times `scale` into `out` (codes, output and a per-code scale all the
-/// same length) in `mode`. Returns `false`, having written nothing, unless `level` is
+/// same length) in `mode`, leaving the streamed stores' fence to `fence` (one per task:
+/// see [`Fence`]). Returns `false`, having written nothing, unless `level` is
 /// [`Level::Avx512`], `T` is f32 or bf16 (bf16 also needs AVX-512 BF16) and the lengths
 /// agree; the caller then runs the portable loop, which gives the same bits.
 #[inline(always)]
