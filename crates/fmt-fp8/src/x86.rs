@@ -5,7 +5,7 @@
 //! [`e4m3::decode_fast`] / [`e5m2::decode_fast`] (the magnitude bits shifted into an f32
 //! and rebiased by one exact multiply, NaN and infinity patched in by compare masks,
 //! then the sign), multiplies by the scales (the same IEEE product), narrows bf16 output
-//! with [`quant_core::bf16_narrow::x86::narrow32`], and hands each 64-byte result to a
+//! with [`quant_core::bf16_narrow::x86::narrow32_exact`], and hands each 64-byte result to a
 //! [`LineWriter`]. So a large output is written with streaming stores: the columnwise
 //! dequantize writes 2 KiB runs of 512 output rows at a time, a pattern in which
 //! ordinary stores (each line read for ownership first) took twice as long as streaming
@@ -21,7 +21,7 @@ use std::arch::x86_64::{
     _mm512_set1_ps, _mm512_slli_epi32,
 };
 
-use quant_core::bf16_narrow::x86::narrow32;
+use quant_core::bf16_narrow::x86::narrow32_exact;
 use quant_core::dtype::bf16_bits;
 use quant_core::simd::Level;
 use quant_core::stream::x86::LineWriter;
@@ -123,7 +123,7 @@ fn scale_vector(scale: Scales<'_>, j: usize) -> __m512 {
     }
 }
 
-/// The scalar step of both loops' tails (and of a bf16 step holding a subnormal).
+/// The scalar step of both loops' tails.
 #[inline(always)]
 fn decode_one(dt: Fp8Dtype, code: u8, scale: f32) -> f32 {
     dt.decode_table()[usize::from(code)] * scale
@@ -168,25 +168,12 @@ fn decode_run_bf16(
         let mut w = LineWriter::fenced_by(fence, mode, bytemuck::cast_slice_mut(head));
         for j in (0..main).step_by(32) {
             let (lo, hi) = (step(dt, codes, scale, j), step(dt, codes, scale, j + 16));
-            w.push(narrow32(lo, hi).unwrap_or_else(
-                #[inline(never)]
-                || portable32(dt, codes, scale, j),
-            ));
+            w.push(narrow32_exact(lo, hi));
         }
     }
     for (j, o) in (main..).zip(tail) {
         *o = bf16_bits(decode_one(dt, codes[j], scale.at(j)));
     }
-}
-
-/// Values `j..j + 32` narrowed one by one (a step with a subnormal product, which the
-/// hardware narrowing would flush), as one vector for the writer.
-#[target_feature(enable = "avx512f")]
-fn portable32(dt: Fp8Dtype, codes: &[u8], scale: Scales<'_>, j: usize) -> __m512i {
-    let bits: [u16; 32] =
-        std::array::from_fn(|i| bf16_bits(decode_one(dt, codes[j + i], scale.at(j + i))));
-    // SAFETY: 32 u16 are 64 bytes of plain data, as is the vector.
-    unsafe { std::mem::transmute::<[u16; 32], __m512i>(bits) }
 }
 
 #[cfg(test)]

@@ -72,6 +72,30 @@ pub mod x86 {
         (subnormal == 0).then(|| unsafe { std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo)) })
     }
 
+    /// [`narrow32`] on every input: the instruction where it is exact, otherwise (a step
+    /// holding a subnormal) the 32 values narrowed one by one with
+    /// [`crate::dtype::bf16_bits`]. Always the same bits as `bf16_bits`, as one vector
+    /// (lane `i` holds value `i`), for kernels that store whole vectors (a streamed
+    /// [`crate::stream::x86::LineWriter`], say).
+    ///
+    /// # Safety
+    /// As for [`narrow32`].
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+    pub fn narrow32_exact(lo: __m512, hi: __m512) -> __m512i {
+        narrow32(lo, hi).unwrap_or_else(
+            #[inline(never)]
+            || {
+                // SAFETY: two 512-bit vectors are 32 f32 of plain data, and 32 u16 are
+                // one vector's 64 bytes; every bit pattern is valid for each.
+                let xs: [f32; 32] = unsafe { std::mem::transmute([lo, hi]) };
+                let bits: [u16; 32] = xs.map(bf16_bits);
+                // SAFETY: as above.
+                unsafe { std::mem::transmute::<[u16; 32], __m512i>(bits) }
+            },
+        )
+    }
+
     /// [`super::narrow`] over `min(src.len(), dst.len())` values.
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
     pub(super) fn narrow(src: &[f32], dst: &mut [u16]) {
@@ -87,15 +111,8 @@ pub mod x86 {
                     _mm512_loadu_ps(s[16..].as_ptr()),
                 )
             };
-            match narrow32(lo, hi) {
-                // SAFETY: `d` is 32 u16 = 64 bytes (one unaligned 512-bit store).
-                Some(v) => unsafe { _mm512_storeu_si512(d.as_mut_ptr().cast(), v) },
-                None => {
-                    for (o, &x) in d.iter_mut().zip(s) {
-                        *o = bf16_bits(x);
-                    }
-                }
-            }
+            // SAFETY: `d` is 32 u16 = 64 bytes (one unaligned 512-bit store).
+            unsafe { _mm512_storeu_si512(d.as_mut_ptr().cast(), narrow32_exact(lo, hi)) };
         }
         for (o, &x) in d.into_remainder().iter_mut().zip(s.remainder()) {
             *o = bf16_bits(x);
