@@ -8,17 +8,25 @@
 //! portable `decode_fast(code) * f`. bf16 output is narrowed with the integer
 //! round-to-nearest-even of [`quant_core::dtype::bf16_bits`] (NaN quieted), lane for
 //! lane.
+//!
+//! The columnwise decoder's transposed bytes hold one column each, the codes of two
+//! neighbouring output rows; [`decode_nibbles`] turns one nibble of a run of them into
+//! one output row's run, with the same permute and one factor per column, and writes it
+//! through a [`LineWriter`] (streamed where the output is large).
 
 use std::arch::x86_64::{
-    __m512, __m512i, _mm_loadl_epi64, _mm_unpacklo_epi8, _mm256_storeu_si256, _mm512_add_epi32,
-    _mm512_and_si512, _mm512_castps_si512, _mm512_cmpgt_epu32_mask, _mm512_cvtepi32_epi16,
-    _mm512_cvtepu8_epi32, _mm512_loadu_ps, _mm512_mask_blend_epi32, _mm512_mul_ps, _mm512_or_si512,
-    _mm512_permutexvar_ps, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setr_epi32, _mm512_srli_epi32,
-    _mm512_srlv_epi32, _mm512_storeu_ps, _mm512_storeu_si512,
+    __m512, __m512i, _mm_loadl_epi64, _mm_loadu_si128, _mm_unpacklo_epi8, _mm256_storeu_si256,
+    _mm512_add_epi32, _mm512_and_si512, _mm512_castps_si512, _mm512_cmpgt_epu32_mask,
+    _mm512_cvtepi32_epi16, _mm512_cvtepu8_epi32, _mm512_loadu_ps, _mm512_mask_blend_epi32,
+    _mm512_mul_ps, _mm512_or_si512, _mm512_permutexvar_ps, _mm512_set1_epi32, _mm512_set1_ps,
+    _mm512_setr_epi32, _mm512_srli_epi32, _mm512_srlv_epi32, _mm512_storeu_ps, _mm512_storeu_si512,
 };
 
+use quant_core::bf16_narrow::x86::narrow32_exact;
 use quant_core::codec::e2m1;
 use quant_core::simd::Level;
+use quant_core::stream::x86::LineWriter;
+use quant_core::stream::{Fence, StoreMode};
 use quant_core::{DType, Element};
 
 use crate::scale::BLOCK;
@@ -154,6 +162,135 @@ fn decode_row_bf16_hw(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [u1
     }
 }
 
+/// Which code of a byte [`decode_nibbles`] takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Nibble {
+    /// Bits 0..4: the even row of the pair ([`e2m1::unpack`]'s first code).
+    Low,
+    /// Bits 4..8: the odd row.
+    High,
+}
+
+/// One output row's run of a columnwise decode: `out[c] = T(e2m1(code) * f[c])`, where
+/// `code` is the `nibble` of `codes[c]`, written through a [`LineWriter`] in `mode`
+/// (its fence left to `fence`). The values are the portable `decode_fast(code) * f`
+/// narrowed with [`quant_core::dtype::bf16_bits`]; only the stores differ.
+///
+/// This fuses what the columnwise decoder otherwise does in two passes, the products
+/// into a scratch run and then [`quant_core::stream::write_f32`] of it, which kept the
+/// products' stores and reloads in the hot loop. Returns `false` (nothing written)
+/// unless the CPU has AVX-512 (and BF16 for bf16 output), `T` is f32 or bf16 and the
+/// three lengths agree; the caller then runs the two passes.
+#[inline(always)]
+pub(crate) fn decode_nibbles<T: Element>(
+    codes: &[u8],
+    nibble: Nibble,
+    f: &[f32],
+    out: &mut [T],
+    (mode, fence): (StoreMode, &Fence),
+) -> bool {
+    if !Level::Avx512.is_supported() || codes.len() != out.len() || f.len() != out.len() {
+        return false;
+    }
+    match T::DTYPE {
+        DType::F32 => match bytemuck::try_cast_slice_mut::<T, f32>(out) {
+            // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
+            Ok(o) => unsafe { nibbles_f32(codes, nibble, f, o, mode, fence) },
+            Err(_) => return false,
+        },
+        DType::BF16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
+            // SAFETY: the CPU has AVX-512 F, BW, DQ (`Level::Avx512`) and BF16 (checked).
+            Ok(o) if std::is_x86_feature_detected!("avx512bf16") => unsafe {
+                nibbles_bf16(codes, nibble, f, o, mode, fence)
+            },
+            _ => return false,
+        },
+        _ => return false,
+    }
+    true
+}
+
+/// 16 values of [`decode_nibbles`] from column `c` on: codes zero-extended to u32 lanes
+/// (shifted down for the high nibble; `vpermps` reads the low four bits), decoded by
+/// one permute and scaled by the columns' factors.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn nibbles16(codes: &[u8], nibble: Nibble, f: &[f32], c: usize, table: __m512) -> __m512 {
+    let (b, f) = (&codes[c..c + 16], &f[c..c + 16]);
+    // SAFETY: `b` is 16 bytes and `f` 16 f32 (one unaligned 128- and 512-bit load).
+    let (b, f) = unsafe {
+        (
+            _mm_loadu_si128(b.as_ptr().cast()),
+            _mm512_loadu_ps(f.as_ptr()),
+        )
+    };
+    let lanes = _mm512_cvtepu8_epi32(b);
+    let codes = match nibble {
+        Nibble::Low => lanes,
+        Nibble::High => _mm512_srli_epi32::<4>(lanes),
+    };
+    _mm512_mul_ps(f, _mm512_permutexvar_ps(codes, table))
+}
+
+/// The portable value of [`decode_nibbles`] at column `c` (the run's tail).
+#[inline(always)]
+fn nibble_one(codes: &[u8], nibble: Nibble, f: &[f32], c: usize) -> f32 {
+    let (lo, hi) = e2m1::unpack(codes[c]);
+    let code = if nibble == Nibble::Low { lo } else { hi };
+    e2m1::decode_fast(code) * f[c]
+}
+
+/// [`decode_nibbles`] into f32 after its checks.
+#[target_feature(enable = "avx512f,avx512bw")]
+fn nibbles_f32(
+    codes: &[u8],
+    nibble: Nibble,
+    f: &[f32],
+    out: &mut [f32],
+    mode: StoreMode,
+    fence: &Fence,
+) {
+    let table = decode_table();
+    let main = out.len() / 16 * 16;
+    let (head, tail) = out.split_at_mut(main);
+    {
+        let mut w = LineWriter::fenced_by(fence, mode, bytemuck::cast_slice_mut(head));
+        for c in (0..main).step_by(16) {
+            w.push(_mm512_castps_si512(nibbles16(codes, nibble, f, c, table)));
+        }
+    }
+    for (c, o) in (main..).zip(tail) {
+        *o = nibble_one(codes, nibble, f, c);
+    }
+}
+
+/// [`decode_nibbles`] into bf16 bits after its checks: 32 values per step, narrowed by
+/// [`narrow32_exact`].
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+fn nibbles_bf16(
+    codes: &[u8],
+    nibble: Nibble,
+    f: &[f32],
+    out: &mut [u16],
+    mode: StoreMode,
+    fence: &Fence,
+) {
+    let table = decode_table();
+    let main = out.len() / 32 * 32;
+    let (head, tail) = out.split_at_mut(main);
+    {
+        let mut w = LineWriter::fenced_by(fence, mode, bytemuck::cast_slice_mut(head));
+        for c in (0..main).step_by(32) {
+            let lo = nibbles16(codes, nibble, f, c, table);
+            let hi = nibbles16(codes, nibble, f, c + 16, table);
+            w.push(narrow32_exact(lo, hi));
+        }
+    }
+    for (c, o) in (main..).zip(tail) {
+        *o = quant_core::dtype::bf16_bits(nibble_one(codes, nibble, f, c));
+    }
+}
+
 /// [`quant_core::dtype::bf16_bits`] on 16 lanes (result in the low half of each lane):
 /// round to nearest even, NaN quieted.
 #[inline]
@@ -238,6 +375,95 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Every byte value, both nibbles, one factor per column drawn from the product's
+    /// corners (zero, subnormal, overflow, infinity, NaN), into f32 and bf16, in both
+    /// store modes, for runs with every tail and starting at every 4-byte offset of a
+    /// line: the portable product, narrowed by `bf16_bits`.
+    #[test]
+    fn decode_nibbles_equals_the_portable_product() {
+        if !Level::Avx512.is_supported() || !std::is_x86_feature_detected!("avx512bf16") {
+            eprintln!("skipped: this CPU has no AVX-512 (with BF16)");
+            return;
+        }
+        let n = 300;
+        let codes: Vec<u8> = (0..n).map(|i| (i * 73 % 256) as u8).collect();
+        let corners = [
+            1.0,
+            0.0,
+            -0.0,
+            3.5e-39,
+            1.0e-45,
+            1.0e38,
+            f32::MAX,
+            f32::INFINITY,
+        ];
+        let f: Vec<f32> = (0..n)
+            .map(|i| match i % 11 {
+                8 => f32::NAN,
+                9 | 10 => 0.123_456_79 * (i as f32 + 1.0),
+                j => corners[j],
+            })
+            .collect();
+        for nibble in [Nibble::Low, Nibble::High] {
+            let want: Vec<f32> = (0..n)
+                .map(|c| {
+                    let (lo, hi) = e2m1::unpack(codes[c]);
+                    let code = if nibble == Nibble::Low { lo } else { hi };
+                    e2m1::decode_fast(code) * f[c]
+                })
+                .collect();
+            for mode in [StoreMode::Cached, StoreMode::Streaming] {
+                for at in 0..16 {
+                    for len in [0, 1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 129, n - at] {
+                        let (c, fc, w) =
+                            (&codes[at..at + len], &f[at..at + len], &want[at..at + len]);
+                        let case = format!("{nibble:?} {mode:?} {at}+{len}");
+                        // Outputs start `at` elements past a line.
+                        let mut buf = quant_core::HostBytes::zeroed(4 * (len + 64));
+                        let out: &mut [f32] = bytemuck::cast_slice_mut(buf.as_mut_slice());
+                        let out = &mut out[at..at + len];
+                        assert!(decode_nibbles(c, nibble, fc, out, (mode, &Fence::new())));
+                        for (i, (a, b)) in out.iter().zip(w).enumerate() {
+                            assert_eq!(a.to_bits(), b.to_bits(), "f32 {case}: column {i}");
+                        }
+                        let out: &mut [half::bf16] = bytemuck::cast_slice_mut(buf.as_mut_slice());
+                        let out = &mut out[at..at + len];
+                        assert!(decode_nibbles(c, nibble, fc, out, (mode, &Fence::new())));
+                        for (i, (a, &b)) in out.iter().zip(w).enumerate() {
+                            let b = quant_core::dtype::bf16_bits(b);
+                            assert_eq!(a.to_bits(), b, "bf16 {case}: column {i}");
+                        }
+                    }
+                }
+            }
+        }
+        // Lengths that disagree and f16 output are declined.
+        let fence = Fence::new();
+        let store = (StoreMode::Cached, &fence);
+        assert!(!decode_nibbles(
+            &codes[..8],
+            Nibble::Low,
+            &f[..7],
+            &mut [0f32; 8],
+            store
+        ));
+        assert!(!decode_nibbles(
+            &codes[..7],
+            Nibble::Low,
+            &f[..8],
+            &mut [0f32; 8],
+            store
+        ));
+        let mut h = [half::f16::ZERO; 8];
+        assert!(!decode_nibbles(
+            &codes[..8],
+            Nibble::Low,
+            &f[..8],
+            &mut h,
+            store
+        ));
     }
 
     #[test]
