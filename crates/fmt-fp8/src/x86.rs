@@ -1,10 +1,8 @@
 //! The AVX-512 decode of a run of FP8 codes: `out[j] = T(decode(codes[j]) * scale[j])`.
 //!
 //! The portable loop decodes into an f32 span and narrows it in a second loop. This one
-//! decodes 16 codes per step in registers, with the same arithmetic as
-//! [`e4m3::decode_fast`] / [`e5m2::decode_fast`] (the magnitude bits shifted into an f32
-//! and rebiased by one exact multiply, NaN and infinity patched in by compare masks,
-//! then the sign), multiplies by the scales (the same IEEE product), narrows bf16 output
+//! decodes 16 codes per step in registers with [`quant_core::codec::x86`] (the same
+//! arithmetic as [`e4m3::decode_fast`] / [`e5m2::decode_fast`]), multiplies by the scales (the same IEEE product), narrows bf16 output
 //! with [`quant_core::bf16_narrow::x86::narrow32_exact`], and hands each 64-byte result to a
 //! [`LineWriter`]. So a large output is written with streaming stores: the columnwise
 //! dequantize writes 2 KiB runs of 512 output rows at a time, a pattern in which
@@ -15,13 +13,12 @@
 //! [`e5m2::decode_fast`]: quant_core::codec::e5m2::decode_fast
 
 use std::arch::x86_64::{
-    __m128i, __m512, __m512i, _mm_loadu_si128, _mm512_and_si512, _mm512_castps_si512,
-    _mm512_castsi512_ps, _mm512_cmpeq_epi32_mask, _mm512_cmpgt_epi32_mask, _mm512_cvtepu8_epi32,
-    _mm512_loadu_ps, _mm512_mask_blend_ps, _mm512_mul_ps, _mm512_or_si512, _mm512_set1_epi32,
-    _mm512_set1_ps, _mm512_slli_epi32,
+    __m128i, __m512, __m512i, _mm_loadu_si128, _mm512_castps_si512, _mm512_cvtepu8_epi32,
+    _mm512_loadu_ps, _mm512_mul_ps, _mm512_set1_ps,
 };
 
 use quant_core::bf16_narrow::x86::narrow32_exact;
+use quant_core::codec::x86 as codec;
 use quant_core::dtype::bf16_bits;
 use quant_core::simd::Level;
 use quant_core::stream::x86::LineWriter;
@@ -75,27 +72,10 @@ pub(crate) fn decode_run<T: Element>(
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn decode16(dt: Fp8Dtype, c: __m512i, s: __m512) -> __m512 {
-    let mag = _mm512_and_si512(c, _mm512_set1_epi32(0x7F));
     let v = match dt {
-        Fp8Dtype::E4M3 => {
-            // 2^(127 - 7): rebias the exponent field from 7 to 127 (exact).
-            let v = _mm512_castsi512_ps(_mm512_slli_epi32::<20>(mag));
-            let v = _mm512_mul_ps(v, _mm512_set1_ps(f32::from_bits(247 << 23)));
-            let nan = _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F));
-            _mm512_mask_blend_ps(nan, v, _mm512_set1_ps(f32::NAN))
-        }
-        Fp8Dtype::E5M2 => {
-            // 2^(127 - 15).
-            let v = _mm512_castsi512_ps(_mm512_slli_epi32::<21>(mag));
-            let v = _mm512_mul_ps(v, _mm512_set1_ps(f32::from_bits(239 << 23)));
-            let inf = _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7C));
-            let nan = _mm512_cmpgt_epi32_mask(mag, _mm512_set1_epi32(0x7C));
-            let v = _mm512_mask_blend_ps(inf, v, _mm512_set1_ps(f32::INFINITY));
-            _mm512_mask_blend_ps(nan, v, _mm512_set1_ps(f32::NAN))
-        }
+        Fp8Dtype::E4M3 => codec::e4m3_16(c),
+        Fp8Dtype::E5M2 => codec::e5m2_16(c),
     };
-    let sign = _mm512_slli_epi32::<24>(_mm512_and_si512(c, _mm512_set1_epi32(0x80)));
-    let v = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
     _mm512_mul_ps(v, s)
 }
 

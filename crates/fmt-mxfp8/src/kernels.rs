@@ -602,6 +602,36 @@ pub(crate) fn tiles_to_columnwise(
     }
 }
 
+/// Where the E8M0 scale code of each value of a decoded run comes from.
+#[derive(Clone, Copy)]
+pub(crate) enum Codes<'a> {
+    /// One code per 32-value block (rowwise).
+    PerBlock(&'a [u8]),
+    /// One code per value (columnwise: the code of each column's block).
+    Each(&'a [u8]),
+}
+
+/// bf16 output of a run decoded in registers, where the CPU allows
+/// ([`crate::x86::decode_bf16`]); `false` (nothing written) otherwise, and for other
+/// output types, leaving the run to the portable decode-then-narrow loops.
+#[inline(always)]
+fn decoded_bf16<T: Element>(
+    level: Level,
+    dtype: Mxfp8Dtype,
+    q: &[u8],
+    codes: Codes<'_>,
+    out: &mut [T],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if T::DTYPE == quant_core::DType::BF16
+        && let Ok(o) = bytemuck::try_cast_slice_mut::<T, u16>(out)
+    {
+        return crate::x86::decode_bf16(level, dtype, q, codes, o);
+    }
+    let _ = (level, dtype, q, codes, out);
+    false
+}
+
 /// Values per step of rowwise dequantization (sixteen blocks).
 const SPAN: usize = 16 * BLOCK;
 
@@ -633,17 +663,24 @@ pub(crate) fn dequantize_rowwise<T: Element>(
                     for (r, (o, q)) in o.chunks_exact_mut(k).zip(q.chunks_exact(k)).enumerate() {
                         let i = t * rows_per_task + r;
                         for (si, (os, qs)) in o.chunks_mut(SPAN).zip(q.chunks(SPAN)).enumerate() {
+                            let mut codes = [0u8; SPAN / BLOCK];
+                            let codes = &mut codes[..qs.len() / BLOCK];
+                            for (b, c) in codes.iter_mut().enumerate() {
+                                let kb = si * (SPAN / BLOCK) + b;
+                                *c = scales
+                                    .get(rowwise_scale_index(layout, m, k, i, kb))
+                                    .copied()
+                                    .unwrap_or(0xFF);
+                            }
+                            if decoded_bf16(level, dtype, qs, Codes::PerBlock(codes), os) {
+                                continue;
+                            }
                             narrowed(os, &mut w[..qs.len()], |w| {
-                                for (b, (wb, qb)) in w
+                                for ((wb, qb), &code) in w
                                     .chunks_exact_mut(BLOCK)
                                     .zip(qs.chunks_exact(BLOCK))
-                                    .enumerate()
+                                    .zip(codes.iter())
                                 {
-                                    let kb = si * (SPAN / BLOCK) + b;
-                                    let code = scales
-                                        .get(rowwise_scale_index(layout, m, k, i, kb))
-                                        .copied()
-                                        .unwrap_or(0xFF);
                                     decode_run(dtype, scale(code), qb, wb);
                                 }
                             });
@@ -726,7 +763,11 @@ pub(crate) fn dequantize_columnwise<T: Element>(
                             for ((os, qs), ss) in
                                 o.chunks_mut(SPAN).zip(q.chunks(SPAN)).zip(s.chunks(SPAN))
                             {
-                                narrowed(os, &mut w[..qs.len()], |w| decode_cols(dtype, ss, qs, w));
+                                if !decoded_bf16(level, dtype, qs, Codes::Each(ss), os) {
+                                    narrowed(os, &mut w[..qs.len()], |w| {
+                                        decode_cols(dtype, ss, qs, w)
+                                    });
+                                }
                             }
                         }
                     },

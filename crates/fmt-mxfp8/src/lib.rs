@@ -79,6 +79,9 @@ pub mod layout;
 mod quantizer;
 pub mod reference;
 pub mod scale;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // AVX-512 kernels; every block has a SAFETY comment
+mod x86;
 
 pub use layout::ScaleLayout;
 pub use quantizer::{

@@ -21,6 +21,8 @@ pub mod e5m2;
 pub mod e8m0;
 mod fp8;
 pub mod pow2;
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
 
 /// Correctly rounded `1/x` in f32 (IEEE division, as `__frcp_rn` and `1.0f/x` compute it).
 #[inline]

@@ -1,0 +1,170 @@
+//! The AVX-512 decode of MXFP8 into bf16: `out[i] = bf16(scale(code_i) * decode(q[i]))`
+//! in registers, 32 values per step.
+//!
+//! The portable loops decode a span into f32 and narrow it in a second loop
+//! ([`quant_core::dtype::narrowed`]); here the decode ([`quant_core::codec::x86`]: the
+//! arithmetic of `decode_fast` and [`e8m0::decode`]), the product (the same IEEE
+//! product, in the same operand order) and the narrowing
+//! ([`quant_core::bf16_narrow::x86::narrow32_exact`]) happen per vector, so the f32 span
+//! is neither stored nor reloaded. Ordinary stores: each task writes long sequential
+//! runs, which streaming did not speed up (BENCHMARKS, twentieth session).
+//!
+//! [`e8m0::decode`]: quant_core::codec::e8m0::decode
+
+use std::arch::x86_64::{
+    __m128i, __m512, _mm_loadu_si128, _mm512_cvtepu8_epi32, _mm512_mul_ps, _mm512_set1_epi32,
+    _mm512_storeu_si512,
+};
+
+use quant_core::bf16_narrow::x86::narrow32_exact;
+use quant_core::codec::x86 as codec;
+use quant_core::simd::Level;
+
+use crate::kernels::Codes;
+use crate::scale::{BLOCK, Mxfp8Dtype};
+
+/// `out[i] = bf16_bits(scale(code_i) * decode(q[i]))` for the whole run, the bits of the
+/// portable decode-then-narrow. Returns `false` (nothing written) unless `level` is
+/// [`Level::Avx512`], the CPU has AVX-512 BF16 and the lengths fit: `out.len() ==
+/// q.len()`, a multiple of 32, with one code per block or per value; the caller then
+/// runs the portable loops.
+#[inline(always)]
+pub(crate) fn decode_bf16(
+    level: Level,
+    dtype: Mxfp8Dtype,
+    q: &[u8],
+    codes: Codes<'_>,
+    out: &mut [u16],
+) -> bool {
+    let n = q.len();
+    let codes_fit = match codes {
+        Codes::PerBlock(c) => c.len() * BLOCK == n,
+        Codes::Each(c) => c.len() == n,
+    };
+    if level != Level::Avx512
+        || out.len() != n
+        || !n.is_multiple_of(2 * 16)
+        || !codes_fit
+        || !std::is_x86_feature_detected!("avx512bf16")
+    {
+        return false;
+    }
+    // SAFETY: the CPU has AVX-512 F, BW, DQ (`Level::Avx512` is only active where it
+    // does) and BF16 (checked); the lengths were checked above.
+    unsafe { decode_steps(dtype, q, codes, out) };
+    true
+}
+
+/// [`decode_bf16`] after its checks.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+fn decode_steps(dtype: Mxfp8Dtype, q: &[u8], codes: Codes<'_>, out: &mut [u16]) {
+    let widen = |b: &[u8]| {
+        // SAFETY: `b` is 16 bytes (one unaligned 128-bit load).
+        _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(b[..16].as_ptr().cast::<__m128i>()) })
+    };
+    let scales = |j: usize| -> (__m512, __m512) {
+        match codes {
+            Codes::PerBlock(c) => {
+                let s = codec::e8m0_16(_mm512_set1_epi32(i32::from(c[j / BLOCK])));
+                (s, s)
+            }
+            Codes::Each(c) => (
+                codec::e8m0_16(widen(&c[j..])),
+                codec::e8m0_16(widen(&c[j + 16..])),
+            ),
+        }
+    };
+    let decode = |b: &[u8]| match dtype {
+        Mxfp8Dtype::E4M3 => codec::e4m3_16(widen(b)),
+        Mxfp8Dtype::E5M2 => codec::e5m2_16(widen(b)),
+    };
+    for (j, o) in (0..q.len()).step_by(32).zip(out.chunks_exact_mut(32)) {
+        let (s0, s1) = scales(j);
+        // `scale * value`, the portable loops' order (NaN operands propagate the same).
+        let lo = _mm512_mul_ps(s0, decode(&q[j..]));
+        let hi = _mm512_mul_ps(s1, decode(&q[j + 16..]));
+        // SAFETY: `o` is 32 u16 = 64 bytes (one unaligned 512-bit store).
+        unsafe { _mm512_storeu_si512(o.as_mut_ptr().cast(), narrow32_exact(lo, hi)) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scale::scale;
+    use quant_core::dtype::bf16_bits;
+
+    /// Every value code under every scale code (NaN, zero's subnormal `2^-127` and the
+    /// products that overflow or turn subnormal among them), both element types, both
+    /// code layouts: the portable decode, product and narrowing.
+    #[test]
+    fn decode_bf16_equals_the_portable_loop() {
+        if !Level::Avx512.is_supported() || !std::is_x86_feature_detected!("avx512bf16") {
+            eprintln!("skipped: this CPU has no AVX-512 (with BF16)");
+            return;
+        }
+        let n = 256 * 32;
+        // Value codes cycle through all 256; each 32-value block takes one scale code
+        // (all 256 of them), and per-value codes take every scale with every value.
+        let q: Vec<u8> = (0..n).map(|i| (i * 7 % 256) as u8).collect();
+        let per_block: Vec<u8> = (0..n / BLOCK).map(|b| b as u8).collect();
+        let each: Vec<u8> = (0..n).map(|i| (i / 256 + i * 13) as u8).collect();
+        for dtype in [Mxfp8Dtype::E4M3, Mxfp8Dtype::E5M2] {
+            let table = match dtype {
+                Mxfp8Dtype::E4M3 => quant_core::codec::e4m3::decode_fast,
+                Mxfp8Dtype::E5M2 => quant_core::codec::e5m2::decode_fast,
+            };
+            let by_block = |i: usize| per_block[i / BLOCK];
+            let by_value = |i: usize| each[i];
+            let cases: [(Codes<'_>, &dyn Fn(usize) -> u8); 2] = [
+                (Codes::PerBlock(&per_block), &by_block),
+                (Codes::Each(&each), &by_value),
+            ];
+            for (codes, code_of) in cases {
+                let mut got = vec![0u16; n];
+                assert!(decode_bf16(Level::Avx512, dtype, &q, codes, &mut got));
+                for (i, &g) in got.iter().enumerate() {
+                    let want = bf16_bits(scale(code_of(i)) * table(q[i]));
+                    assert_eq!(
+                        g,
+                        want,
+                        "{dtype:?} value {:#04x} scale {:#04x}",
+                        q[i],
+                        code_of(i)
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn decode_bf16_declines_what_does_not_fit() {
+        let (q, c) = ([0u8; 64], [127u8; 64]);
+        let e4 = Mxfp8Dtype::E4M3;
+        let mut out = [0u16; 64];
+        let avx = Level::Avx512;
+        assert!(!decode_bf16(
+            Level::Scalar,
+            e4,
+            &q,
+            Codes::Each(&c),
+            &mut out
+        ));
+        assert!(!decode_bf16(
+            avx,
+            e4,
+            &q[..48],
+            Codes::Each(&c[..48]),
+            &mut out[..48]
+        ));
+        assert!(!decode_bf16(avx, e4, &q, Codes::Each(&c[..63]), &mut out));
+        assert!(!decode_bf16(
+            avx,
+            e4,
+            &q,
+            Codes::PerBlock(&c[..1]),
+            &mut out
+        ));
+        assert!(!decode_bf16(avx, e4, &q, Codes::Each(&c), &mut out[..32]));
+    }
+}
