@@ -2,26 +2,26 @@
 //!
 //! The portable loop decodes into an f32 span and narrows it in a second loop. This one
 //! decodes 16 codes per step in registers with [`quant_core::codec::x86`] (the same
-//! arithmetic as [`e4m3::decode_fast`] / [`e5m2::decode_fast`]), multiplies by the scales (the same IEEE product), narrows bf16 output
-//! with [`quant_core::bf16_narrow::x86::narrow32_exact`], and hands each 64-byte result to a
-//! [`LineWriter`]. So a large output is written with streaming stores: the columnwise
-//! dequantize writes 2 KiB runs of 512 output rows at a time, a pattern in which
-//! ordinary stores (each line read for ownership first) took twice as long as streaming
-//! ones on a Zen 4 (13.4 ms against 5.0 ms for 128 MiB, one thread).
+//! arithmetic as [`e4m3::decode_fast`] / [`e5m2::decode_fast`]), multiplies by the
+//! scales (the same IEEE product), and writes the run through
+//! [`quant_core::stream::x86::write_f32_steps`] / [`write_bf16_steps`] (bf16 narrowed
+//! in registers), which hand each 64-byte result to a `LineWriter`. So a large output
+//! is written with streaming stores: the columnwise dequantize writes 2 KiB runs of 512
+//! output rows at a time, a pattern in which ordinary stores (each line read for
+//! ownership first) took twice as long as streaming ones on a Zen 4 (13.4 ms against 5.0 ms for 128 MiB, one thread).
 //!
 //! [`e4m3::decode_fast`]: quant_core::codec::e4m3::decode_fast
 //! [`e5m2::decode_fast`]: quant_core::codec::e5m2::decode_fast
+//! [`write_bf16_steps`]: quant_core::stream::x86::write_bf16_steps
 
 use std::arch::x86_64::{
-    __m128i, __m512, __m512i, _mm_loadu_si128, _mm512_castps_si512, _mm512_cvtepu8_epi32,
-    _mm512_loadu_ps, _mm512_mul_ps, _mm512_set1_ps,
+    __m128i, __m512, __m512i, _mm_loadu_si128, _mm512_cvtepu8_epi32, _mm512_loadu_ps,
+    _mm512_mul_ps, _mm512_set1_ps,
 };
 
-use quant_core::bf16_narrow::x86::narrow32_exact;
 use quant_core::codec::x86 as codec;
-use quant_core::dtype::bf16_bits;
 use quant_core::simd::Level;
-use quant_core::stream::x86::LineWriter;
+use quant_core::stream::x86::{write_bf16_steps, write_f32_steps};
 use quant_core::stream::{Fence, StoreMode};
 use quant_core::{DType, Element};
 
@@ -119,17 +119,12 @@ fn decode_run_f32(
     mode: StoreMode,
     fence: &Fence,
 ) {
-    let main = out.len() / 16 * 16;
-    let (head, tail) = out.split_at_mut(main);
-    {
-        let mut w = LineWriter::fenced_by(fence, mode, bytemuck::cast_slice_mut(head));
-        for j in (0..main).step_by(16) {
-            w.push(_mm512_castps_si512(step(dt, codes, scale, j)));
-        }
-    }
-    for (j, o) in (main..).zip(tail) {
-        *o = decode_one(dt, codes[j], scale.at(j));
-    }
+    write_f32_steps(
+        out,
+        (mode, fence),
+        |j| step(dt, codes, scale, j),
+        |j| decode_one(dt, codes[j], scale.at(j)),
+    );
 }
 
 /// [`decode_run`] into bf16 bits after its checks.
@@ -142,24 +137,19 @@ fn decode_run_bf16(
     mode: StoreMode,
     fence: &Fence,
 ) {
-    let main = out.len() / 32 * 32;
-    let (head, tail) = out.split_at_mut(main);
-    {
-        let mut w = LineWriter::fenced_by(fence, mode, bytemuck::cast_slice_mut(head));
-        for j in (0..main).step_by(32) {
-            let (lo, hi) = (step(dt, codes, scale, j), step(dt, codes, scale, j + 16));
-            w.push(narrow32_exact(lo, hi));
-        }
-    }
-    for (j, o) in (main..).zip(tail) {
-        *o = bf16_bits(decode_one(dt, codes[j], scale.at(j)));
-    }
+    write_bf16_steps(
+        out,
+        (mode, fence),
+        |j| step(dt, codes, scale, j),
+        |j| decode_one(dt, codes[j], scale.at(j)),
+    );
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use half::bf16;
+    use quant_core::dtype::bf16_bits;
     use quant_core::stream::with_store_mode;
 
     /// Every code of both element types against `table[code] * scale`, exactly (NaN bits

@@ -12,7 +12,8 @@
 //! The columnwise decoder's transposed bytes hold one column each, the codes of two
 //! neighbouring output rows; [`decode_nibbles`] turns one nibble of a run of them into
 //! one output row's run, with the same permute and one factor per column, and writes it
-//! through a [`LineWriter`] (streamed where the output is large).
+//! through [`write_f32_steps`] / [`write_bf16_steps`] (streamed where the output is
+//! large).
 
 use std::arch::x86_64::{
     __m512, __m512i, _mm_loadl_epi64, _mm_loadu_si128, _mm_unpacklo_epi8, _mm256_storeu_si256,
@@ -22,10 +23,9 @@ use std::arch::x86_64::{
     _mm512_setr_epi32, _mm512_srli_epi32, _mm512_srlv_epi32, _mm512_storeu_ps, _mm512_storeu_si512,
 };
 
-use quant_core::bf16_narrow::x86::narrow32_exact;
 use quant_core::codec::e2m1;
 use quant_core::simd::Level;
-use quant_core::stream::x86::LineWriter;
+use quant_core::stream::x86::{write_bf16_steps, write_f32_steps};
 use quant_core::stream::{Fence, StoreMode};
 use quant_core::{DType, Element};
 
@@ -172,7 +172,7 @@ pub(crate) enum Nibble {
 }
 
 /// One output row's run of a columnwise decode: `out[c] = T(e2m1(code) * f[c])`, where
-/// `code` is the `nibble` of `codes[c]`, written through a [`LineWriter`] in `mode`
+/// `code` is the `nibble` of `codes[c]`, written through a `LineWriter` in `mode`
 /// (its fence left to `fence`). The values are the portable `decode_fast(code) * f`
 /// narrowed with [`quant_core::dtype::bf16_bits`]; only the stores differ.
 ///
@@ -251,21 +251,15 @@ fn nibbles_f32(
     fence: &Fence,
 ) {
     let table = decode_table();
-    let main = out.len() / 16 * 16;
-    let (head, tail) = out.split_at_mut(main);
-    {
-        let mut w = LineWriter::fenced_by(fence, mode, bytemuck::cast_slice_mut(head));
-        for c in (0..main).step_by(16) {
-            w.push(_mm512_castps_si512(nibbles16(codes, nibble, f, c, table)));
-        }
-    }
-    for (c, o) in (main..).zip(tail) {
-        *o = nibble_one(codes, nibble, f, c);
-    }
+    write_f32_steps(
+        out,
+        (mode, fence),
+        |c| nibbles16(codes, nibble, f, c, table),
+        |c| nibble_one(codes, nibble, f, c),
+    );
 }
 
-/// [`decode_nibbles`] into bf16 bits after its checks: 32 values per step, narrowed by
-/// [`narrow32_exact`].
+/// [`decode_nibbles`] into bf16 bits after its checks (narrowed in registers).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
 fn nibbles_bf16(
     codes: &[u8],
@@ -276,19 +270,12 @@ fn nibbles_bf16(
     fence: &Fence,
 ) {
     let table = decode_table();
-    let main = out.len() / 32 * 32;
-    let (head, tail) = out.split_at_mut(main);
-    {
-        let mut w = LineWriter::fenced_by(fence, mode, bytemuck::cast_slice_mut(head));
-        for c in (0..main).step_by(32) {
-            let lo = nibbles16(codes, nibble, f, c, table);
-            let hi = nibbles16(codes, nibble, f, c + 16, table);
-            w.push(narrow32_exact(lo, hi));
-        }
-    }
-    for (c, o) in (main..).zip(tail) {
-        *o = quant_core::dtype::bf16_bits(nibble_one(codes, nibble, f, c));
-    }
+    write_bf16_steps(
+        out,
+        (mode, fence),
+        |c| nibbles16(codes, nibble, f, c, table),
+        |c| nibble_one(codes, nibble, f, c),
+    );
 }
 
 /// [`quant_core::dtype::bf16_bits`] on 16 lanes (result in the low half of each lane):

@@ -282,8 +282,8 @@ pub fn line_chunks<T>(
 #[cfg(target_arch = "x86_64")]
 pub mod x86 {
     use std::arch::x86_64::{
-        __m512i, _mm_sfence, _mm512_loadu_ps, _mm512_loadu_si512, _mm512_permutex2var_epi16,
-        _mm512_setzero_si512, _mm512_storeu_si512, _mm512_stream_si512,
+        __m512, __m512i, _mm_sfence, _mm512_castps_si512, _mm512_loadu_ps, _mm512_loadu_si512,
+        _mm512_permutex2var_epi16, _mm512_setzero_si512, _mm512_storeu_si512, _mm512_stream_si512,
     };
 
     use super::{Fence, StoreMode};
@@ -444,24 +444,74 @@ pub mod x86 {
     /// [`super::write_f32`] into bf16 bits, narrowed in registers and streamed.
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
     pub(super) fn write_bf16(src: &[f32], dst: &mut [u16], fence: &Fence) {
-        let main = src.len() / 32 * 32;
-        let (head, tail) = dst.split_at_mut(main);
+        write_bf16_steps(
+            dst,
+            (StoreMode::Streaming, fence),
+            |j| {
+                let s = &src[j..j + 16];
+                // SAFETY: `s` is 16 f32 (one unaligned 512-bit load).
+                unsafe { _mm512_loadu_ps(s.as_ptr()) }
+            },
+            |j| src[j],
+        );
+    }
+
+    /// Fills `out` through a [`LineWriter`] in `mode` (its fence left to `fence`): the
+    /// values `j .. j + 16` from `step(j)` for every whole 16 of them, the rest one by
+    /// one from `one(j)`. The shared loop of the decoders that compute a run of f32
+    /// values in registers (each step must equal `one` lane for lane).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and BW (code compiled with them calls it safely).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub fn write_f32_steps(
+        out: &mut [f32],
+        (mode, fence): (StoreMode, &Fence),
+        step: impl Fn(usize) -> __m512,
+        one: impl Fn(usize) -> f32,
+    ) {
+        let main = out.len() / 16 * 16;
+        let (head, tail) = out.split_at_mut(main);
         {
-            let mut w =
-                LineWriter::fenced_by(fence, StoreMode::Streaming, bytemuck::cast_slice_mut(head));
-            for s in src[..main].chunks_exact(32) {
-                // SAFETY: `s` is 32 f32 (two unaligned 512-bit loads).
-                let (lo, hi) = unsafe {
-                    (
-                        _mm512_loadu_ps(s.as_ptr()),
-                        _mm512_loadu_ps(s[16..].as_ptr()),
-                    )
-                };
-                w.push(crate::bf16_narrow::x86::narrow32_exact(lo, hi));
+            let mut w = LineWriter::fenced_by(fence, mode, bytemuck::cast_slice_mut(head));
+            for j in (0..main).step_by(16) {
+                w.push(_mm512_castps_si512(step(j)));
             }
         }
-        for (o, &x) in tail.iter_mut().zip(&src[main..]) {
-            *o = bf16_bits(x);
+        for (j, o) in (main..).zip(tail) {
+            *o = one(j);
+        }
+    }
+
+    /// [`write_f32_steps`] into bf16 bits: 32 values per step, `step(j)` and
+    /// `step(j + 16)` narrowed by [`crate::bf16_narrow::x86::narrow32_exact`], the rest
+    /// by [`bf16_bits`] of `one(j)`; the bits of `bf16_bits` throughout.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F, BW, DQ and BF16 (code compiled with them calls it
+    /// safely).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+    pub fn write_bf16_steps(
+        out: &mut [u16],
+        (mode, fence): (StoreMode, &Fence),
+        step: impl Fn(usize) -> __m512,
+        one: impl Fn(usize) -> f32,
+    ) {
+        let main = out.len() / 32 * 32;
+        let (head, tail) = out.split_at_mut(main);
+        {
+            let mut w = LineWriter::fenced_by(fence, mode, bytemuck::cast_slice_mut(head));
+            for j in (0..main).step_by(32) {
+                w.push(crate::bf16_narrow::x86::narrow32_exact(
+                    step(j),
+                    step(j + 16),
+                ));
+            }
+        }
+        for (j, o) in (main..).zip(tail) {
+            *o = bf16_bits(one(j));
         }
     }
 
