@@ -144,21 +144,10 @@ impl<'a> Operand<'a> {
     }
 
     /// `out[c] = self.factor(r0 + c, block, stride)` for every `c`: one block column of
-    /// consecutive stored rows, as the columnwise decoder needs per 16-row group. The
-    /// common case (compact scales, a tensor amax) is a strided walk of the scale bytes
-    /// through the table, without the per-element branches on the layout and the amax
-    /// kind that made this loop a fifth of the columnwise dequantize.
+    /// consecutive stored rows, as the columnwise decoder needs per 16-row group where
+    /// [`Operand::transposed_scales`] declines (swizzled scales, an amax per row).
     #[inline(always)]
     fn factors_into(&self, r0: usize, block: usize, stride: usize, out: &mut [f32]) {
-        if let (Factors::Table { table: t, .. }, false) = (&self.factors, self.swizzled)
-            && let Some(first) = self.scales.get(r0 * stride + block..)
-            && out.len() <= first.len().div_ceil(stride)
-        {
-            for (f, &sdb) in out.iter_mut().zip(first.iter().step_by(stride)) {
-                *f = t[usize::from(sdb)];
-            }
-            return;
-        }
         for (c, f) in out.iter_mut().enumerate() {
             *f = self.factor(r0 + c, block, stride);
         }
