@@ -290,30 +290,19 @@ pub(crate) fn columnwise<T: Element>(
                             {
                                 continue;
                             }
-                            for q in 0..BLOCK / 2 {
-                                let src = &pairs[(g * BLOCK / 2 + q) * CHUNK..][..cw];
-                                let (lo, hi) = vals[2 * q * CHUNK..].split_at_mut(CHUNK);
-                                for (((a, b), &byte), &f) in lo[..cw]
-                                    .iter_mut()
-                                    .zip(hi[..cw].iter_mut())
-                                    .zip(src)
-                                    .zip(&f[..cw])
-                                {
-                                    *a = e2m1::decode_fast(byte & 0xF) * f;
-                                    *b = e2m1::decode_fast(byte >> 4) * f;
-                                }
-                            }
+                            let pairs = &pairs[g * BLOCK / 2 * CHUNK..];
                             if let Some(inv) = inv.as_deref_mut() {
                                 inverse_group(
                                     (level, mode, &fence),
+                                    (pairs, &f[..cw]),
                                     vals,
-                                    cw,
                                     inv,
                                     &mut o[g * BLOCK * k..][..BLOCK * k],
                                     k,
                                     c0,
                                 );
                             } else {
+                                decode_pairs(pairs, &f[..cw], vals);
                                 for i in 0..BLOCK {
                                     let r = g * BLOCK + i;
                                     write_f32(
@@ -372,21 +361,40 @@ fn decode_group<T: Element>(
     false
 }
 
-/// The inverse Hadamard transform of one 16-row group, vectorized across columns:
-/// `v_i = sum_j y_j * R[i][j]` in f64, index order, rounded once to `T`. With AVX-512
-/// the sums come from a fast Walsh-Hadamard transform, equal wherever they are finite,
-/// rounded in registers to the f32 whose narrowing to `T` is that one rounding
-/// ([`crate::rht_x86::inverse_sums`]), into `wide`; the rows are then narrowed.
+/// The 16 rows of a group decoded into `vals` (`CHUNK` apart): row `2q` from the low
+/// nibbles of transposed byte row `q` of `pairs` (`CHUNK` apart), row `2q + 1` from the
+/// high ones, each value `e2m1(code) * f[c]`.
+#[inline(always)]
+fn decode_pairs(pairs: &[u8], f: &[f32], vals: &mut [f32]) {
+    let cw = f.len();
+    for q in 0..BLOCK / 2 {
+        let src = &pairs[q * CHUNK..][..cw];
+        let (lo, hi) = vals[2 * q * CHUNK..].split_at_mut(CHUNK);
+        for (((a, b), &byte), &f) in lo[..cw].iter_mut().zip(hi[..cw].iter_mut()).zip(src).zip(f) {
+            *a = e2m1::decode_fast(byte & 0xF) * f;
+            *b = e2m1::decode_fast(byte >> 4) * f;
+        }
+    }
+}
+
+/// The inverse Hadamard transform of one 16-row group (its transposed code bytes and
+/// per-column factors), vectorized across columns: `v_i = sum_j y_j * R[i][j]` in
+/// f64, index order, rounded once to `T`. With AVX-512 the codes are decoded and summed
+/// in registers by a fast Walsh-Hadamard transform, equal wherever the sums are finite,
+/// rounded to the f32 whose narrowing to `T` is that one rounding
+/// ([`crate::rht_x86::inverse_nibbles`]), into `wide`; the rows are then narrowed.
+/// Elsewhere the group is decoded into `vals` and summed in index order.
 #[inline(always)]
 fn inverse_group<T: Element>(
     (level, mode, fence): (simd::Level, StoreMode, &Fence),
-    y: &[f32],
-    cw: usize,
+    (pairs, f): (&[u8], &[f32]),
+    vals: &mut [f32],
     wide: &mut [[f32; CHUNK]; BLOCK],
     out: &mut [T],
     k: usize,
     c0: usize,
 ) {
+    let cw = f.len();
     #[cfg(target_arch = "x86_64")]
     if level == simd::Level::Avx512 {
         use crate::rht_x86::Narrow;
@@ -397,7 +405,7 @@ fn inverse_group<T: Element>(
         } else {
             Narrow::Odd
         };
-        if crate::rht_x86::inverse_sums(y, CHUNK, cw, narrow, wide) {
+        if crate::rht_x86::inverse_nibbles(pairs, CHUNK, f, narrow, wide) {
             for (i, w) in wide.iter().enumerate() {
                 let o = &mut out[i * k + c0..i * k + c0 + cw];
                 write_f32(level, &w[..cw], o, mode, fence);
@@ -406,6 +414,8 @@ fn inverse_group<T: Element>(
         }
     }
     let _ = (wide, mode, fence);
+    decode_pairs(pairs, f, vals);
+    let y = vals;
     for (i, ri) in rht::R.iter().enumerate() {
         let mut acc = [0f64; CHUNK];
         for (j, &rij) in ri.iter().enumerate() {

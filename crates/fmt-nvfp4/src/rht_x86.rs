@@ -10,18 +10,24 @@
 //! Zen 4), and a portable unrolled form spilled them to the stack.
 
 use std::arch::x86_64::{
-    __m256i, __m512, __m512d, _CMP_EQ_OQ, _CMP_NEQ_UQ, _MM_FROUND_NO_EXC, _MM_FROUND_TO_ZERO,
-    _mm256_add_epi16, _mm256_and_si256, _mm256_castps_si256, _mm256_castsi256_ps,
+    __m256, __m256i, __m512, __m512d, _CMP_EQ_OQ, _CMP_NEQ_UQ, _MM_FROUND_NO_EXC,
+    _MM_FROUND_TO_ZERO, _mm_loadl_epi64, _mm_unpacklo_epi64, _mm256_add_epi16, _mm256_and_si256,
+    _mm256_castps_si256, _mm256_castsi256_ps, _mm256_cmpeq_epi32_mask, _mm256_cmpge_epu32_mask,
     _mm256_cmpgt_epu16_mask, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_mask_or_epi32,
     _mm256_max_epu16, _mm256_min_epu16, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_setzero_si256,
     _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi16, _mm512_abs_ps, _mm512_add_epi32,
-    _mm512_add_pd, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps,
-    _mm512_cmp_pd_mask, _mm512_cvt_roundpd_ps, _mm512_cvtepu16_epi32, _mm512_cvtpd_ps,
-    _mm512_cvtps_pd, _mm512_fmadd_pd, _mm512_fmadd_ps, _mm512_fpclass_ps_mask, _mm512_loadu_ps,
-    _mm512_mask_or_epi32, _mm512_max_ps, _mm512_mul_ps, _mm512_reduce_max_ps, _mm512_set1_epi32,
-    _mm512_set1_pd, _mm512_set1_ps, _mm512_setzero_pd, _mm512_setzero_ps, _mm512_slli_epi32,
-    _mm512_srli_epi32, _mm512_storeu_ps, _mm512_sub_pd, _mm512_sub_ps,
+    _mm512_add_pd, _mm512_add_ps, _mm512_and_si512, _mm512_castpd_si512, _mm512_castps_si512,
+    _mm512_castps256_ps512, _mm512_castps512_ps256, _mm512_castsi512_ps, _mm512_cmp_pd_mask,
+    _mm512_cvt_roundpd_ps, _mm512_cvtepu8_epi32, _mm512_cvtepu16_epi32, _mm512_cvtpd_ps,
+    _mm512_cvtps_pd, _mm512_extractf32x8_ps, _mm512_fmadd_pd, _mm512_fmadd_ps,
+    _mm512_fpclass_ps_mask, _mm512_insertf32x8, _mm512_loadu_ps, _mm512_mask_or_epi32,
+    _mm512_max_ps, _mm512_mul_ps, _mm512_permutexvar_ps, _mm512_reduce_max_ps, _mm512_set1_epi32,
+    _mm512_set1_epi64, _mm512_set1_pd, _mm512_set1_ps, _mm512_setr_epi32, _mm512_setzero_pd,
+    _mm512_setzero_ps, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srlv_epi32, _mm512_storeu_ps,
+    _mm512_sub_pd, _mm512_sub_ps, _mm512_test_epi64_mask,
 };
+
+use quant_core::codec::e2m1;
 
 use quant_core::simd::Level;
 
@@ -333,10 +339,10 @@ unsafe fn abs_max_bf16(bits: &[u16], stride: usize, cols: usize) -> f32 {
     _mm512_reduce_max_ps(m)
 }
 
-/// Columns per step of [`inverse_sums`] (f64 lanes of one vector).
+/// Columns per step of [`inverse_nibbles`] (f64 lanes of one vector).
 pub(crate) const INVERSE_COLS: usize = 8;
 
-/// How [`inverse_sums`] rounds its f64 sums to the f32 it stores.
+/// How [`inverse_nibbles`] rounds its f64 sums to the f32 it stores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Narrow {
     /// Round to nearest even: the f32 output itself (`v as f32`).
@@ -356,46 +362,76 @@ impl Narrow {
     }
 }
 
-/// For each of the `cols` columns (a multiple of [`INVERSE_COLS`]) `c`: `out[i][c]` is
-/// `sum_j y[j * stride + c] * R[i][j]` in f64, rounded to f32 as `narrow` says. The sums
-/// are `s_i * 0.25 * (H16 y)_i`, from a fast Walsh-Hadamard transform (64 adds per 16
-/// values where the sums take 256), and rounded in registers.
+/// The inverse transform of one 16-row group straight from its codes: for each of the
+/// `f.len()` columns (a multiple of [`INVERSE_COLS`]) `c`, `out[i][c]` is `sum_j y_j *
+/// R[i][j]` in f64, rounded to f32 as `narrow` says, where `y_j = e2m1(code_j) * f[c]`
+/// (the f32 product of the portable decode) and `code_j` is nibble `j % 2` (low first)
+/// of `pairs[(j / 2) * stride + c]`.
 ///
-/// The order of the sums differs from [`crate::rht::inverse_16`]'s, and the results are
-/// still the same wherever they are finite: the 16 values of a column share one block
-/// factor, so they are E2M1 multiples of it rounded to f32, within a factor 12 of each
-/// other (or subnormal), and every partial sum of them is exact in f64, in any order.
-/// A column whose values are not all finite (its sum `(H16 y)_0 = sum_j y_j` is then
-/// not finite; with finite values every sum is below `4 * f32::MAX`) is summed again
-/// in index order. Returns `false`, writing nothing, unless the CPU has AVX-512 and the
-/// lengths fit.
+/// Each step decodes 8 columns of two rows per `vpermps` and takes the sums
+/// `s_i * 0.25 * (H16 y)_i` from a fast Walsh-Hadamard transform (64 adds per 16 values
+/// where the sums take 256), rounded in registers. The order of the sums differs from
+/// [`crate::rht::inverse_16`]'s, and the results are still the same wherever they are
+/// finite: the 16 values of a column share one block factor, so they are E2M1
+/// multiples of it rounded to f32, within a factor 12 of each other (or subnormal),
+/// and every partial sum of them is exact in f64, in any order. A column whose values
+/// are not all finite (its sum `(H16 y)_0 = sum_j y_j` is then not finite; with finite
+/// values every sum is below `4 * f32::MAX`) is summed again in index order.
+///
+/// Returns `false`, writing nothing, unless the CPU has AVX-512 and the lengths fit
+/// (8 byte rows `stride` apart holding `f.len() <= N` columns).
 #[inline(always)]
-pub(crate) fn inverse_sums<const N: usize>(
-    y: &[f32],
+pub(crate) fn inverse_nibbles<const N: usize>(
+    pairs: &[u8],
     stride: usize,
-    cols: usize,
+    f: &[f32],
     narrow: Narrow,
     out: &mut [[f32; N]; DIM],
 ) -> bool {
-    if !fits(y.len(), stride, cols, INVERSE_COLS, N) {
+    let cols = f.len();
+    let fit = cols.is_multiple_of(INVERSE_COLS)
+        && cols <= stride
+        && cols <= N
+        && (DIM / 2 - 1) * stride + cols <= pairs.len();
+    if !fit || !Level::Avx512.is_supported() {
         return false;
     }
-    // SAFETY: the CPU has AVX-512 F, DQ and VL (checked above, in `Level::Avx512`); the
-    // lengths were checked above.
-    unsafe { fwht(y, stride, cols, narrow, out) };
+    // SAFETY: the CPU has AVX-512 F, BW, DQ and VL (checked above, in `Level::Avx512`);
+    // the lengths were checked above.
+    unsafe { fwht_nibbles(pairs, stride, f, narrow, out) };
     true
 }
 
-/// [`inverse_sums`] after its checks.
+/// Whether truncating a step's sums to f32 drops exactly the 29 low mantissa bits of
+/// the f64 (so that they alone say whether it was inexact): true when every factor is
+/// zero or has an exponent field of at least 4.
+///
+/// Why: the column's values `y = f32(c * f)` (`|c|` in `0.5..=6`) are then multiples
+/// of `2^(e - 1 - 150)`, so every sum `s_i * 0.25 * (H16 y)_i` is a multiple of
+/// `2^(e - 153) >= 2^-149`. In the normal f32 range truncation drops the 29 low bits;
+/// below it the sum is a multiple of the subnormal spacing, exact, and its low bits are
+/// zero; above it (at most `4 * 2^128`) truncation gives `f32::MAX`, whose last bit is
+/// already set. A zero factor gives zero sums. Smaller factors leave bits below
+/// `2^-149`, and the step compares the truncation with the sum instead.
+#[target_feature(enable = "avx512f,avx512vl")]
+#[inline]
+fn sticky_in_low_bits(f: __m256) -> bool {
+    let bits = _mm256_and_si256(_mm256_castps_si256(f), _mm256_set1_epi32(0x7FFF_FFFF));
+    let large = _mm256_cmpge_epu32_mask(bits, _mm256_set1_epi32(4 << 23));
+    let zero = _mm256_cmpeq_epi32_mask(bits, _mm256_setzero_si256());
+    large | zero == 0xFF
+}
+
+/// [`inverse_nibbles`] after its checks.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F, DQ and VL; `cols % 8 == 0`, `cols <= N` and
-/// `15 * stride + cols <= y.len()`.
-#[target_feature(enable = "avx512f,avx512dq,avx512vl")]
-unsafe fn fwht<const N: usize>(
-    y: &[f32],
+/// The CPU must have AVX-512 F, BW, DQ and VL; `f.len() % 8 == 0`, `f.len() <= N`,
+/// `f.len() <= stride` and `7 * stride + f.len() <= pairs.len()`.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+unsafe fn fwht_nibbles<const N: usize>(
+    pairs: &[u8],
     stride: usize,
-    cols: usize,
+    f: &[f32],
     narrow: Narrow,
     out: &mut [[f32; N]; DIM],
 ) {
@@ -407,13 +443,27 @@ unsafe fn fwht<const N: usize>(
             0.25
         })
     });
+    // SAFETY: `DECODE` is 16 f32 (one unaligned 512-bit load).
+    let table = unsafe { _mm512_loadu_ps(e2m1::DECODE.as_ptr()) };
+    // Lanes 0..8 take the low nibble (even row), lanes 8..16 the high one (odd row).
+    let shift = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
     let one = _mm256_set1_epi32(1);
-    for c in (0..cols).step_by(INVERSE_COLS) {
-        let mut v: [__m512d; DIM] = std::array::from_fn(|j| {
-            // SAFETY: `j * stride + c + 8 <= 15 * stride + cols <= y.len()`; one unaligned
-            // 256-bit load.
-            _mm512_cvtps_pd(unsafe { _mm256_loadu_ps(y.as_ptr().add(j * stride + c)) })
-        });
+    let low29 = _mm512_set1_epi64(0x1FFF_FFFF);
+    for c in (0..f.len()).step_by(INVERSE_COLS) {
+        // SAFETY: `c + 8 <= f.len()`; one unaligned 256-bit load.
+        let f8 = unsafe { _mm256_loadu_ps(f.as_ptr().add(c)) };
+        let ff = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(f8), f8);
+        let mut v = [_mm512_setzero_pd(); DIM];
+        for p in 0..DIM / 2 {
+            // SAFETY: `p * stride + c + 8 <= 7 * stride + f.len() <= pairs.len()`; one
+            // unaligned 64-bit load.
+            let b = unsafe { _mm_loadl_epi64(pairs.as_ptr().add(p * stride + c).cast()) };
+            let codes = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(b, b)), shift);
+            // `vpermps` reads the low four bits: the portable `decode_fast(code) * f`.
+            let y = _mm512_mul_ps(ff, _mm512_permutexvar_ps(codes, table));
+            v[2 * p] = _mm512_cvtps_pd(_mm512_castps512_ps256(y));
+            v[2 * p + 1] = _mm512_cvtps_pd(_mm512_extractf32x8_ps::<1>(y));
+        }
         // Afterwards `v[i] = sum_j H[i][j] * y[j]`.
         butterflies(
             &mut v,
@@ -423,28 +473,36 @@ unsafe fn fwht<const N: usize>(
         // `v[0] - v[0]` is 0 where the column's values are finite, NaN elsewhere.
         let finite =
             _mm512_cmp_pd_mask::<_CMP_EQ_OQ>(_mm512_sub_pd(v[0], v[0]), _mm512_setzero_pd());
+        let low_sticky = sticky_in_low_bits(f8);
         for (i, o) in out.iter_mut().enumerate() {
             // `+ 0.0`: an exact zero is `+0` in index order (the sums start from `+0.0`),
             // but `-0.25 * +0` here. The product is exact, so one fused step rounds the
             // same as a multiply and an add.
             let vi = _mm512_fmadd_pd(v[i], post[i], _mm512_setzero_pd());
-            let f = match narrow {
+            let r = match narrow {
                 Narrow::Nearest => _mm512_cvtpd_ps(vi),
                 Narrow::Odd => {
                     // Truncated (RZ never overflows to infinity), then the last bit set
                     // where that was inexact.
                     let t = _mm512_cvt_roundpd_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(vi);
-                    let inexact = _mm512_cmp_pd_mask::<_CMP_NEQ_UQ>(_mm512_cvtps_pd(t), vi);
+                    let inexact = if low_sticky {
+                        _mm512_test_epi64_mask(_mm512_castpd_si512(vi), low29)
+                    } else {
+                        _mm512_cmp_pd_mask::<_CMP_NEQ_UQ>(_mm512_cvtps_pd(t), vi)
+                    };
                     let t = _mm256_castps_si256(t);
                     _mm256_castsi256_ps(_mm256_mask_or_epi32(t, inexact, t, one))
                 }
             };
-            // SAFETY: `c + 8 <= cols <= N`; one unaligned 256-bit store.
-            unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(c), f) };
+            // SAFETY: `c + 8 <= f.len() <= N`; one unaligned 256-bit store.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(c), r) };
         }
         if finite != 0xFF {
             for l in (0..INVERSE_COLS).filter(|l| finite & (1 << l) == 0) {
-                let col: [f32; DIM] = std::array::from_fn(|j| y[j * stride + c + l]);
+                let col: [f32; DIM] = std::array::from_fn(|j| {
+                    let (lo, hi) = e2m1::unpack(pairs[j / 2 * stride + c + l]);
+                    e2m1::decode_fast(if j.is_multiple_of(2) { lo } else { hi }) * f[c + l]
+                });
                 for (o, s) in out.iter_mut().zip(crate::rht::inverse_16(&col)) {
                     o[c + l] = narrow.round(s);
                 }
@@ -767,54 +825,124 @@ mod tests {
     }
 
     #[test]
-    fn the_fast_inverse_equals_the_index_order_sums() {
+    fn the_fused_inverse_equals_the_index_order_sums() {
         if !Level::Avx512.is_supported() {
             eprintln!("skipped: this CPU has no AVX-512");
             return;
         }
-        // Columns of E2M1 multiples of one factor per column, rounded to f32, as a
-        // dequantized block holds them; factors from subnormal to huge.
-        let stride = 24;
-        let e2m1 = [0.0f32, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+        // One column per factor: every exponent field (0..=255) twice, with random
+        // mantissas and signs, so both sides of the sticky-bit range (fields 27..=249)
+        // and subnormal, huge and non-finite factors all occur; then special factors.
+        // The sticky-bit bound (field 4) and its edges: fields 1..=3 give sums with bits
+        // below `2^-149`.
+        let (cols, stride) = (768, 776);
         let mut rng = XorShift32::new(0x1234_5678);
-        let mut y = vec![0f32; DIM * stride];
-        for c in 0..stride {
-            let f = f32::from_bits(
-                0x0000_0100 + (c as u32) * 0x0340_0000 % 0x7E00_0000 + (c as u32 * 7919),
-            );
-            for j in 0..DIM {
+        let mut f: Vec<f32> = (0..cols)
+            .map(|c| {
+                let field = (c % 256) as u32;
                 let s = rng.next_u32();
-                let e = e2m1[(s % 8) as usize] * if s & 8 == 8 { -1.0 } else { 1.0 };
-                y[j * stride + c] = e * f;
+                f32::from_bits((s & 0x8000_0000) | field << 23 | (s >> 9))
+            })
+            .collect();
+        let special = [
+            0.0,
+            -0.0,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            f32::from_bits(1),
+            f32::from_bits(4 << 23),
+            f32::from_bits((3 << 23) | 0x7F_FFFF),
+            f32::from_bits((4 << 23) | 0x40_0001),
+            f32::from_bits((251 << 23) | 0x7F_FFFF),
+            f32::INFINITY,
+            f32::NAN,
+            1.0,
+        ];
+        f[512..512 + special.len()].copy_from_slice(&special);
+        // Many columns just below the bound, where a small sum can fall below the normal
+        // range with bits under the subnormal spacing.
+        for (c, fc) in f.iter_mut().enumerate().skip(640) {
+            let s = rng.next_u32();
+            *fc = f32::from_bits((1 + c as u32 % 3) << 23 | (s >> 9));
+        }
+        let mut pairs: Vec<u8> = (0..DIM / 2 * stride)
+            .map(|_| rng.next_u32() as u8)
+            .collect();
+        // Columns whose sums cancel or add up: one code everywhere (6.0, -6.0, 1.5),
+        // and the signs of a row of R with the largest code (every sum but one zero).
+        for (c, byte) in [
+            (600, 0x77u8),
+            (601, 0xFF),
+            (602, 0x33),
+            (603, 0x00),
+            (604, 0x88),
+        ] {
+            for p in 0..DIM / 2 {
+                pairs[p * stride + c] = byte;
             }
         }
-        // Non-finite columns: an infinity, opposite infinities (NaN sums), a NaN.
-        y[3] = f32::INFINITY;
-        y[stride + 4] = f32::INFINITY;
-        y[2 * stride + 4] = f32::NEG_INFINITY;
-        y[5 * stride + 9] = f32::NAN;
-        // Sums beyond f32::MAX (4 * 2^127 at most), and sums that cancel to zero.
-        for j in 0..DIM {
-            y[j * stride + 10] = f32::MAX;
-            y[j * stride + 11] = if j % 2 == 0 { 1.5 } else { -1.5 };
+        for c in [605, 606] {
+            f[c] = if c == 605 { f32::MAX } else { 3.0e38 };
+            for p in 0..DIM / 2 {
+                let code = |j: usize| 0x7 | if NEG[0][j] { 0x8 } else { 0 };
+                pairs[p * stride + c] = code(2 * p) | code(2 * p + 1) << 4;
+            }
         }
+        // One value 0.5 * f, the rest zero: every sum is `±f / 8`, below the normal
+        // range with its last bit `2^(e - 153)`, under the subnormal spacing for fields
+        // 1..=3 (odd mantissas) and on it for field 4.
+        // Each in a step of its own: one such factor takes its whole step off the test.
+        for (c, field) in [(616, 1), (624, 2), (632, 3), (611, 4)] {
+            f[c] = f32::from_bits(field << 23 | 1);
+            for p in 0..DIM / 2 {
+                pairs[p * stride + c] = u8::from(p == 0);
+            }
+        }
+        let value = |c: usize, j: usize| {
+            let (lo, hi) = e2m1::unpack(pairs[j / 2 * stride + c]);
+            e2m1::decode_fast(if j.is_multiple_of(2) { lo } else { hi }) * f[c]
+        };
         for narrow in [Narrow::Nearest, Narrow::Odd] {
-            let mut out = [[0f32; 32]; DIM];
-            assert!(inverse_sums(&y, stride, 16, narrow, &mut out));
-            for c in 0..16 {
-                let col: [f32; DIM] = std::array::from_fn(|j| y[j * stride + c]);
+            let mut out = Box::new([[0f32; 1024]; DIM]);
+            assert!(inverse_nibbles(&pairs, stride, &f, narrow, &mut out));
+            for c in 0..cols {
+                let col: [f32; DIM] = std::array::from_fn(|j| value(c, j));
                 let want = crate::rht::inverse_16(&col);
                 for i in 0..DIM {
                     let want = narrow.round(want[i]);
                     assert_eq!(
                         out[i][c].to_bits(),
                         want.to_bits(),
-                        "{narrow:?} c {c} i {i}"
+                        "{narrow:?} c {c} f {:e} i {i}",
+                        f[c]
                     );
                 }
             }
         }
-        let mut out = [[0f32; 32]; DIM];
-        assert!(!inverse_sums(&y, stride, 12, Narrow::Odd, &mut out));
+        // Lengths that do not fit are refused.
+        let mut out = Box::new([[0f32; 1024]; DIM]);
+        assert!(!inverse_nibbles(
+            &pairs,
+            stride,
+            &f[..12],
+            Narrow::Odd,
+            &mut out
+        ));
+        assert!(!inverse_nibbles(
+            &pairs[..7 * stride + 15],
+            stride,
+            &f[..16],
+            Narrow::Odd,
+            &mut out
+        ));
+        assert!(!inverse_nibbles(&pairs, 8, &f[..16], Narrow::Odd, &mut out));
+        let mut small = [[0f32; 8]; DIM];
+        assert!(!inverse_nibbles(
+            &pairs,
+            stride,
+            &f[..16],
+            Narrow::Odd,
+            &mut small
+        ));
     }
 }
