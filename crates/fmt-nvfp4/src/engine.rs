@@ -1216,6 +1216,31 @@ fn four_over_six_cols(
     }
 }
 
+/// The tensor amaxes of a slab of bf16 bits (`rows x k`) and of its Hadamard-rotated
+/// transpose, both from [`crate::rht_x86::sums_abs_max_bf16`]: 16-row group by group,
+/// along the rows in [`CHUNK`]-column steps, so that the slab is read once, as 16
+/// sequential streams. (Reading it whole for `|x|` first, then in column chunks across
+/// all its rows for `|y|`, read it twice, the second time as 128 streams, out of L2.)
+/// `None` where a row count is not whole groups or the kernel declines a step (no
+/// AVX-512); the caller then takes its general walk, whose maxima fold over these.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn group_amaxes(bits: &[u16], rows: usize, k: usize) -> Option<(f32, f32)> {
+    if !rows.is_multiple_of(BLOCK) {
+        return None;
+    }
+    let (mut ax, mut ay) = (0f32, 0f32);
+    for g in 0..rows / BLOCK {
+        for c0 in (0..k).step_by(CHUNK) {
+            let cw = CHUNK.min(k - c0);
+            let (bx, by) = crate::rht_x86::sums_abs_max_bf16(&bits[g * BLOCK * k + c0..], k, cw)?;
+            ax = fmax_nan_loses(ax, bx);
+            ay = fmax_nan_loses(ay, by);
+        }
+    }
+    Some((ax, ay))
+}
+
 /// Global amaxes in one pass: the tensor amax of `x` (`want_x`), of its Hadamard-rotated
 /// transpose (`want_y`, bf16 input), and per-row / per-column amaxes (row-scaled).
 pub(crate) struct Amaxes {
@@ -1293,6 +1318,15 @@ pub(crate) fn amaxes<T: Element>(
                     #[inline(always)]
                     || {
                         let nrows = x.len() / k;
+                        #[cfg(target_arch = "x86_64")]
+                        if let (true, None, false, Src::Bits(bits, _)) =
+                            (want_y, rows.as_deref(), want_cols, Src::of(&p, x, k))
+                            && let Some((bx, by)) = group_amaxes(bits, nrows, k)
+                        {
+                            ax = fmax_nan_loses(ax, bx);
+                            ay = fmax_nan_loses(ay, by);
+                            return;
+                        }
                         let mut buf = [0f32; quant_core::cpu::BLOCK];
                         for (r, xr) in x.chunks_exact(k).enumerate() {
                             let mut ar = 0f32;
@@ -1329,7 +1363,7 @@ pub(crate) fn amaxes<T: Element>(
                                     if let Src::Bits(bits, k) = src {
                                         let group = &bits[g * BLOCK * k + c0..];
                                         let m = crate::rht_x86::sums_abs_max_bf16(group, k, cw);
-                                        if let Some(m) = m {
+                                        if let Some((_, m)) = m {
                                             ay = fmax_nan_loses(ay, m);
                                             continue;
                                         }

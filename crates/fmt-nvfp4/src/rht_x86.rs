@@ -13,18 +13,19 @@ use std::arch::x86_64::{
     __m256, __m256i, __m512, __m512d, _CMP_EQ_OQ, _CMP_NEQ_UQ, _MM_FROUND_NO_EXC,
     _MM_FROUND_TO_ZERO, _mm_loadl_epi64, _mm_unpacklo_epi64, _mm256_add_epi16, _mm256_and_si256,
     _mm256_castps_si256, _mm256_castsi256_ps, _mm256_cmpeq_epi32_mask, _mm256_cmpge_epu32_mask,
-    _mm256_cmpgt_epu16_mask, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_mask_or_epi32,
-    _mm256_max_epu16, _mm256_min_epu16, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_setzero_si256,
-    _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi16, _mm512_abs_ps, _mm512_add_epi32,
-    _mm512_add_pd, _mm512_add_ps, _mm512_and_si512, _mm512_castpd_si512, _mm512_castps_si512,
+    _mm256_cmpgt_epu16_mask, _mm256_cmple_epu16_mask, _mm256_loadu_ps, _mm256_loadu_si256,
+    _mm256_mask_max_epu16, _mm256_mask_or_epi32, _mm256_max_epu16, _mm256_min_epu16,
+    _mm256_set1_epi16, _mm256_set1_epi32, _mm256_setzero_si256, _mm256_srli_epi16,
+    _mm256_storeu_ps, _mm256_sub_epi16, _mm512_abs_ps, _mm512_add_epi32, _mm512_add_pd,
+    _mm512_add_ps, _mm512_and_si512, _mm512_castpd_si512, _mm512_castps_si512,
     _mm512_castps256_ps512, _mm512_castps512_ps256, _mm512_castsi512_ps, _mm512_cmp_pd_mask,
     _mm512_cvt_roundpd_ps, _mm512_cvtepu8_epi32, _mm512_cvtepu16_epi32, _mm512_cvtpd_ps,
     _mm512_cvtps_pd, _mm512_extractf32x8_ps, _mm512_fmadd_pd, _mm512_fmadd_ps,
     _mm512_fpclass_ps_mask, _mm512_insertf32x8, _mm512_loadu_ps, _mm512_mask_or_epi32,
-    _mm512_max_ps, _mm512_mul_ps, _mm512_permutexvar_ps, _mm512_reduce_max_ps, _mm512_set1_epi32,
-    _mm512_set1_epi64, _mm512_set1_pd, _mm512_set1_ps, _mm512_setr_epi32, _mm512_setzero_pd,
-    _mm512_setzero_ps, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srlv_epi32, _mm512_storeu_ps,
-    _mm512_sub_pd, _mm512_sub_ps, _mm512_test_epi64_mask,
+    _mm512_max_ps, _mm512_mul_ps, _mm512_permutexvar_ps, _mm512_reduce_max_epu32,
+    _mm512_reduce_max_ps, _mm512_set1_epi32, _mm512_set1_epi64, _mm512_set1_pd, _mm512_set1_ps,
+    _mm512_setr_epi32, _mm512_setzero_pd, _mm512_setzero_ps, _mm512_slli_epi32, _mm512_srli_epi32,
+    _mm512_srlv_epi32, _mm512_storeu_ps, _mm512_sub_pd, _mm512_sub_ps, _mm512_test_epi64_mask,
 };
 
 use quant_core::codec::e2m1;
@@ -212,13 +213,10 @@ pub(crate) fn widen_bf16_bits(h: __m256i) -> __m512 {
     _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
 }
 
-/// The forward sums of the 16 columns at `c` of 16 bf16 rows `stride` apart, widened
-/// from the bits: by the fast transform where that is exact ([`sums_exact`]), else in
-/// index order. A macro, so that both kernels inline it (a `#[target_feature]` function
-/// cannot be `#[inline(always)]`, and as a call its 1 KiB result went through memory).
-/// The caller must have AVX-512 F, BW and VL enabled and `15 * stride + c + 16 <=
-/// bits.len()`.
-macro_rules! bf16_step {
+/// The 16 columns at `c` of 16 bf16 rows `stride` apart, as bit patterns. A macro, as
+/// [`bf16_sums`] is. The caller must have AVX-512 F, BW and VL enabled and
+/// `15 * stride + c + 16 <= bits.len()`.
+macro_rules! bf16_rows {
     ($bits:expr, $stride:expr, $c:expr) => {{
         let (bits, stride, c): (&[u16], usize, usize) = ($bits, $stride, $c);
         let rows: [__m256i; DIM] = std::array::from_fn(|i| {
@@ -226,6 +224,18 @@ macro_rules! bf16_step {
             // unaligned 256-bit load of 16 bf16 patterns.
             unsafe { _mm256_loadu_si256(bits.as_ptr().add(i * stride + c).cast()) }
         });
+        rows
+    }};
+}
+
+/// The forward sums of 16 columns of 16 bf16 rows ([`bf16_rows`]), widened from the
+/// bits: by the fast transform where that is exact ([`sums_exact`]), else in index
+/// order. A macro, so that every kernel inlines it (a `#[target_feature]` function
+/// cannot be `#[inline(always)]`, and as a call its 1 KiB result went through memory).
+/// The caller must have AVX-512 F, BW and VL enabled.
+macro_rules! bf16_sums {
+    ($rows:expr) => {{
+        let rows: [__m256i; DIM] = $rows;
         if sums_exact(&rows) {
             fast_forward_step(rows.map(|h| widen_bf16_bits(h)))
         } else {
@@ -290,7 +300,7 @@ unsafe fn sums_bf16<const N: usize>(
 ) {
     for c in (0..cols).step_by(COLS) {
         // `15 * stride + c + 16 <= 15 * stride + cols <= bits.len()`.
-        let y = bf16_step!(bits, stride, c);
+        let y = bf16_sums!(bf16_rows!(bits, stride, c));
         let mut m = _mm512_setzero_ps();
         for (o, y) in out.iter_mut().zip(y) {
             let r = round_bf16(y);
@@ -304,14 +314,16 @@ unsafe fn sums_bf16<const N: usize>(
     }
 }
 
-/// The largest `|y|` of the columnwise operand of a 16-row group of bf16 input (the
-/// unrounded sums of [`rounded_sums_bf16`], NaN ignored, from 0), for the tensor's
-/// rotated amax. Rounding to bf16 is monotone and odd, so the amax of the rounded
-/// values is this maximum rounded once (`bf16::from_f32(m).to_f32()`), which the
-/// caller does after folding every group: no rounding or store per value here.
-/// `None` unless the CPU has AVX-512 and the lengths fit (as [`rounded_sums_bf16`]).
+/// The largest `|x|` and `|y|` of a 16-row group of bf16 input `x` (NaN ignored, from
+/// 0): `x` as given, for the tensor's amax, and the unrounded sums of
+/// [`rounded_sums_bf16`] (the columnwise operand `y`), for its rotated amax. Rounding
+/// to bf16 is monotone and odd, so the amax of the rounded `y` is this maximum rounded
+/// once (`bf16::from_f32(m).to_f32()`), which the caller does after folding every
+/// group: no rounding or store per value here. Both come from one load of the group,
+/// where a separate pass for `|x|` read the input a second time. `None` unless the CPU
+/// has AVX-512 and the lengths fit (as [`rounded_sums_bf16`]).
 #[inline(always)]
-pub(crate) fn sums_abs_max_bf16(bits: &[u16], stride: usize, cols: usize) -> Option<f32> {
+pub(crate) fn sums_abs_max_bf16(bits: &[u16], stride: usize, cols: usize) -> Option<(f32, f32)> {
     if !fits(bits.len(), stride, cols, COLS, usize::MAX) {
         return None;
     }
@@ -326,17 +338,28 @@ pub(crate) fn sums_abs_max_bf16(bits: &[u16], stride: usize, cols: usize) -> Opt
 /// The CPU must have AVX-512 F, BW and VL; `cols % 16 == 0` and
 /// `15 * stride + cols <= bits.len()`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn abs_max_bf16(bits: &[u16], stride: usize, cols: usize) -> f32 {
-    let mut m = _mm512_setzero_ps();
+unsafe fn abs_max_bf16(bits: &[u16], stride: usize, cols: usize) -> (f32, f32) {
+    let magnitude = _mm256_set1_epi16(0x7FFF);
+    let inf = _mm256_set1_epi16(0x7F80);
+    let mut mx = _mm256_setzero_si256();
+    let mut my = _mm512_setzero_ps();
     for c in (0..cols).step_by(COLS) {
         // `15 * stride + c + 16 <= 15 * stride + cols <= bits.len()`.
-        for y in bf16_step!(bits, stride, c) {
+        let rows = bf16_rows!(bits, stride, c);
+        for &r in &rows {
+            // Magnitude patterns order as the values do; a NaN's (above infinity's)
+            // leaves the maximum as it is.
+            let a = _mm256_and_si256(r, magnitude);
+            mx = _mm256_mask_max_epu16(mx, _mm256_cmple_epu16_mask(a, inf), mx, a);
+        }
+        for y in bf16_sums!(rows) {
             // `vmaxps` returns its second operand when either is NaN: a NaN loses.
-            m = _mm512_max_ps(_mm512_abs_ps(y), m);
+            my = _mm512_max_ps(_mm512_abs_ps(y), my);
         }
     }
-    // Lanes folded the same way (a NaN lane cannot occur: none entered `m`).
-    _mm512_reduce_max_ps(m)
+    // Lanes folded the same way (a NaN lane cannot occur: none entered either).
+    let x = _mm512_reduce_max_epu32(_mm512_cvtepu16_epi32(mx));
+    (f32::from_bits(x << 16), _mm512_reduce_max_ps(my))
 }
 
 /// Columns per step of [`inverse_nibbles`] (f64 lanes of one vector).
@@ -643,8 +666,14 @@ mod tests {
             let want = amax
                 .iter()
                 .fold(0f32, |m, &a| quant_core::cpu::fmax_nan_loses(m, a));
-            let got = sums_abs_max_bf16(&x, stride, 48).expect("fits");
-            assert_eq!(round(got).to_bits(), want.to_bits(), "case {case}");
+            let (gx, gy) = sums_abs_max_bf16(&x, stride, 48).expect("fits");
+            assert_eq!(round(gy).to_bits(), want.to_bits(), "case {case}");
+            // The input's own maximum: the 48 columns the call covers, NaN ignored.
+            let wx = (0..DIM * stride)
+                .filter(|n| n % stride < 48)
+                .map(|n| quant_core::dtype::f32_from_bf16_bits(x[n]).abs())
+                .fold(0f32, quant_core::cpu::fmax_nan_loses);
+            assert_eq!(gx.to_bits(), wx.to_bits(), "x, case {case}");
         }
         assert_eq!(sums_abs_max_bf16(&[0u16; DIM * 16], 16, 32), None);
         assert_eq!(sums_abs_max_bf16(&[0u16; DIM * 16], 16, 8), None);
