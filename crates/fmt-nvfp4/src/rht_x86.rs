@@ -14,7 +14,7 @@ use std::arch::x86_64::{
     _MM_FROUND_TO_ZERO, _mm_loadl_epi64, _mm_unpacklo_epi64, _mm256_add_epi16, _mm256_and_si256,
     _mm256_castps_si256, _mm256_castsi256_ps, _mm256_cmpeq_epi32_mask, _mm256_cmpge_epu32_mask,
     _mm256_cmpgt_epu16_mask, _mm256_cmple_epu16_mask, _mm256_loadu_ps, _mm256_loadu_si256,
-    _mm256_mask_max_epu16, _mm256_mask_or_epi32, _mm256_max_epu16, _mm256_min_epu16,
+    _mm256_mask_max_epu16, _mm256_mask_ternarylogic_epi32, _mm256_max_epu16, _mm256_min_epu16,
     _mm256_set1_epi16, _mm256_set1_epi32, _mm256_setzero_si256, _mm256_srli_epi16,
     _mm256_storeu_ps, _mm256_sub_epi16, _mm512_abs_ps, _mm512_add_epi32, _mm512_add_pd,
     _mm512_add_ps, _mm512_and_si512, _mm512_castpd_si512, _mm512_castps_si512,
@@ -514,7 +514,10 @@ unsafe fn fwht_nibbles<const N: usize>(
                         _mm512_cmp_pd_mask::<_CMP_NEQ_UQ>(_mm512_cvtps_pd(t), vi)
                     };
                     let t = _mm256_castps_si256(t);
-                    _mm256_castsi256_ps(_mm256_mask_or_epi32(t, inexact, t, one))
+                    // `t | 1` under the mask (0xFE: the OR of the three operands). As a
+                    // masked `vpord` LLVM rewrote it to widen the mask to a vector, shift
+                    // and OR, three instructions where this stays one.
+                    _mm256_castsi256_ps(_mm256_mask_ternarylogic_epi32::<0xFE>(t, inexact, t, one))
                 }
             };
             // SAFETY: `c + 8 <= f.len() <= N`; one unaligned 256-bit store.
