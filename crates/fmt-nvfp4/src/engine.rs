@@ -1158,7 +1158,14 @@ fn store_columnwise(
                 row[t * TILE_BYTES + at..][..four.len()].copy_from_slice(four);
             }
         } else {
-            col.scales.row_mut(kk)[..groups].copy_from_slice(&sc[..groups]);
+            let dst = &mut col.scales.row_mut(kk)[..groups];
+            // A whole slab's codes as one 8-byte move: `copy_from_slice` of a length
+            // known only at run time is a `memcpy` call, per stored row (4 % of the
+            // bf16 columnwise quantize).
+            match <&mut [u8; SLAB / BLOCK]>::try_from(&mut *dst) {
+                Ok(whole) => *whole = *sc,
+                Err(_) => dst.copy_from_slice(&sc[..groups]),
+            }
         }
     }
     // [rows/2][cw] pairs -> [cw][rows/2] bytes, one strip row per column of x.
