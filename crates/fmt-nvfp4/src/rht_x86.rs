@@ -496,7 +496,8 @@ unsafe fn fwht_nibbles<const N: usize>(
         // `v[0] - v[0]` is 0 where the column's values are finite, NaN elsewhere.
         let finite =
             _mm512_cmp_pd_mask::<_CMP_EQ_OQ>(_mm512_sub_pd(v[0], v[0]), _mm512_setzero_pd());
-        let low_sticky = sticky_in_low_bits(f8);
+        // Only round-to-odd has a sticky bit; f32 output rounds once, to nearest.
+        let low_sticky = narrow == Narrow::Odd && sticky_in_low_bits(f8);
         for (i, o) in out.iter_mut().enumerate() {
             // `+ 0.0`: an exact zero is `+0` in index order (the sums start from `+0.0`),
             // but `-0.25 * +0` here. The product is exact, so one fused step rounds the
