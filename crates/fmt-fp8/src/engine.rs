@@ -35,7 +35,8 @@ use quant_core::stream::{Fence, StoreMode};
 use quant_core::strips::Strip;
 
 use crate::kernels::{
-    WIDE, Wide, amax_cols, amax_encode_block, encode_cols, encode_f32, encode_scaled, pow2_exponent,
+    Scales, WIDE, Wide, amax_cols, amax_encode_block, encode_bf16_bits, encode_cols, encode_f32,
+    encode_scaled, pow2_exponent,
 };
 use crate::scale::Fp8Dtype;
 use crate::transpose::store_transposed;
@@ -192,18 +193,33 @@ fn rowwise_1d<T: Element>(
                     p.encode(level, dt, &xs[..whole * BLOCK], &mut os[..whole * BLOCK])
                 });
             let done = if fast { whole * BLOCK } else { 0 };
-            // The f32 route reuses the span widened for the maxima; after the 16-bit
-            // route only a ragged block (or nothing) is left to widen.
-            let w = match w {
-                Some(w) => w,
-                None => quant_core::widened(&xs[done..], &mut span[..xs.len() - done]),
-            };
-            for ((o, v), &s) in os[done..]
-                .chunks_mut(BLOCK)
-                .zip(w.chunks(BLOCK))
-                .zip(&scales[done / BLOCK..])
-            {
-                encode_f32(dt, v, s, o);
+            let scales_left = &scales[done / BLOCK..];
+            match (w, quant_core::dtype::bf16_slice_bits(&xs[done..])) {
+                // bf16 read as bits for the maxima: encoded from the bits too, widened
+                // in registers (other scales, or a ragged last block).
+                (None, Some(bits)) => {
+                    for ((o, v), &s) in os[done..]
+                        .chunks_mut(BLOCK)
+                        .zip(bits.chunks(BLOCK))
+                        .zip(scales_left)
+                    {
+                        encode_bf16_bits(dt, v, Scales::One(s), o);
+                    }
+                }
+                // The f32 route reuses the span widened for the maxima.
+                (w, _) => {
+                    let w = match w {
+                        Some(w) => w,
+                        None => quant_core::widened(&xs[done..], &mut span[..xs.len() - done]),
+                    };
+                    for ((o, v), &s) in os[done..]
+                        .chunks_mut(BLOCK)
+                        .zip(w.chunks(BLOCK))
+                        .zip(scales_left)
+                    {
+                        encode_f32(dt, v, s, o);
+                    }
+                }
             }
             for (b, &s) in scales[..xs.len().div_ceil(BLOCK)].iter().enumerate() {
                 staged[r * nblk + si * step + b] = 1.0 / s;
