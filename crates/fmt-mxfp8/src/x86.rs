@@ -7,7 +7,7 @@
 //! product, in the same operand order) and the narrowing
 //! ([`quant_core::bf16_narrow::x86::narrow32_exact`]) happen per vector, so the f32 span
 //! is neither stored nor reloaded. Ordinary stores: each task writes long sequential
-//! runs, which streaming did not speed up (BENCHMARKS, twentieth session).
+//! runs, which streaming did not speed up (`docs/benchmarks-history.md`, twentieth session).
 //!
 //! [`e8m0::decode`]: quant_core::codec::e8m0::decode
 
