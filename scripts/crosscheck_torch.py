@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""quantfmt against the upstream Python itself: torch and torchao on CPU, byte for byte.
+
+The golden data in `tests/golden/` come from numpy + ml_dtypes models written from the
+upstream sources. This script runs the upstream code instead, on the same inputs as the
+`quantfmt quantize` command, and compares every stored byte:
+
+* `fp8`, `fp8:e5m2`: TransformerEngine's per-tensor current scaling written in torch ops
+  (amax, `scale = max / amax` in f32, `x * scale` saturated and cast with torch's
+  `.to(float8_*)`, `scale_inv = 1 / scale`). Checks quantfmt's casts against torch's.
+* `mxfp8:ocp`, `mxfp8:ocp,e5m2`: torchao `to_mx(x, dtype, 32, ScaleCalculationMode.FLOOR)`,
+  the OCP MX rule. Expected: identical.
+* `mxfp8`, `mxfp8:e5m2` (TransformerEngine's rule, `float_to_e8m0(amax * max_norm_rcp)`):
+  torchao `to_mx(..., ScaleCalculationMode.RCEIL)`, which is meant to be the same rule.
+  Expected: identical except where torchao's CPU fallback differs from TE's kernel; each
+  differing block is listed with its amax (see the notes printed with the result).
+* `int4tiled:pad=torchao` (bf16 input): torchao `_choose_qparams_affine_tinygemm` and
+  `_quantize_affine_tinygemm`, exactly as `Int4TilePackedTo4dTensor.from_hp` calls them,
+  then the CUDA packing kernel as ported in `tests/golden/int4tiled.py` (torch's
+  `_convert_weight_to_int4pack` itself runs only on CUDA). scale_and_zero is compared as
+  stored.
+
+NVFP4 is not checked here: torchao's `nvfp4_quantize` is a different recipe from TE's
+(block scale `amax / 6 / per_tensor_scale`, data divided by the product of the scales),
+so its bytes are not expected to match TE's, which quantfmt follows.
+
+Needs torch, torchao, safetensors, numpy, ml_dtypes (`pip install torch torchao safetensors
+numpy ml_dtypes`) and builds the release CLI. Exit status 1 on any unexplained mismatch.
+
+    python3 scripts/crosscheck_torch.py             # 256 x 2048, bf16 and f32
+    python3 scripts/crosscheck_torch.py --rows 1024 --seed 7
+"""
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def golden_int4():
+    """tests/golden/int4tiled.py as a module (its packing-kernel port)."""
+    path = os.path.join(ROOT, "tests", "golden", "int4tiled.py")
+    spec = importlib.util.spec_from_file_location("golden_int4tiled", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# --- inputs ----------------------------------------------------------------------------
+
+
+def make_input(rows, cols, seed):
+    """f32 [rows, cols]: normal values whose row magnitudes sweep 2^-30 .. 2^30, and rows
+    built to sit on the rules' edges (see each block below). No NaN or infinity: torch's
+    amax propagates NaN, which the formats' rules handle each in their own way."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    x *= np.exp2(np.linspace(-30, 30, rows, dtype=np.float32))[:, None]
+    # Every 32-value block of row 1 has an amax that is an exact power of two, and of
+    # row 2 an amax of 448 * 2^k (where amax / 448 is exactly a power of two: the
+    # boundary of the ceiling rules). Row 3: 1.75 * 2^k (57344 / 2^15 = 1.75, E5M2's).
+    for r, mant in ((1, 1.0), (2, 448.0), (3, 1.75)):
+        blocks = x[r].reshape(-1, 32)
+        for b, blk in enumerate(blocks):
+            e = (b % 40) - 20
+            blk[:] = np.clip(blk, -0.9, 0.9) * np.float32(mant * 2.0**e)
+            blk[b % 32] = np.float32(mant * 2.0**e) * (1 if b % 2 else -1)
+    # Row 4: zero blocks next to tiny ones (subnormal f32 amaxes).
+    x[4] = 0.0
+    x[4, 64:96] = np.float32(2.0**-140) * rng.integers(-8, 9, 32)
+    # Row 5: integers, so that many scaled values fall exactly between two codes.
+    x[5] = rng.integers(-448, 449, cols).astype(np.float32)
+    # Row 6: signed zeros among ordinary values.
+    x[6, ::7] = -0.0
+    x[6, 3::7] = 0.0
+    return x
+
+
+def run_quantfmt(exe, spec, inputs, workdir):
+    """Quantizes every tensor of `inputs` (name -> torch tensor) with `spec`; returns a
+    function (name, buffer) -> torch tensor."""
+    src = os.path.join(workdir, "in.safetensors")
+    dst = os.path.join(workdir, "out.safetensors")
+    save_file({k: v.contiguous() for k, v in inputs.items()}, src)
+    subprocess.run(
+        [exe, "quantize", "--all", "--strict", "--format", spec, "-o", dst, src],
+        check=True,
+        capture_output=True,
+    )
+    f = safe_open(dst, "pt")
+    return lambda name, buf: f.get_tensor(f"{name}.{buf}")
+
+
+# --- references (upstream code) --------------------------------------------------------
+
+
+FP8 = {"e4m3": (torch.float8_e4m3fn, 448.0), "e5m2": (torch.float8_e5m2, 57344.0)}
+
+
+def torch_fp8_per_tensor(x, dtype):
+    """TE's per-tensor current scaling in torch ops: (codes as uint8, scale_inv)."""
+    fp8, fmax = FP8[dtype]
+    xf = x.float()
+    amax = xf.abs().amax()
+    scale = torch.tensor(fmax, dtype=torch.float32) / amax if amax > 0 else torch.tensor(1.0)
+    data = (xf * scale).clamp(-fmax, fmax).to(fp8).view(torch.uint8)
+    return data, (1.0 / scale).reshape(1)
+
+
+def torchao_mx(x, dtype, mode):
+    from torchao.prototype.mx_formats.mx_tensor import ScaleCalculationMode, to_mx
+
+    fp8, _ = FP8[dtype]
+    scale, data = to_mx(x, fp8, 32, getattr(ScaleCalculationMode, mode))
+    return data.view(torch.uint8), scale.view(torch.uint8).reshape(x.shape[0], -1)
+
+
+def torchao_int4(x, g, golden):
+    """What Int4TilePackedTo4dTensor.from_hp computes before and after its CUDA-only pack."""
+    from torchao.quantization.quant_primitives import (
+        MappingType,
+        _choose_qparams_affine_tinygemm,
+        _quantize_affine_tinygemm,
+    )
+
+    n, k = x.shape
+    k_p, n_p = golden.find_multiple(k, 1024), golden.find_multiple(n, 8)
+    xp = torch.nn.functional.pad(x, (0, k_p - k, 0, n_p - n))
+    scale, zero = _choose_qparams_affine_tinygemm(
+        xp, MappingType.ASYMMETRIC, (1, g), torch.int32, 0, 15,
+        scale_dtype=x.dtype, zero_point_dtype=x.dtype,
+    )
+    q = _quantize_affine_tinygemm(xp, [1, g], scale, zero, torch.int32, 0, 15)
+    q = q.to(torch.uint8)
+    prepacked = (q[:, ::2] << 4 | q[:, 1::2]).numpy()
+    packed = golden.kernel_pack(prepacked, 8)
+    sz = torch.stack([scale.reshape(n_p, -1), zero.reshape(n_p, -1)], -1).transpose(0, 1)
+    return torch.from_numpy(packed), sz.contiguous()
+
+
+# --- comparison ------------------------------------------------------------------------
+
+
+def differing(a, b):
+    """Indices where two same-shape tensors differ bitwise (floats compared as bits)."""
+    a, b = a.contiguous(), b.contiguous()
+    if a.shape != b.shape:
+        raise SystemExit(f"shape mismatch: quantfmt {tuple(a.shape)} vs reference {tuple(b.shape)}")
+    if a.dtype.is_floating_point:
+        width = {2: torch.int16, 4: torch.int32}[a.element_size()]
+        a, b = a.view(width), b.view(width)
+    return torch.nonzero(a != b)
+
+
+def report(label, pairs, explain=None):
+    """Prints one line per check; returns the number of unexplained differences."""
+    bad = 0
+    parts = []
+    for what, got, want in pairs:
+        idx = [tuple(i.tolist()) for i in differing(got, want)]
+        unexplained = [i for i in idx if explain is None or not explain(what, i)]
+        explained = len(idx) - len(unexplained)
+        note = f" ({explained} documented differences)" if explained else ""
+        parts.append(f"{what} {got.numel() - len(idx)}/{got.numel()} equal{note}")
+        for i in unexplained[:5]:
+            print(f"    {label} {what} at {i}: quantfmt {got[i]!r}, reference {want[i]!r}")
+        bad += len(unexplained)
+    status = "ok" if bad == 0 else f"{bad} UNEXPLAINED"
+    print(f"  {label:<34} {', '.join(parts)}: {status}")
+    return bad
+
+
+def ceil_code(v):
+    """E8M0 code of the exact ceil(log2(v)) of an f32 `v >= 0` (TE's `float_to_e8m0`)."""
+    if v == 0:
+        return 0
+    m, e = np.frexp(np.float64(v))  # v = m * 2^e, m in [0.5, 1)
+    return int(np.clip((e if m > 0.5 else e - 1) + 127, 0, 254))
+
+
+def rceil_codes(amax, fmax):
+    """(TE's code, torchao's eager RCEIL code) of a block max: TE rounds
+    `amax * float(1/max)` up to a power of two exactly; torchao's CPU fallback takes
+    `ceil(torch.log2(amax / max))` in f32, whose log2 rounds to an integer (losing the
+    ceiling) when the quotient lies less than about 2^-21 above a power of two."""
+    a = np.float32(amax)
+    te = ceil_code(a * (np.float32(1.0) / np.float32(fmax)))
+    lg = torch.log2(torch.tensor(a / np.float32(fmax))).item()
+    ao = 0 if lg == -np.inf else int(np.clip(np.ceil(lg), -127, 127)) + 127
+    return te, ao
+
+
+def mx_explained(x, scales, mode, fmax, flushes_negative_zero):
+    """The documented differences of MXFP8 bytes from torchao's `to_mx`
+    (`docs/formats/mxfp8.md`, "Against torchao"); nothing else is excused:
+
+    * a block whose scale code is 0 (amax below about 2^(emax - 126)) and whose element is
+      not zero: TE's `exp2f_rcp(0)` and the OCP spec multiply by 2^127, torchao FLOOR by
+      2^126 (it clamps the scale to the smallest normal f32) and torchao RCEIL by 1;
+    * an element `-0.0` under the TE rule where TE's cast-only kernel stores `+0`
+      (`Mxfp8Quantizer::flushes_negative_zero`); torchao keeps the sign;
+    * RCEIL: a block whose TE code and torchao code differ ([`rceil_codes`]), provided
+      quantfmt stored TE's.
+    """
+    xf = x.float()
+    amax = xf.abs().reshape(x.shape[0], -1, 32).amax(-1)
+
+    def explain(what, i):
+        r, c = i
+        b = c // 32 if what == "data" else c
+        if mode == "RCEIL":
+            te, ao = rceil_codes(float(amax[r, b]), fmax)
+            if te != ao and int(scales[r, b]) == te:
+                return True
+        if what != "data":
+            return False
+        v = float(xf[r, c])
+        if v != 0.0 and int(scales[r, b]) == 0:
+            return True
+        negative_zero = v == 0.0 and np.signbit(v)
+        return bool(mode == "RCEIL" and flushes_negative_zero and negative_zero)
+
+    return explain
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=256)
+    ap.add_argument("--cols", type=int, default=2048)
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    if a.cols % 1024:
+        raise SystemExit("--cols must be a multiple of 1024 (torchao's int4 padding)")
+
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "quantfmt-cli"], cwd=ROOT, check=True)
+    exe = os.path.join(ROOT, "target", "release", "quantfmt")
+    import torchao
+
+    print(f"torch {torch.__version__}, torchao {torchao.__version__}; input {a.rows}x{a.cols}, seed {a.seed}")
+    x32 = torch.from_numpy(make_input(a.rows, a.cols, a.seed))
+    inputs = {"f32": x32, "bf16": x32.to(torch.bfloat16)}
+    golden = golden_int4()
+    bad = 0
+    with tempfile.TemporaryDirectory() as work:
+        for dtype in ("e4m3", "e5m2"):
+            spec = "fp8" if dtype == "e4m3" else "fp8:e5m2"
+            got = run_quantfmt(exe, spec, inputs, work)
+            for name, x in inputs.items():
+                data, sinv = torch_fp8_per_tensor(x, dtype)
+                bad += report(f"{spec} {name}", [
+                    ("data", got(name, "rowwise_data"), data),
+                    ("scale_inv", got(name, "scale_inv"), sinv),
+                ])
+        for dtype in ("e4m3", "e5m2"):
+            for spec, mode in ((f"mxfp8:ocp,{dtype}", "FLOOR"), (f"mxfp8:{dtype}", "RCEIL")):
+                got = run_quantfmt(exe, spec, inputs, work)
+                for name, x in inputs.items():
+                    data, scales = torchao_mx(x, dtype, mode)
+                    ours = got(name, "rowwise_scale_inv")
+                    # TE's cast-only kernel (bf16 rowwise, K % 128 == 0) flushes -0.
+                    flushes = name == "bf16" and a.cols % 128 == 0
+                    bad += report(f"{spec} {name} vs to_mx {mode}", [
+                        ("data", got(name, "rowwise_data"), data),
+                        ("scales", ours, scales),
+                    ], mx_explained(x, ours, mode, FP8[dtype][1], flushes))
+        got = run_quantfmt(exe, "int4tiled:pad=torchao", {"bf16": inputs["bf16"]}, work)
+        packed, sz = torchao_int4(inputs["bf16"], 128, golden)
+        bad += report("int4tiled:pad=torchao bf16", [
+            ("packed_weight", got("bf16", "packed_weight"), packed.reshape(got("bf16", "packed_weight").shape)),
+            ("scale_and_zero", got("bf16", "scale_and_zero"), sz),
+        ])
+    print("all equal or explained" if bad == 0 else f"{bad} unexplained differences")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
