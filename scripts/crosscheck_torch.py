@@ -85,14 +85,14 @@ def make_input(rows, cols, seed):
     return x
 
 
-def run_quantfmt(exe, spec, inputs, workdir):
-    """Quantizes every tensor of `inputs` (name -> torch tensor) with `spec`; returns a
-    function (name, buffer) -> torch tensor."""
+def run_quantfmt(exe, spec, inputs, workdir, usage="rowwise"):
+    """Quantizes every tensor of `inputs` (name -> torch tensor) with `spec` for `usage`;
+    returns a function (name, buffer) -> torch tensor."""
     src = os.path.join(workdir, "in.safetensors")
     dst = os.path.join(workdir, "out.safetensors")
     save_file({k: v.contiguous() for k, v in inputs.items()}, src)
     subprocess.run(
-        [exe, "quantize", "--all", "--strict", "--format", spec, "-o", dst, src],
+        [exe, "quantize", "--all", "--strict", "--usage", usage, "--format", spec, "-o", dst, src],
         check=True,
         capture_output=True,
     )
@@ -148,6 +148,12 @@ def torchao_int4(x, g, golden):
 
 
 # --- comparison ------------------------------------------------------------------------
+
+
+def logical(scales, like):
+    """The logical corner of a compact scale buffer: TE pads it to 128 rows and 4 columns
+    (or 4 rows and 128 columns, columnwise), torchao does not."""
+    return scales[: like.shape[0], : like.shape[1]]
 
 
 def differing(a, b):
@@ -265,13 +271,39 @@ def main():
                 got = run_quantfmt(exe, spec, inputs, work)
                 for name, x in inputs.items():
                     data, scales = torchao_mx(x, dtype, mode)
-                    ours = got(name, "rowwise_scale_inv")
+                    ours = logical(got(name, "rowwise_scale_inv"), scales)
                     # TE's cast-only kernel (bf16 rowwise, K % 128 == 0) flushes -0.
                     flushes = name == "bf16" and a.cols % 128 == 0
                     bad += report(f"{spec} {name} vs to_mx {mode}", [
                         ("data", got(name, "rowwise_data"), data),
                         ("scales", ours, scales),
                     ], mx_explained(x, ours, mode, FP8[dtype][1], flushes))
+        # Both directions and the swizzled scale layout (OCP rule, bit-exact with torchao
+        # away from code-0 blocks): the columnwise operand is torchao's dim-1 cast
+        # `to_mx(x.t())` stored untransposed ([M, K] data, [M/32, K] scales), and the
+        # swizzled scales are torchao's `to_blocked` (cuBLAS's 128x4 layout) of the
+        # rowwise [M, K/32] and columnwise [K, M/32] scale matrices.
+        from torchao.prototype.mx_formats.utils import to_blocked
+
+        for layout in ("compact", "swizzled"):
+            spec = "mxfp8:ocp" + (",swizzled" if layout == "swizzled" else "")
+            got = run_quantfmt(exe, spec, inputs, work, usage="both")
+            for name, x in inputs.items():
+                rd, rs = torchao_mx(x, "e4m3", "FLOOR")
+                cd, cs = torchao_mx(x.t().contiguous(), "e4m3", "FLOOR")
+                if layout == "swizzled":
+                    pairs = [
+                        ("rowwise scales", got(name, "rowwise_scale_inv").flatten(), to_blocked(rs)),
+                        ("columnwise scales", got(name, "columnwise_scale_inv").flatten(), to_blocked(cs)),
+                    ]
+                else:
+                    pairs = [
+                        ("rowwise data", got(name, "rowwise_data"), rd),
+                        ("rowwise scales", logical(got(name, "rowwise_scale_inv"), rs), rs),
+                        ("columnwise data", got(name, "columnwise_data"), cd.t().contiguous()),
+                        ("columnwise scales", logical(got(name, "columnwise_scale_inv"), cs.t()), cs.t().contiguous()),
+                    ]
+                bad += report(f"{spec} both {name} vs to_mx FLOOR", pairs)
         got = run_quantfmt(exe, "int4tiled:pad=torchao", {"bf16": inputs["bf16"]}, work)
         packed, sz = torchao_int4(inputs["bf16"], 128, golden)
         bad += report("int4tiled:pad=torchao bf16", [
