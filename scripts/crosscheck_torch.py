@@ -20,9 +20,11 @@ upstream sources. This script runs the upstream code instead, on the same inputs
   `_convert_weight_to_int4pack` itself runs only on CUDA). scale_and_zero is compared as
   stored.
 
-NVFP4 is not checked here: torchao's `nvfp4_quantize` is a different recipe from TE's
-(block scale `amax / 6 / per_tensor_scale`, data divided by the product of the scales),
-so its bytes are not expected to match TE's, which quantfmt follows.
+* `nvfp4[:2d],swizzled` (both directions): the swizzled scale layout only, as torchao's
+  `to_blocked` of quantfmt's own compact scales. NVFP4's bytes are not compared with
+  torchao's `nvfp4_quantize`: it is a different recipe from TE's (block scale
+  `amax / 6 / per_tensor_scale`, data divided by the product of the scales), and quantfmt
+  follows TE.
 
 Needs torch, torchao, safetensors, numpy, ml_dtypes (`pip install torch torchao safetensors
 numpy ml_dtypes`) and builds the release CLI. Exit status 1 on any unexplained mismatch.
@@ -91,11 +93,13 @@ def run_quantfmt(exe, spec, inputs, workdir, usage="rowwise"):
     src = os.path.join(workdir, "in.safetensors")
     dst = os.path.join(workdir, "out.safetensors")
     save_file({k: v.contiguous() for k, v in inputs.items()}, src)
-    subprocess.run(
+    res = subprocess.run(
         [exe, "quantize", "--all", "--strict", "--usage", usage, "--format", spec, "-o", dst, src],
-        check=True,
         capture_output=True,
+        text=True,
     )
+    if res.returncode != 0:
+        raise SystemExit(f"quantfmt quantize --format {spec} --usage {usage} failed:\n{res.stderr}")
     f = safe_open(dst, "pt")
     return lambda name, buf: f.get_tensor(f"{name}.{buf}")
 
@@ -304,6 +308,21 @@ def main():
                         ("columnwise scales", logical(got(name, "columnwise_scale_inv"), cs.t()), cs.t().contiguous()),
                     ]
                 bad += report(f"{spec} both {name} vs to_mx FLOOR", pairs)
+        # NVFP4's swizzled scales are the same cuBLAS layout over 16-value blocks: torchao's
+        # `to_blocked` of quantfmt's own compact scales (rowwise [M, K/16], columnwise of
+        # the transpose [K, M/16]) must give quantfmt's swizzled bytes.
+        for spec in ("nvfp4", "nvfp4:2d"):
+            compact = run_quantfmt(exe, spec, inputs, work, usage="both")
+            cols = {n: {d: compact(n, f"{d}_scale_inv").clone() for d in ("rowwise", "columnwise")} for n in inputs}
+            swizzled = spec + (",swizzled" if ":" in spec else ":swizzled")
+            swz = run_quantfmt(exe, swizzled, inputs, work, usage="both")
+            for name, x in inputs.items():
+                m, k = x.shape
+                pairs = []
+                for d, (r, c) in (("rowwise", (m, k // 16)), ("columnwise", (k, m // 16))):
+                    want = to_blocked(cols[name][d][:r, :c].contiguous())
+                    pairs.append((f"{d} scales", swz(name, f"{d}_scale_inv").flatten(), want))
+                bad += report(f"{swizzled} both {name} vs to_blocked", pairs)
         got = run_quantfmt(exe, "int4tiled:pad=torchao", {"bf16": inputs["bf16"]}, work)
         packed, sz = torchao_int4(inputs["bf16"], 128, golden)
         bad += report("int4tiled:pad=torchao bf16", [
