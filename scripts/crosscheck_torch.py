@@ -14,6 +14,10 @@ upstream sources. This script runs the upstream code instead, on the same inputs
   torchao `to_mx(..., ScaleCalculationMode.RCEIL)`, which is meant to be the same rule.
   Expected: identical except where torchao's CPU fallback differs from TE's kernel; each
   differing block is listed with its amax (see the notes printed with the result).
+* `int4tiled:eps=1e-6` (f32 input): torchao's v1 path, `get_groupwise_affine_qparams`
+  and `groupwise_affine_quantize_tensor_from_qparams`, packed the same way, with
+  `tensor / number` evaluated as PyTorch's CUDA kernel does (a reciprocal multiply; CPU
+  torch divides, which moves about one zero point in a thousand by a bf16 ulp).
 * `int4tiled:pad=torchao` (bf16 input): torchao `_choose_qparams_affine_tinygemm` and
   `_quantize_affine_tinygemm`, exactly as `Int4TilePackedTo4dTensor.from_hp` calls them,
   then the CUDA packing kernel as ported in `tests/golden/int4tiled.py` (torch's
@@ -149,6 +153,44 @@ def torchao_int4(x, g, golden):
     packed = golden.kernel_pack(prepacked, 8)
     sz = torch.stack([scale.reshape(n_p, -1), zero.reshape(n_p, -1)], -1).transpose(0, 1)
     return torch.from_numpy(packed), sz.contiguous()
+
+
+def torchao_int4_v1(x, g, golden):
+    """torchao's v1 int4 weight path on f32 (`Int4WeightOnlyConfig` before v2): qparams in
+    f32 cast to bf16, the quantize from them, then the CUDA pack's port."""
+    from torchao.quantization.utils import (
+        get_groupwise_affine_qparams,
+        groupwise_affine_quantize_tensor_from_qparams,
+        pack_tinygemm_scales_and_zeros,
+    )
+
+    with cuda_scalar_division():
+        scale, zero = get_groupwise_affine_qparams(x, 4, g, torch.bfloat16)
+        q = groupwise_affine_quantize_tensor_from_qparams(x, scale, zero, 4, g)
+    q = q.to(torch.uint8)  # on CPU the values come back unpacked
+    packed = golden.kernel_pack((q[:, ::2] << 4 | q[:, 1::2]).numpy(), 8)
+    return torch.from_numpy(packed), pack_tinygemm_scales_and_zeros(scale, zero)
+
+
+class cuda_scalar_division:
+    """Within this block, `tensor / python_number` follows PyTorch's CUDA kernel for f32:
+    `tensor * (1.0f / number)` (`BinaryDivTrueKernel.cu`), where CPU torch divides. The
+    tinygemm pipeline only runs on CUDA, so its f32 qparams (`(max - min) / 15.0`) are
+    CUDA's, which quantfmt follows (`docs/formats/int4tiled.md`); for bf16 CPU torch
+    already multiplies by the reciprocal."""
+
+    def __enter__(self):
+        self.div = torch.Tensor.__truediv__
+
+        def div(a, b):
+            if isinstance(b, (int, float)) and a.dtype == torch.float32:
+                return a * torch.tensor(1.0 / b, dtype=torch.float32)
+            return self.div(a, b)
+
+        torch.Tensor.__truediv__ = div
+
+    def __exit__(self, *exc):
+        torch.Tensor.__truediv__ = self.div
 
 
 # --- comparison ------------------------------------------------------------------------
@@ -328,6 +370,15 @@ def main():
         bad += report("int4tiled:pad=torchao bf16", [
             ("packed_weight", got("bf16", "packed_weight"), packed.reshape(got("bf16", "packed_weight").shape)),
             ("scale_and_zero", got("bf16", "scale_and_zero"), sz),
+        ])
+        # f32 input: torchao's v1 path (`get_groupwise_affine_qparams`, eps 1e-6, then
+        # `groupwise_affine_quantize_tensor_from_qparams`), which quantfmt follows for f32
+        # (`docs/formats/int4tiled.md`); no padding at these shapes.
+        got = run_quantfmt(exe, "int4tiled:eps=1e-6", {"f32": inputs["f32"]}, work)
+        packed, sz = torchao_int4_v1(inputs["f32"], 128, golden)
+        bad += report("int4tiled:eps=1e-6 f32 (v1, CUDA's x / 15)", [
+            ("packed_weight", got("f32", "packed_weight"), packed.reshape(got("f32", "packed_weight").shape)),
+            ("scale_and_zero", got("f32", "scale_and_zero"), sz),
         ])
     print("all equal or explained" if bad == 0 else f"{bad} unexplained differences")
     return 1 if bad else 0
