@@ -288,6 +288,43 @@ def check_nvfp4(ref, exe, inputs, work):
     return bad
 
 
+def load_te_blockwise_reference(checkout):
+    """TE's FP8 block-scaling test reference (`tests/pytorch/references/
+    blockwise_quantizer_reference.py`, with the `quantize_scale_calc.py` it imports)."""
+    base = os.path.join(checkout, "tests", "pytorch", "references")
+    loaded = {}
+    for name in ("quantize_scale_calc", "blockwise_quantizer_reference"):
+        full = f"references.{name}"
+        spec = importlib.util.spec_from_file_location(full, os.path.join(base, f"{name}.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[full] = mod
+        spec.loader.exec_module(mod)
+        loaded[name] = mod
+    return loaded["blockwise_quantizer_reference"].BlockwiseQuantizerReference
+
+
+def check_fp8_block(reference, exe, inputs, work):
+    """fp8-block recipes against TE's reference, in the GEMM-ready (munged) scale shapes
+    quantfmt stores: scale_inv per block, data in both directions."""
+    bad = 0
+    for tile in ("1x128", "128x128"):
+        for opts, pow2, dtype in (("", True, "e4m3"), (",fp32-scales", False, "e4m3"), (",e5m2", True, "e5m2")):
+            spec = f"fp8-block:{tile}{opts}"
+            got = run_quantfmt(exe, spec, inputs, work, usage="both")
+            shape = (1, 128) if tile == "1x128" else (128, 128)
+            for name, x in inputs.items():
+                r = reference().quantize(
+                    x, FP8[dtype][0], return_transpose=True, pow_2_scales=pow2, quant_tile_shape=shape
+                )
+                bad += report(f"{spec} {name}", [
+                    ("rowwise data", got(name, "rowwise_data"), r.data.view(torch.uint8)),
+                    ("rowwise scale_inv", got(name, "rowwise_scale_inv"), r.scale),
+                    ("columnwise data", got(name, "columnwise_data"), r.data_t.view(torch.uint8)),
+                    ("columnwise scale_inv", got(name, "columnwise_scale_inv"), r.scale_t),
+                ])
+    return bad
+
+
 # --- comparison ------------------------------------------------------------------------
 
 
@@ -480,9 +517,10 @@ def main():
             ("scale_and_zero", got("f32", "scale_and_zero"), sz),
         ])
         if a.te_checkout:
+            bad += check_fp8_block(load_te_blockwise_reference(a.te_checkout), exe, inputs, work)
             bad += check_nvfp4(load_te_nvfp4_reference(a.te_checkout), exe, inputs, work)
         else:
-            print("  nvfp4 against TE's oracle: skipped (pass --te-checkout)")
+            print("  fp8-block and nvfp4 against TE's references: skipped (pass --te-checkout)")
     print("all equal or explained" if bad == 0 else f"{bad} unexplained differences")
     return 1 if bad else 0
 
