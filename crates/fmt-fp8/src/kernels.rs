@@ -1,10 +1,11 @@
 //! The inner loops shared by both FP8 recipes, written to vectorize: each value is read
 //! as f32, scaled with one multiply, and encoded branchlessly; decoding is a bit trick
-//! ([`e4m3::decode_fast`]), not a table gather. f32 input is read in place and bf16 input
-//! from its bits, widened in the register (a shift); f16 input is widened once into a
-//! span ([`quant_core::widened`]).
+//! ([`e4m3::decode_fast`]), not a table gather. f32 input is read in place. The encoders
+//! read bf16 input from its bits, widened in the register (a shift), except
+//! [`amax_encode_block`], which widens a block once for its amax and its codes; f16 input
+//! is widened once into a span ([`quant_core::widened`]).
 //!
-//! f16 input and 16-bit output pass through a caller-lent [`Wide`] scratch made once per
+//! Widened spans and 16-bit output pass through a caller-lent [`Wide`] scratch made once per
 //! task: a fresh stack array per call is zeroed per call, which for 128-element blocks
 //! cost 2 KiB of `memset` per block (6-19% of the quantize and dequantize profiles).
 //!
