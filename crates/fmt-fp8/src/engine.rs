@@ -180,43 +180,28 @@ fn rowwise_1d<T: Element>(
         {
             let whole = xs.len() / BLOCK;
             let mut keys = [0u32; STEP];
-            let w = span_maxima(level, xs, span, &mut keys);
+            let read = span_maxima(level, xs, span, &mut keys);
             let mut scales = [0f32; STEP];
             for (s, &key) in scales.iter_mut().zip(&keys) {
                 *s = scale_of(f32::from_bits(key));
             }
-            // Power-of-two scales (the default) on bf16 (at AVX-512, where the maxima came
-            // from the bits and nothing was widened): the whole blocks in 16-bit lanes.
-            // Otherwise, and for a ragged last block, the f32 route.
-            let fast = w.is_none()
+            // Power-of-two scales (the default) on bf16 bits: the whole blocks in 16-bit
+            // lanes. Otherwise, and for a ragged last block, each value as f32: bf16 bits
+            // widened in registers, other input from the span widened for the maxima.
+            let fast = matches!(read, SpanRead::Bits(_))
                 && Pow2Plan::per_block(level, &scales[..whole]).is_some_and(|p| {
                     p.encode(level, dt, &xs[..whole * BLOCK], &mut os[..whole * BLOCK])
                 });
             let done = if fast { whole * BLOCK } else { 0 };
-            let scales_left = &scales[done / BLOCK..];
-            match (w, quant_core::dtype::bf16_slice_bits(&xs[done..])) {
-                // bf16 read as bits for the maxima: encoded from the bits too, widened
-                // in registers (other scales, or a ragged last block).
-                (None, Some(bits)) => {
-                    for ((o, v), &s) in os[done..]
-                        .chunks_mut(BLOCK)
-                        .zip(bits.chunks(BLOCK))
-                        .zip(scales_left)
-                    {
+            let blocks = os[done..].chunks_mut(BLOCK).zip(&scales[done / BLOCK..]);
+            match read {
+                SpanRead::Bits(bits) => {
+                    for ((o, &s), v) in blocks.zip(bits[done..].chunks(BLOCK)) {
                         encode_bf16_bits(dt, v, Scales::One(s), o);
                     }
                 }
-                // The f32 route reuses the span widened for the maxima.
-                (w, _) => {
-                    let w = match w {
-                        Some(w) => w,
-                        None => quant_core::widened(&xs[done..], &mut span[..xs.len() - done]),
-                    };
-                    for ((o, v), &s) in os[done..]
-                        .chunks_mut(BLOCK)
-                        .zip(w.chunks(BLOCK))
-                        .zip(scales_left)
-                    {
+                SpanRead::Wide(w) => {
+                    for ((o, &s), v) in blocks.zip(w[done..].chunks(BLOCK)) {
                         encode_f32(dt, v, s, o);
                     }
                 }
@@ -236,17 +221,24 @@ fn rowwise_1d<T: Element>(
     }
 }
 
+/// How [`span_maxima`] read a span, which its encoder then reads the same way.
+enum SpanRead<'a> {
+    /// bf16 at AVX-512, as bit patterns (nothing widened).
+    Bits(&'a [u16]),
+    /// Widened into the caller's span (f32 input in place).
+    Wide(&'a [f32]),
+}
+
 /// The amax keys (f32 magnitude bits, NaN ignored) of the 128-value blocks of `xs` (at
 /// most [`STEP`] blocks, a ragged last one included) into `keys`. bf16 at AVX-512 is read
-/// as bits and `None` is returned; other input is widened into `span` first, and the
-/// widened values are returned for the encoder.
+/// as bits; other input is widened into `span` first. Returns the input as read.
 #[inline(always)]
 fn span_maxima<'a, T: Element>(
     level: Level,
     xs: &'a [T],
     span: &'a mut [f32],
     keys: &mut [u32; STEP],
-) -> Option<&'a [f32]> {
+) -> SpanRead<'a> {
     let whole = xs.len() / BLOCK;
     if let Some(b) = quant_core::dtype::bf16_slice_bits(xs).filter(|_| level == Level::Avx512) {
         let (head, tail) = b.split_at(whole * BLOCK);
@@ -254,7 +246,7 @@ fn span_maxima<'a, T: Element>(
         if !tail.is_empty() {
             block_abs_max_bf16(level, tail, NanRule::Ignore, &mut keys[whole..=whole]);
         }
-        return None;
+        return SpanRead::Bits(b);
     }
     let w = quant_core::widened(xs, &mut span[..xs.len()]);
     block_abs_max(
@@ -266,7 +258,7 @@ fn span_maxima<'a, T: Element>(
     if !w.len().is_multiple_of(BLOCK) {
         keys[whole] = quant_core::cpu::amax_f32(&w[whole * BLOCK..]).to_bits();
     }
-    Some(w)
+    SpanRead::Wide(w)
 }
 
 /// 128x128 tiles, rowwise output only: two passes over the slab's whole rows. The first
