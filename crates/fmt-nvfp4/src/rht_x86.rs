@@ -50,13 +50,13 @@ const NEG: [[bool; DIM]; DIM] = {
 };
 
 /// Whether the AVX-512 kernels can take a call: the CPU has AVX-512, and `cols` columns
-/// (a multiple of the kernel's `step`, at most `stride` and the output rows' `n`) of 16
-/// rows `stride` apart lie inside an input of `len` values.
-fn fits(len: usize, stride: usize, cols: usize, step: usize, n: usize) -> bool {
+/// (a multiple of the kernel's `step`, at most `stride` and the output rows' `n`) of
+/// `rows` rows `stride` apart lie inside an input of `len` values.
+fn fits(len: usize, (rows, stride): (usize, usize), cols: usize, step: usize, n: usize) -> bool {
     cols.is_multiple_of(step)
         && cols <= stride
         && cols <= n
-        && (DIM - 1) * stride + cols <= len
+        && (rows - 1) * stride + cols <= len
         && Level::Avx512.is_supported()
 }
 
@@ -74,7 +74,7 @@ pub(crate) fn hadamard_sums<const N: usize>(
     cols: usize,
     out: &mut [[f32; N]; DIM],
 ) -> bool {
-    if !fits(x.len(), stride, cols, COLS, N) {
+    if !fits(x.len(), (DIM, stride), cols, COLS, N) {
         return false;
     }
     // SAFETY: the CPU has AVX-512 F (checked above); the lengths were checked above.
@@ -276,7 +276,7 @@ pub(crate) fn rounded_sums_bf16<const N: usize>(
     out: &mut [[f32; N]; DIM],
     amax: &mut [f32; N],
 ) -> bool {
-    if !fits(bits.len(), stride, cols, COLS, N) {
+    if !fits(bits.len(), (DIM, stride), cols, COLS, N) {
         return false;
     }
     // SAFETY: the CPU has AVX-512 F, DQ, BW and VL (checked above, in `Level::Avx512`);
@@ -324,7 +324,7 @@ unsafe fn sums_bf16<const N: usize>(
 /// has AVX-512 and the lengths fit (as [`rounded_sums_bf16`]).
 #[inline(always)]
 pub(crate) fn sums_abs_max_bf16(bits: &[u16], stride: usize, cols: usize) -> Option<(f32, f32)> {
-    if !fits(bits.len(), stride, cols, COLS, usize::MAX) {
+    if !fits(bits.len(), (DIM, stride), cols, COLS, usize::MAX) {
         return None;
     }
     // SAFETY: the CPU has AVX-512 F, BW and VL (checked above, in `Level::Avx512`); the
@@ -411,12 +411,8 @@ pub(crate) fn inverse_nibbles<const N: usize>(
     narrow: Narrow,
     out: &mut [[f32; N]; DIM],
 ) -> bool {
-    let cols = f.len();
-    let fit = cols.is_multiple_of(INVERSE_COLS)
-        && cols <= stride
-        && cols <= N
-        && (DIM / 2 - 1) * stride + cols <= pairs.len();
-    if !fit || !Level::Avx512.is_supported() {
+    // Two codes per byte: 8 byte rows.
+    if !fits(pairs.len(), (DIM / 2, stride), f.len(), INVERSE_COLS, N) {
         return false;
     }
     // SAFETY: the CPU has AVX-512 F, BW, DQ and VL (checked above, in `Level::Avx512`);
