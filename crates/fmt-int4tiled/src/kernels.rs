@@ -43,8 +43,10 @@
 //! rounding error of that sum (TwoSum, exact) turns it into a round-to-odd f32, whose
 //! round-to-nearest-even narrowing is the single rounding of the exact value (see
 //! [`crate::dequant`] for the f64 specification it equals). That arithmetic runs 16
-//! times per group, once per nibble value, into a table; every output is then a lookup
-//! (at AVX-512 a register permute per 32 outputs, [`crate::x86`]).
+//! times per group, once per nibble value, into a table; every output is then a lookup.
+//! At AVX-512 the table of f32 and bf16 outputs never leaves a register (one group's 16
+//! f32, or two groups' 16 + 16 bf16) and each 32 outputs are a register permute of it
+//! ([`crate::x86`]); other outputs and levels look up tables kept in memory.
 
 use half::bf16;
 use quant_core::dtype::bf16_slice_bits;
@@ -243,6 +245,9 @@ pub(crate) struct RowWords<'a> {
     pub nr: usize,
     /// `inner_k_tiles / 2`: 1, 2 or 4.
     pub half: usize,
+    /// Words the AVX-512 walk brings into L2 while it reads this row, a line per slab
+    /// (the next tile's share for this row; may be empty).
+    pub ahead: &'a [i32],
 }
 
 impl RowWords<'_> {
@@ -378,11 +383,13 @@ pub(crate) fn quantize_tile<T: Element>(
     }
 }
 
-/// Per-task state of [`dequantize_rows`]: how it stores its output, and one row's group
-/// tables, first as the f32 values of [`group_values`], then narrowed to `T` in one call
-/// (a call per group of 16 cost as much as the lookups themselves).
+/// Per-task state of [`dequantize_rows`]: how it stores its output, the task's
+/// (scale, zero) pairs gathered row by row, and one row's group tables, first as the f32
+/// values of [`group_values`], then narrowed to `T` in one call (a call per group of 16
+/// cost as much as the lookups themselves).
 pub(crate) struct RowTables<T> {
     mode: StoreMode,
+    pairs: Vec<[f32; 2]>,
     wide: Vec<f32>,
     tables: Vec<[T; 16]>,
 }
@@ -392,6 +399,7 @@ impl<T> RowTables<T> {
     pub(crate) fn new(mode: StoreMode) -> Self {
         Self {
             mode,
+            pairs: Vec::new(),
             wide: Vec::new(),
             tables: Vec::new(),
         }
@@ -401,11 +409,12 @@ impl<T> RowTables<T> {
 /// Dequantizes rows `n0..n0+out.len()/k` of one expert (`words`, `sz` are the expert's)
 /// into `out` (`[rows, k]`). `scratch` is reused across calls.
 ///
-/// A group's outputs take at most 16 values (one per nibble), so each row first computes
-/// its groups' tables with the exact arithmetic of [`group_values`]; then every output is
-/// a lookup of its nibble. At AVX-512 the lookup is [`crate::x86`] (a few register
-/// operations per 32 outputs); elsewhere each 32-wide block is unpacked into u16 lanes
-/// ([`unpack32`]) and looked up one by one. Only the logical `k` is read: `k` is a
+/// A group's outputs take at most 16 values (one per nibble), computed with the exact
+/// arithmetic of [`group_values`]; then every output is a lookup of its nibble. At
+/// AVX-512, f32 and bf16 rows build each table in a register as they go
+/// ([`crate::x86::dequant_row`]); other rows compute their tables into memory first,
+/// then look them up with [`crate::x86`]'s register permutes (16-bit outputs) or, below
+/// AVX-512, block by block from [`unpack32`]. Only the logical `k` is read: `k` is a
 /// multiple of the group size, hence of 32.
 #[inline(always)]
 pub(crate) fn dequantize_rows<T: Element>(
@@ -423,26 +432,53 @@ pub(crate) fn dequantize_rows<T: Element>(
     let groups = k / g;
     scratch.wide.resize(groups * 16, 0.0);
     scratch.tables.resize(groups, [T::from_f32(0.0); 16]);
+    // `sz` is `[groups][n_padded][2]`: one row's pairs lie `n_padded` pairs apart, at a
+    // stride that maps all of them to the same cache sets. Read the task's rows group by
+    // group instead (its rows' pairs are adjacent), into `[row][group]`.
+    let rows = out.len() / k.max(1);
+    scratch.pairs.resize(rows * groups, [0.0; 2]);
+    for gi in 0..groups {
+        let at = (gi * geo.n_padded + n0) * 2;
+        for (r, sz) in sz[at..at + 2 * rows].chunks_exact(2).enumerate() {
+            scratch.pairs[r * groups + gi] = [sz[0].to_f32(), sz[1].to_f32()];
+        }
+        // The next task's rows (most often this worker's next task) follow: fetch their
+        // pairs now, a line per group that no hardware prefetcher predicts.
+        if let Some(ahead) = sz.get(at + 2 * rows..at + 4 * rows) {
+            quant_core::simd::prefetch(ahead);
+        }
+    }
     for (r, row) in out.chunks_exact_mut(k).enumerate() {
         let n = n0 + r;
         let (nt, nr) = (n / N_TILE, n % N_TILE);
         let tile = &words[nt * geo.k_padded..(nt + 1) * geo.k_padded];
-        // Every row of a tile reads all of its lines (the rows' lanes interleave), so the
-        // tile's first row waits on each of them: fetch an eighth of the next tile per
-        // row, which covers it by the time its first row starts.
+        // A row reads its lanes' words of every slab, the tile's lines in a stride the
+        // hardware prefetchers leave exposed: each row brings an eighth of the next tile
+        // into L2 as it goes (a burst of hints into L1 stalled on the miss buffers and
+        // evicted lines still to be read), which covers it by the time its first row
+        // starts.
         let next = (nt + 1) * geo.k_padded;
         let part = geo.k_padded / N_TILE;
-        if let Some(ahead) = words.get(next + nr * part..next + (nr + 1) * part) {
-            quant_core::simd::prefetch(ahead);
+        let ahead = words
+            .get(next + nr * part..next + (nr + 1) * part)
+            .unwrap_or(&[]);
+        let pairs = &scratch.pairs[r * groups..(r + 1) * groups];
+        let lanes = RowWords {
+            tile,
+            nr,
+            half,
+            ahead,
+        };
+        #[cfg(target_arch = "x86_64")]
+        if level == Level::Avx512 && crate::x86::dequant_row(pairs, g, lanes, row, scratch.mode) {
+            continue;
         }
         // Plain loops, not `extend(map)`: they must inline into the dispatched function.
-        for (gi, w) in scratch.wide.chunks_exact_mut(16).enumerate() {
-            let at = (gi * geo.n_padded + n) * 2;
-            group_values::<T>(sz[at].to_f32(), sz[at + 1].to_f32(), w);
+        for (w, &[s, z]) in scratch.wide.chunks_exact_mut(16).zip(pairs) {
+            group_values::<T>(s, z, w);
         }
         T::narrow_slice(&scratch.wide, bytemuck::cast_slice_mut(&mut scratch.tables));
         let tables = &scratch.tables;
-        let lanes = RowWords { tile, nr, half };
         #[cfg(target_arch = "x86_64")]
         if level == Level::Avx512 && crate::x86::lookup_row(tables, g, lanes, row, scratch.mode) {
             continue;
@@ -460,7 +496,7 @@ pub(crate) fn dequantize_rows<T: Element>(
 /// to `T` (round-to-nearest-even) is `T((u - 8) * s + z)` rounded once (see the module
 /// docs): the exact sum for f32, its round-to-odd for narrower `T`.
 #[inline(always)]
-fn group_values<T: Element>(s: f32, z: f32, w: &mut [f32]) {
+pub(crate) fn group_values<T: Element>(s: f32, z: f32, w: &mut [f32]) {
     match T::DTYPE {
         DType::F32 => {
             for (u, w) in w.iter_mut().enumerate() {

@@ -1,9 +1,12 @@
 //! The AVX-512 body of the dequantizer's lookup: one row's nibbles, unpacked from the
 //! tile layout and looked up in the row's group tables, 32 outputs per step.
 //!
-//! Only bits move here: the tables are computed by the portable code with the exact
-//! arithmetic of [`crate::kernels`], so the result cannot depend on the level (the
-//! tests compare every level anyway).
+//! f32 and bf16 rows ([`dequant_row`]) build each group's table in a register with the
+//! same operations as the portable [`crate::kernels`] arithmetic (the two are compared
+//! bit for bit on every bf16 scale in this module's tests); bf16 tables of two groups
+//! share one register, narrowed by `vcvtne2ps2bf16` where that is exact. Other 16-bit
+//! rows look up tables the portable code computed ([`lookup_row_u16`]). Every level
+//! gives the same bits (the tests compare them).
 //!
 //! One row's words of one slab are `4·half` consecutive i32 (`[c][p]`: lane `nr·4 + c`,
 //! k-tile pair `p`; see [`crate::layout`]). One masked load takes them all and one
@@ -11,7 +14,8 @@
 //! broadcast (`vshufi32x4`), shifted by `[0,0,0,0,4,4,4,4,8,..,12]` and masked with
 //! `0x000F000F`: 32 u16 lanes, lane `j` holding nibble `j` of the block
 //! (`kernels::unpack32`), which `vpermw` (16-bit outputs) or two `vpermd` (32-bit
-//! outputs) look up directly.
+//! outputs) look up directly. Each slab also hints one line of the next tile into L2
+//! (`RowWords::ahead`).
 //!
 //! Packing ([`pack_row`]) runs the same steps backwards: a block's 32 nibble bytes
 //! zero-extended to u16 lanes, shifted left by the same amounts, the four 128-bit lanes
@@ -19,21 +23,24 @@
 //! `vpermd` and one masked store per slab.
 
 use std::arch::x86_64::{
-    __m512, __m512i, _mm256_loadu_si256, _mm256_storeu_si256, _mm512_add_ps, _mm512_and_si512,
-    _mm512_castps_si512, _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cvtepu8_epi16,
+    __m512, __m512i, _CMP_GT_OQ, _CMP_NEQ_UQ, _MM_HINT_T1, _mm_prefetch, _mm256_loadu_si256,
+    _mm256_storeu_si256, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps,
+    _mm512_castsi512_si256, _mm512_cmp_ps_mask, _mm512_cmplt_epi32_mask, _mm512_cvtepu8_epi16,
     _mm512_cvtepu16_epi32, _mm512_cvtne2ps_pbh, _mm512_extracti64x4_epi64, _mm512_loadu_si512,
-    _mm512_mask_mov_epi32, _mm512_mask_storeu_epi32, _mm512_maskz_loadu_epi32, _mm512_max_epi16,
-    _mm512_min_epi16, _mm512_mul_ps, _mm512_or_si512, _mm512_permutex2var_epi8,
-    _mm512_permutexvar_epi16, _mm512_permutexvar_epi32, _mm512_set1_epi16, _mm512_set1_epi32,
-    _mm512_set1_ps, _mm512_setr_epi32, _mm512_setzero_si512, _mm512_shuffle_i32x4,
-    _mm512_sllv_epi32, _mm512_srlv_epi32, _mm512_sub_ps, _mm512_unpackhi_epi16,
-    _mm512_unpacklo_epi16, _mm512_zextsi256_si512,
+    _mm512_mask_add_epi32, _mm512_mask_blend_epi32, _mm512_mask_mov_epi32,
+    _mm512_mask_storeu_epi32, _mm512_maskz_loadu_epi32, _mm512_max_epi16, _mm512_min_epi16,
+    _mm512_mul_ps, _mm512_or_si512, _mm512_permutex2var_epi8, _mm512_permutexvar_epi16,
+    _mm512_permutexvar_epi32, _mm512_set1_epi16, _mm512_set1_epi32, _mm512_set1_ps,
+    _mm512_setr_epi32, _mm512_setr_ps, _mm512_setzero_ps, _mm512_setzero_si512,
+    _mm512_shuffle_i32x4, _mm512_sllv_epi32, _mm512_srlv_epi32, _mm512_sub_ps,
+    _mm512_testn_epi32_mask, _mm512_unpackhi_epi16, _mm512_unpacklo_epi16, _mm512_zextsi256_si512,
 };
 
-use quant_core::Element;
+use quant_core::bf16_narrow::x86::narrow32_exact;
 use quant_core::simd::Level;
 use quant_core::stream::StoreMode;
 use quant_core::stream::x86::LineWriter;
+use quant_core::{DType, Element};
 
 use crate::kernels::RowWords;
 use crate::layout::LANES;
@@ -94,7 +101,13 @@ fn for_each_block(
     let index = transpose_index(half);
     let shift = pair_shifts();
     let nibbles = _mm512_set1_epi32(0x000F_000F);
-    for kot in 0..k.div_ceil(32 * half) {
+    let slabs = k.div_ceil(32 * half);
+    let ahead_step = row.ahead.len().div_ceil(slabs);
+    for kot in 0..slabs {
+        if let Some(w) = row.ahead.get(kot * ahead_step) {
+            // A hint: it never faults and changes no result.
+            _mm_prefetch::<_MM_HINT_T1>((w as *const i32).cast());
+        }
         let at = (kot * LANES + row.nr * 4) * half;
         // SAFETY: the mask reads words `at .. at + 4·half`, inside the tile because
         // `row.covers(k)` (checked above; lane `nr·4 + 3` of the last slab ends at `(kot + 1)·32·half`);
@@ -137,7 +150,13 @@ fn pair_shifts() -> __m512i {
 pub(crate) fn pack_row(u: &[u8], nr: usize, half: usize, tile: &mut [i32]) -> bool {
     let slab = 32 * half;
     let k = u.len();
-    let fits = RowWords { tile, nr, half }.covers(k);
+    let fits = RowWords {
+        tile,
+        nr,
+        half,
+        ahead: &[],
+    }
+    .covers(k);
     if !(fits && k.is_multiple_of(slab)) {
         return false;
     }
@@ -190,28 +209,143 @@ pub(crate) fn lookup_row_u16(
     })
 }
 
-/// `out[j] = tables[j / g][nibble j]` for 32-bit outputs, `out.len()` a multiple of 32,
-/// stored in `mode`. Returns `false` (and writes nothing) when the arguments do not fit
-/// together.
-#[target_feature(enable = "avx512f,avx512bw")]
-pub(crate) fn lookup_row_u32(
-    tables: &[[u32; 16]],
+/// The 16 values of a group with scale `s` and zero `z`, lane `u` holding
+/// `(u − 8)·s + z` as `kernels::group_values` gives it: for `round_odd` the exact sum
+/// rounded to f32 with round-to-odd (TwoSum's error term as the sticky bit; whose
+/// nearest-even narrowing to bf16 is the single rounding), otherwise the nearest f32.
+/// `(u − 8)·s` is exact in f32 (4 + 8 significant bits), so either way the sum is the
+/// only rounding.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn group_values(s: f32, z: f32, round_odd: bool) -> __m512 {
+    let steps = _mm512_setr_ps(
+        -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0,
+    );
+    let p = _mm512_mul_ps(steps, _mm512_set1_ps(s));
+    let z = _mm512_set1_ps(z);
+    let sum = _mm512_add_ps(p, z);
+    if !round_odd {
+        return sum;
+    }
+    let bb = _mm512_sub_ps(sum, p);
+    let err = _mm512_add_ps(
+        _mm512_sub_ps(p, _mm512_sub_ps(sum, bb)),
+        _mm512_sub_ps(z, bb),
+    );
+    let zero = _mm512_setzero_ps();
+    let bits = _mm512_castps_si512(sum);
+    // Step the magnitude toward the exact value (the error's direction) where the sum is
+    // inexact, even and finite; NaN compares false, as in the portable code.
+    let up = !(_mm512_cmp_ps_mask::<_CMP_GT_OQ>(err, zero)
+        ^ _mm512_cmp_ps_mask::<_CMP_GT_OQ>(sum, zero));
+    let step = _mm512_mask_blend_epi32(up, _mm512_set1_epi32(-1), _mm512_set1_epi32(1));
+    let inexact = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(err, zero);
+    let even = _mm512_testn_epi32_mask(bits, _mm512_set1_epi32(1));
+    let finite = _mm512_cmplt_epi32_mask(
+        _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFF_FFFF)),
+        _mm512_set1_epi32(0x7F80_0000),
+    );
+    _mm512_castsi512_ps(_mm512_mask_add_epi32(
+        bits,
+        inexact & even & finite,
+        bits,
+        step,
+    ))
+}
+
+/// One bf16 row `out[j] = bf16((nibble j − 8)·s + z)` (rounded once), `(s, z) =
+/// pairs[j / g]`, with no table in memory: each pair of groups' 16 + 16 values is
+/// narrowed into one register ([`narrow32_exact`]), and the odd group's nibbles index
+/// its upper half. Returns `false` (nothing written) when the arguments do not fit
+/// together (as [`lookup_row_u16`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+fn dequant_row_bf16(
+    pairs: &[[f32; 2]],
     g: usize,
     row: RowWords<'_>,
-    out: &mut [u32],
+    out: &mut [u16],
     mode: StoreMode,
 ) -> bool {
     let k = out.len();
     let mut w = LineWriter::new(mode, bytemuck::cast_slice_mut(out));
-    for_each_block(row, k, g, tables.len(), |_, gi, e| {
-        // SAFETY: a table is 16 u32 = 64 bytes (unaligned load).
-        let t = unsafe { _mm512_loadu_si512(tables[gi].as_ptr().cast()) };
+    let upper = _mm512_set1_epi16(16);
+    let (mut table, mut have) = (_mm512_setzero_si512(), usize::MAX);
+    for_each_block(row, k, g, pairs.len(), |_, gi, e| {
+        if gi / 2 != have {
+            have = gi / 2;
+            let [s0, z0] = pairs[gi & !1];
+            let [s1, z1] = pairs.get(gi | 1).copied().unwrap_or([s0, z0]);
+            table = narrow32_exact(group_values(s0, z0, true), group_values(s1, z1, true));
+        }
+        let e = if gi & 1 == 1 {
+            _mm512_or_si512(e, upper)
+        } else {
+            e
+        };
+        w.push(_mm512_permutexvar_epi16(e, table));
+    })
+}
+
+/// One f32 row `out[j] = (nibble j − 8)·s + z`, `(s, z) = pairs[j / g]`, each group's
+/// 16 values in one register. Returns `false` (nothing written) when the arguments do
+/// not fit together (as [`lookup_row_u16`]).
+#[target_feature(enable = "avx512f,avx512bw")]
+fn dequant_row_f32(
+    pairs: &[[f32; 2]],
+    g: usize,
+    row: RowWords<'_>,
+    out: &mut [f32],
+    mode: StoreMode,
+) -> bool {
+    let k = out.len();
+    let mut w = LineWriter::new(mode, bytemuck::cast_slice_mut(out));
+    let (mut table, mut have) = (_mm512_setzero_ps(), usize::MAX);
+    for_each_block(row, k, g, pairs.len(), |_, gi, e| {
+        if gi != have {
+            have = gi;
+            let [s, z] = pairs[gi];
+            table = group_values(s, z, false);
+        }
+        let table = _mm512_castps_si512(table);
         let lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(e));
         let hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(e));
         // Blocks come in order, each the next 128 bytes of the row.
-        w.push(_mm512_permutexvar_epi32(lo, t));
-        w.push(_mm512_permutexvar_epi32(hi, t));
+        w.push(_mm512_permutexvar_epi32(lo, table));
+        w.push(_mm512_permutexvar_epi32(hi, table));
     })
+}
+
+/// One row dequantized straight from its groups' `(scale, zero)` pairs, the tables
+/// built in registers ([`dequant_row_bf16`], [`dequant_row_f32`]), when the CPU has
+/// AVX-512 (and AVX-512 BF16 for bf16 output) and `T` is bf16 or f32; `false` (nothing
+/// written) otherwise, leaving the row to the tables in memory.
+#[inline(always)]
+pub(crate) fn dequant_row<T: Element>(
+    pairs: &[[f32; 2]],
+    g: usize,
+    row: RowWords<'_>,
+    out: &mut [T],
+    mode: StoreMode,
+) -> bool {
+    if !Level::Avx512.is_supported() {
+        return false;
+    }
+    match T::DTYPE {
+        DType::BF16 if std::is_x86_feature_detected!("avx512bf16") => {
+            match bytemuck::try_cast_slice_mut::<T, u16>(out) {
+                // SAFETY: the CPU has AVX-512 F, BW, DQ (`Level::Avx512`) and BF16
+                // (checked above).
+                Ok(o) => unsafe { dequant_row_bf16(pairs, g, row, o, mode) },
+                Err(_) => false,
+            }
+        }
+        DType::F32 => match bytemuck::try_cast_slice_mut::<T, f32>(out) {
+            // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512`).
+            Ok(o) => unsafe { dequant_row_f32(pairs, g, row, o, mode) },
+            Err(_) => false,
+        },
+        _ => false,
+    }
 }
 
 /// The bf16 path's nibbles of one group through AVX-512 BF16 (see
@@ -318,9 +452,10 @@ pub(crate) fn pack_row_if_supported(u: &[u8], nr: usize, half: usize, tile: &mut
     Level::Avx512.is_supported() && unsafe { pack_row(u, nr, half, tile) }
 }
 
-/// `out[j] = tables[j / g][nibble j]` through [`lookup_row_u16`] or [`lookup_row_u32`]
-/// when the CPU has AVX-512 and `T` is 16 or 32 bits wide; `false` (nothing written)
-/// otherwise, leaving the row to the portable loop.
+/// `out[j] = tables[j / g][nibble j]` through [`lookup_row_u16`] when the CPU has
+/// AVX-512 and `T` is 16 bits wide (f16, and bf16 without AVX-512 BF16: f32 and bf16
+/// take [`dequant_row`] where it runs); `false` (nothing written) otherwise, leaving the
+/// row to the portable loop.
 #[inline(always)]
 pub(crate) fn lookup_row<T: Element>(
     tables: &[[T; 16]],
@@ -329,27 +464,65 @@ pub(crate) fn lookup_row<T: Element>(
     out: &mut [T],
     mode: StoreMode,
 ) -> bool {
-    if !Level::Avx512.is_supported() {
+    // (A 32-bit `T` would cast too, into twice as many u16: refused.)
+    if !(Level::Avx512.is_supported() && std::mem::size_of::<T>() == 2) {
         return false;
     }
     let flat = bytemuck::cast_slice::<[T; 16], T>(tables);
-    match std::mem::size_of::<T>() {
-        2 => match (
-            bytemuck::try_cast_slice::<T, [u16; 16]>(flat),
-            bytemuck::try_cast_slice_mut::<T, u16>(out),
-        ) {
-            // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
-            (Ok(t), Ok(o)) => unsafe { lookup_row_u16(t, g, row, o, mode) },
-            _ => false,
-        },
-        4 => match (
-            bytemuck::try_cast_slice::<T, [u32; 16]>(flat),
-            bytemuck::try_cast_slice_mut::<T, u32>(out),
-        ) {
-            // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
-            (Ok(t), Ok(o)) => unsafe { lookup_row_u32(t, g, row, o, mode) },
-            _ => false,
-        },
+    match (
+        bytemuck::try_cast_slice::<T, [u16; 16]>(flat),
+        bytemuck::try_cast_slice_mut::<T, u16>(out),
+    ) {
+        // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
+        (Ok(t), Ok(o)) => unsafe { lookup_row_u16(t, g, row, o, mode) },
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+    use quantfmt_testkit::XorShift64;
+
+    /// The register tables against the portable ones, bit for bit: every bf16 scale
+    /// (NaN, infinities, subnormals and zeros included) with random bf16 zeros, plus
+    /// zeros chosen to make the sum's error term decide (`z` far below `p`, and sums
+    /// that cancel).
+    #[test]
+    fn register_group_values_equal_the_portable_ones() {
+        if !Level::Avx512.is_supported() {
+            eprintln!("note: no AVX-512 on this CPU (or level forced lower): skipped");
+            return;
+        }
+        let mut rng = XorShift64::new(0x00DD_BA11_5EED);
+        let check = |s: f32, z: f32| {
+            for odd in [false, true] {
+                let mut want = [0f32; 16];
+                match odd {
+                    true => crate::kernels::group_values::<bf16>(s, z, &mut want),
+                    false => crate::kernels::group_values::<f32>(s, z, &mut want),
+                }
+                // SAFETY: the CPU has AVX-512 F (checked above).
+                let v = unsafe { group_values(s, z, odd) };
+                // SAFETY: a 512-bit vector is 16 f32 of plain data.
+                let got: [f32; 16] = unsafe { std::mem::transmute(v) };
+                // NaN's sign and payload are unspecified (the compiler may negate
+                // the portable product), as in the level tests.
+                let key = |x: f32| if x.is_nan() { u32::MAX } else { x.to_bits() };
+                assert_eq!(got.map(key), want.map(key), "s={s:e} z={z:e} odd={odd}");
+            }
+        };
+        for sb in 0..=u16::MAX {
+            let s = bf16::from_bits(sb).to_f32();
+            for _ in 0..8 {
+                check(s, bf16::from_bits(rng.next_u64() as u16).to_f32());
+            }
+            // A zero 2^-8..2^-40 of the scale, either sign, and one that cancels lane 15.
+            let e = (rng.next_u64() % 33 + 8) as i32;
+            let sign = if rng.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
+            check(s, bf16::from_f32(sign * s * 2f32.powi(-e)).to_f32());
+            check(s, -7.0 * s);
+        }
     }
 }
