@@ -25,10 +25,13 @@ pub(crate) const TILE: usize = 128;
 /// row (128-byte runs left the transposing loads waiting on memory; 512 measured
 /// x1.17 on a 2-vCPU Zen 4, 8192x8192 bf16, against 128).
 const MAX_SLABS: usize = 4;
-/// Stored rows (output columns) per dequantize chunk: output runs of 2-4 KiB, and a
-/// transposed tile of at most `512 x 1024` bytes, which leaves half of a 1 MiB L2 for
-/// the next chunk's prefetched rows (a 2048-column chunk measured x0.92, 512 x0.94).
-const DECODE_COLS: usize = 1024;
+/// Stored rows (output columns) per dequantize chunk: output runs of 1-2 KiB, and a
+/// transposed tile of at most `512 x 576` bytes, which with the next chunk's prefetched
+/// rows (256 KiB) leaves half of a 1 MiB L2 free. 1024 columns (a 544 KiB tile beside
+/// 512 KiB of prefetched rows: all of L2) measured x0.90-0.94 against 512 on a 2-vCPU
+/// Zen 4 (8192x8192, FP8 per-tensor, 9 and 7 A/B pairs into bf16 and f32), once the
+/// transposes were compiled into the AVX-512 kernel (2048 columns: x0.67).
+const DECODE_COLS: usize = 512;
 /// Bytes added to each row of the dequantize tile: a pitch of 1024 bytes (16 lines) puts
 /// the 16 rows one 16x16 transpose writes into 4 of L1's 64 sets, beside the 16 source
 /// lines (a page apart: all in one set); 1088 bytes (17 lines) spreads them over 16 sets.

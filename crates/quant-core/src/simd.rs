@@ -291,6 +291,10 @@ mod x86 {
 /// src[i * src_stride + j]`. Full 16x16 sub-blocks go through SSE2 byte unpacks (x86-64
 /// baseline, so no dispatch is needed); edges and other targets use a scalar loop.
 ///
+/// Always inlined, so that a caller [`dispatch`]ed at AVX-512 compiles the unpacks with
+/// VEX encodings and 32 registers (as a baseline function it spilled its row addresses:
+/// the FP8 columnwise dequantize into f32 measured x1.10 faster inlined).
+///
 /// Panics if a slice is too short for its block (an internal indexing bug).
 ///
 /// ```
@@ -300,6 +304,7 @@ mod x86 {
 /// assert_eq!(dst[1], 16);
 /// assert_eq!(dst[16], 1);
 /// ```
+#[inline(always)]
 pub fn transpose_bytes(
     src: &[u8],
     src_stride: usize,
