@@ -258,7 +258,7 @@ fn rowwise_only<T: Element>(
 /// work (the E8M0 code) out of the vector loops, and f32 input is read in place (bf16 is
 /// widened once per span, into `span`, instead of once per block into a stack array the
 /// encoder then re-reads with wider loads). bf16 input at AVX-512 is not widened at all
-/// ([`span_bf16_pow2`]).
+/// ([`span_bf16_pow2`]), and its maxima run a span ahead of its encode ([`Ahead`]).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn row_run<T: Element>(
@@ -273,11 +273,19 @@ fn row_run<T: Element>(
 ) {
     let xr = &x[i * k + c0..i * k + c0 + out.len()];
     let run = span_blocks::<T>() * BLOCK;
+    let mut ahead = Ahead::new(cfg, xr, run);
     for (si, (xs, os)) in xr.chunks(run).zip(out.chunks_mut(run)).enumerate() {
-        let ahead = i * k + c0 + (si + PREFETCH_STEPS) * run;
-        simd::prefetch(x.get(ahead..ahead + run).unwrap_or(&[]));
+        let next = i * k + c0 + (si + PREFETCH_STEPS) * run;
+        simd::prefetch(x.get(next..next + run).unwrap_or(&[]));
         let mut codes = [0u8; STEP];
-        if !span_bf16_pow2(cfg, xs, &mut codes, os) {
+        let fast = match ahead.as_mut() {
+            Some(a) => {
+                let keys = a.advance(si + 1);
+                span_bf16_pow2(cfg, &a.bits[si * run..][..xs.len()], &keys, &mut codes, os)
+            }
+            None => false,
+        };
+        if !fast {
             let w = widened(xs, &mut span[..xs.len()]);
             let mut keys = [0u32; STEP];
             block_abs_max(
@@ -316,26 +324,83 @@ fn row_run<T: Element>(
     }
 }
 
-/// One span of [`rowwise_only`] straight from bf16 bits, where the CPU has AVX-512: the
-/// block maxima on the 16-bit keys ([`block_abs_max_bf16`]) and the encode in 16-bit
-/// lanes ([`pow2::encode_blocks`]: an E8M0 scale only moves the exponent, so no f32
-/// value is formed). The same codes as the f32 route, bit for bit (both are tested
-/// against it). Returns `false`, leaving `codes` and `out` to the f32 route, for other
-/// inputs and levels and for a span with a block scale below 2^-119 (E4M3; 2^-111 for
-/// E5M2), where the 16-bit encoder is not exact.
-#[inline(always)]
-fn span_bf16_pow2<T: Element>(cfg: Cfg, xs: &[T], codes: &mut [u8; STEP], out: &mut [u8]) -> bool {
-    let Some(bits) = quant_core::dtype::bf16_slice_bits(xs) else {
-        return false;
-    };
-    if cfg.level != Level::Avx512 {
-        return false;
+/// The block maxima of a bf16 row's spans, one span ahead of the encode: the maxima of
+/// span `s + 1` are taken before span `s` is encoded, so that their loads and their
+/// fold (a long dependency chain) overlap that encode instead of waiting for it to
+/// retire and then holding up the next span's codes (on Zen 4, a third of the
+/// driver's samples sat on those waits).
+struct Ahead<'a> {
+    cfg: Cfg,
+    /// The row's bf16 bit patterns.
+    bits: &'a [u16],
+    /// Values per span.
+    run: usize,
+    /// The maxima of the span [`Ahead::advance`] returns next.
+    keys: [u32; STEP],
+}
+
+impl<'a> Ahead<'a> {
+    /// `Some` where [`span_bf16_pow2`] may encode the row (bf16 input at AVX-512), with
+    /// the first span's maxima taken.
+    #[inline(always)]
+    fn new<T: Element>(cfg: Cfg, xr: &'a [T], run: usize) -> Option<Ahead<'a>> {
+        if cfg.level != Level::Avx512 {
+            return None;
+        }
+        let bits = quant_core::dtype::bf16_slice_bits(xr)?;
+        let mut a = Ahead {
+            cfg,
+            bits,
+            run,
+            keys: [0; STEP],
+        };
+        a.take(0);
+        Some(a)
     }
+
+    /// Span `s`'s maxima into `keys` (nothing past the row's end).
+    #[inline(always)]
+    fn take(&mut self, s: usize) {
+        let Some(rest) = self.bits.get(s * self.run..).filter(|r| !r.is_empty()) else {
+            return;
+        };
+        let span = &rest[..self.run.min(rest.len())];
+        let rule = self.cfg.rule.nan_rule();
+        block_abs_max_bf16(
+            self.cfg.level,
+            span,
+            rule,
+            &mut self.keys[..span.len() / BLOCK],
+        );
+    }
+
+    /// The maxima taken last (span `next - 1`'s), after taking span `next`'s.
+    #[inline(always)]
+    fn advance(&mut self, next: usize) -> [u32; STEP] {
+        let keys = self.keys;
+        self.take(next);
+        keys
+    }
+}
+
+/// One span of [`rowwise_only`] straight from bf16 bits, where the CPU has AVX-512, given
+/// its block maxima (`keys`, from [`block_abs_max_bf16`] on the 16-bit keys): the encode
+/// in 16-bit lanes ([`pow2::encode_blocks`]: an E8M0 scale only moves the exponent, so no
+/// f32 value is formed). The same codes as the f32 route, bit for bit (both are tested
+/// against it). Returns `false`, leaving `codes` and `out` to the f32 route, for a span
+/// with a block scale below 2^-119 (E4M3; 2^-111 for E5M2), where the 16-bit encoder is
+/// not exact.
+#[inline(always)]
+fn span_bf16_pow2(
+    cfg: Cfg,
+    bits: &[u16],
+    keys: &[u32; STEP],
+    codes: &mut [u8; STEP],
+    out: &mut [u8],
+) -> bool {
     let nb = bits.len() / BLOCK;
-    let mut keys = [0u32; STEP];
-    block_abs_max_bf16(cfg.level, bits, cfg.rule.nan_rule(), &mut keys[..nb]);
     let mut ks = [0i32; STEP];
-    for ((c, k), &key) in codes.iter_mut().zip(ks.iter_mut()).zip(&keys) {
+    for ((c, k), &key) in codes.iter_mut().zip(ks.iter_mut()).zip(keys) {
         *c = cfg.code(key);
         // The multiplier is 2^(127 - code) ([`multiplier`]).
         *k = 127 - i32::from(*c);
