@@ -384,7 +384,7 @@ pub(crate) fn quantize_tile<T: Element>(
 }
 
 /// Per-task state of [`dequantize_rows`]: how it stores its output, the task's
-/// (scale, zero) pairs gathered row by row, and one row's group tables, first as the f32
+/// (scale, zero) pairs as `[row][group]`, and one row's group tables, first as the f32
 /// values of [`group_values`], then narrowed to `T` in one call (a call per group of 16
 /// cost as much as the lookups themselves).
 pub(crate) struct RowTables<T> {
@@ -454,9 +454,8 @@ pub(crate) fn dequantize_rows<T: Element>(
         let tile = &words[nt * geo.k_padded..(nt + 1) * geo.k_padded];
         // A row reads its lanes' words of every slab, the tile's lines in a stride the
         // hardware prefetchers leave exposed: each row brings an eighth of the next tile
-        // into L2 as it goes (a burst of hints into L1 stalled on the miss buffers and
-        // evicted lines still to be read), which covers it by the time its first row
-        // starts.
+        // into L2 as it goes, which covers it by the time its first row starts. (The
+        // same hints as a burst into L1 before each row stalled on the miss buffers.)
         let next = (nt + 1) * geo.k_padded;
         let part = geo.k_padded / N_TILE;
         let ahead = words
