@@ -44,9 +44,9 @@
 //! round-to-nearest-even narrowing is the single rounding of the exact value (see
 //! [`crate::dequant`] for the f64 specification it equals). That arithmetic runs 16
 //! times per group, once per nibble value, into a table; every output is then a lookup.
-//! At AVX-512 the table of f32 and bf16 outputs never leaves a register (one group's 16
-//! f32, or two groups' 16 + 16 bf16) and each 32 outputs are a register permute of it
-//! ([`crate::x86`]); other outputs and levels look up tables kept in memory.
+//! At AVX-512 the table never leaves a register (one group's 16 f32, or two groups'
+//! 16 + 16 bf16 or f16) and each 32 outputs are a register permute of it
+//! ([`crate::x86`]); lower levels look up tables kept in memory.
 
 use half::bf16;
 use quant_core::dtype::bf16_slice_bits;
@@ -411,11 +411,10 @@ impl<T> RowTables<T> {
 ///
 /// A group's outputs take at most 16 values (one per nibble), computed with the exact
 /// arithmetic of [`group_values`]; then every output is a lookup of its nibble. At
-/// AVX-512, f32 and bf16 rows build each table in a register as they go
-/// ([`crate::x86::dequant_row`]); other rows compute their tables into memory first,
-/// then look them up with [`crate::x86`]'s register permutes (16-bit outputs) or, below
-/// AVX-512, block by block from [`unpack32`]. Only the logical `k` is read: `k` is a
-/// multiple of the group size, hence of 32.
+/// AVX-512 each table is built in a register as the row goes
+/// ([`crate::x86::dequant_row`]); below, the row's tables are computed into memory first
+/// and looked up block by block from [`unpack32`]. Only the logical `k` is read: `k` is
+/// a multiple of the group size, hence of 32.
 #[inline(always)]
 pub(crate) fn dequantize_rows<T: Element>(
     level: Level,
@@ -478,10 +477,6 @@ pub(crate) fn dequantize_rows<T: Element>(
         }
         T::narrow_slice(&scratch.wide, bytemuck::cast_slice_mut(&mut scratch.tables));
         let tables = &scratch.tables;
-        #[cfg(target_arch = "x86_64")]
-        if level == Level::Avx512 && crate::x86::lookup_row(tables, g, lanes, row, scratch.mode) {
-            continue;
-        }
         for (block, ob) in row.chunks_exact_mut(32).enumerate() {
             let table = &tables[block * 32 / g];
             for (o, u) in ob.iter_mut().zip(unpack32(lanes.block_words(block))) {

@@ -1,12 +1,12 @@
 //! The AVX-512 body of the dequantizer's lookup: one row's nibbles, unpacked from the
 //! tile layout and looked up in the row's group tables, 32 outputs per step.
 //!
-//! f32 and bf16 rows ([`dequant_row`]) build each group's table in a register with the
-//! same operations as the portable [`crate::kernels`] arithmetic (the two are compared
-//! bit for bit on every bf16 scale in this module's tests); bf16 tables of two groups
-//! share one register, narrowed by `vcvtne2ps2bf16` where that is exact. Other 16-bit
-//! rows look up tables the portable code computed ([`lookup_row_u16`]). Every level
-//! gives the same bits (the tests compare them).
+//! A row ([`dequant_row`]) builds each group's table in a register with the same
+//! operations as the portable [`crate::kernels`] arithmetic (the two are compared bit
+//! for bit on every bf16 scale in this module's tests). 16-bit tables of two groups
+//! share one register, narrowed as the portable `narrow_slice` narrows: bf16 by
+//! `vcvtne2ps2bf16` where that is exact (or by integer rounding on a CPU without AVX-512
+//! BF16), f16 by `vcvtps2ph`. Every level gives the same bits (the tests compare them).
 //!
 //! One row's words of one slab are `4·half` consecutive i32 (`[c][p]`: lane `nr·4 + c`,
 //! k-tile pair `p`; see [`crate::layout`]). One masked load takes them all and one
@@ -23,17 +23,19 @@
 //! `vpermd` and one masked store per slab.
 
 use std::arch::x86_64::{
-    __m512, __m512i, _CMP_GT_OQ, _CMP_NEQ_UQ, _MM_HINT_T1, _mm_prefetch, _mm256_loadu_si256,
-    _mm256_storeu_si256, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps,
-    _mm512_castsi512_si256, _mm512_cmp_ps_mask, _mm512_cmplt_epi32_mask, _mm512_cvtepu8_epi16,
-    _mm512_cvtepu16_epi32, _mm512_cvtne2ps_pbh, _mm512_extracti64x4_epi64, _mm512_loadu_si512,
-    _mm512_mask_add_epi32, _mm512_mask_blend_epi32, _mm512_mask_mov_epi32,
+    __m256i, __m512, __m512i, _CMP_GT_OQ, _CMP_NEQ_UQ, _MM_FROUND_NO_EXC,
+    _MM_FROUND_TO_NEAREST_INT, _MM_HINT_T1, _mm_prefetch, _mm256_loadu_si256, _mm256_storeu_si256,
+    _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi256_si512,
+    _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmp_ps_mask, _mm512_cmpgt_epu32_mask,
+    _mm512_cmplt_epi32_mask, _mm512_cvtepi32_epi16, _mm512_cvtepu8_epi16, _mm512_cvtepu16_epi32,
+    _mm512_cvtne2ps_pbh, _mm512_cvtps_ph, _mm512_extracti64x4_epi64, _mm512_inserti64x4,
+    _mm512_loadu_si512, _mm512_mask_add_epi32, _mm512_mask_blend_epi32, _mm512_mask_mov_epi32,
     _mm512_mask_storeu_epi32, _mm512_maskz_loadu_epi32, _mm512_max_epi16, _mm512_min_epi16,
     _mm512_mul_ps, _mm512_or_si512, _mm512_permutex2var_epi8, _mm512_permutexvar_epi16,
     _mm512_permutexvar_epi32, _mm512_set1_epi16, _mm512_set1_epi32, _mm512_set1_ps,
     _mm512_setr_epi32, _mm512_setr_ps, _mm512_setzero_ps, _mm512_setzero_si512,
-    _mm512_shuffle_i32x4, _mm512_sllv_epi32, _mm512_srlv_epi32, _mm512_sub_ps,
-    _mm512_testn_epi32_mask, _mm512_unpackhi_epi16, _mm512_unpacklo_epi16, _mm512_zextsi256_si512,
+    _mm512_shuffle_i32x4, _mm512_sllv_epi32, _mm512_srli_epi32, _mm512_srlv_epi32, _mm512_sub_ps,
+    _mm512_testn_epi32_mask, _mm512_unpackhi_epi16, _mm512_unpacklo_epi16,
 };
 
 use quant_core::bf16_narrow::x86::narrow32_exact;
@@ -187,28 +189,6 @@ pub(crate) fn pack_row(u: &[u8], nr: usize, half: usize, tile: &mut [i32]) -> bo
     true
 }
 
-/// `out[j] = tables[j / g][nibble j]` for 16-bit outputs, `out.len()` a multiple of 32,
-/// stored in `mode`. Returns `false` (and writes nothing) when the arguments do not fit
-/// together.
-#[target_feature(enable = "avx512f,avx512bw")]
-pub(crate) fn lookup_row_u16(
-    tables: &[[u16; 16]],
-    g: usize,
-    row: RowWords<'_>,
-    out: &mut [u16],
-    mode: StoreMode,
-) -> bool {
-    let k = out.len();
-    let mut w = LineWriter::new(mode, bytemuck::cast_slice_mut(out));
-    for_each_block(row, k, g, tables.len(), |_, gi, e| {
-        // SAFETY: a table is 16 u16 = 32 bytes (unaligned load, upper half zero and
-        // never indexed: nibbles are below 16).
-        let t = unsafe { _mm512_zextsi256_si512(_mm256_loadu_si256(tables[gi].as_ptr().cast())) };
-        // Blocks come in order, each the next 64 bytes of the row.
-        w.push(_mm512_permutexvar_epi16(e, t));
-    })
-}
-
 /// The 16 values of a group with scale `s` and zero `z`, lane `u` holding
 /// `(u − 8)·s + z` as `kernels::group_values` gives it: for `round_odd` the exact sum
 /// rounded to f32 with round-to-odd (TwoSum's error term as the sticky bit; whose
@@ -253,18 +233,20 @@ fn group_values(s: f32, z: f32, round_odd: bool) -> __m512 {
     ))
 }
 
-/// One bf16 row `out[j] = bf16((nibble j − 8)·s + z)` (rounded once), `(s, z) =
-/// pairs[j / g]`, with no table in memory: each pair of groups' 16 + 16 values is
-/// narrowed into one register ([`narrow32_exact`]), and the odd group's nibbles index
-/// its upper half. Returns `false` (nothing written) when the arguments do not fit
-/// together (as [`lookup_row_u16`]).
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
-fn dequant_row_bf16(
+/// One 16-bit row `out[j] = T((nibble j − 8)·s + z)` (rounded once), `(s, z) =
+/// pairs[j / g]`, with no table in memory: each pair of groups' 16 + 16 round-to-odd
+/// values is narrowed into one register by `narrow` (the lower group in lanes 0..16),
+/// and the odd group's nibbles index its upper half. Returns `false` (nothing written)
+/// when the arguments do not fit together (see [`for_each_block`]).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn dequant_row_u16(
     pairs: &[[f32; 2]],
     g: usize,
     row: RowWords<'_>,
     out: &mut [u16],
     mode: StoreMode,
+    narrow: impl Fn(__m512, __m512) -> __m512i,
 ) -> bool {
     let k = out.len();
     let mut w = LineWriter::new(mode, bytemuck::cast_slice_mut(out));
@@ -275,7 +257,7 @@ fn dequant_row_bf16(
             have = gi / 2;
             let [s0, z0] = pairs[gi & !1];
             let [s1, z1] = pairs.get(gi | 1).copied().unwrap_or([s0, z0]);
-            table = narrow32_exact(group_values(s0, z0, true), group_values(s1, z1, true));
+            table = narrow(group_values(s0, z0, true), group_values(s1, z1, true));
         }
         let e = if gi & 1 == 1 {
             _mm512_or_si512(e, upper)
@@ -286,9 +268,86 @@ fn dequant_row_bf16(
     })
 }
 
+/// [`dequant_row_u16`] into bf16 with `vcvtne2ps2bf16` ([`narrow32_exact`]: the portable
+/// narrowing's bits, a subnormal step narrowed the portable way).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+fn dequant_row_bf16(
+    pairs: &[[f32; 2]],
+    g: usize,
+    row: RowWords<'_>,
+    out: &mut [u16],
+    mode: StoreMode,
+) -> bool {
+    dequant_row_u16(pairs, g, row, out, mode, |lo, hi| narrow32_exact(lo, hi))
+}
+
+/// [`dequant_row_u16`] into bf16 on a CPU without AVX-512 BF16: the portable rounding
+/// ([`quant_core::dtype::bf16_bits`]) in integer lanes.
+#[target_feature(enable = "avx512f,avx512bw")]
+fn dequant_row_bf16_int(
+    pairs: &[[f32; 2]],
+    g: usize,
+    row: RowWords<'_>,
+    out: &mut [u16],
+    mode: StoreMode,
+) -> bool {
+    dequant_row_u16(pairs, g, row, out, mode, |lo, hi| {
+        join16(bf16_lanes(lo), bf16_lanes(hi))
+    })
+}
+
+/// [`dequant_row_u16`] into f16: `vcvtps2ph`, round to nearest even (the single
+/// rounding: f32 keeps 13 more bits than f16 at every magnitude, subnormals included).
+#[target_feature(enable = "avx512f,avx512bw")]
+fn dequant_row_f16(
+    pairs: &[[f32; 2]],
+    g: usize,
+    row: RowWords<'_>,
+    out: &mut [u16],
+    mode: StoreMode,
+) -> bool {
+    dequant_row_u16(pairs, g, row, out, mode, |lo, hi| {
+        join16(f16_lanes(lo), f16_lanes(hi))
+    })
+}
+
+/// `v` rounded to bf16 bit patterns ([`quant_core::dtype::bf16_bits`]: nearest even,
+/// NaN quieted with its sign and top payload bits), in order.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn bf16_lanes(v: __m512) -> __m256i {
+    let b = _mm512_castps_si512(v);
+    let high = _mm512_srli_epi32::<16>(b);
+    let lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+    let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(
+        b,
+        _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)),
+    ));
+    let is_nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(b, _mm512_set1_epi32(0x7FFF_FFFF)),
+        _mm512_set1_epi32(0x7F80_0000),
+    );
+    let nan = _mm512_or_si512(high, _mm512_set1_epi32(0x0040));
+    _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, nan))
+}
+
+/// `v` rounded to f16 bit patterns (nearest even), in order.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn f16_lanes(v: __m512) -> __m256i {
+    _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v)
+}
+
+/// `lo` in lanes 0..16 and `hi` in lanes 16..32 of one register.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn join16(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
 /// One f32 row `out[j] = (nibble j − 8)·s + z`, `(s, z) = pairs[j / g]`, each group's
 /// 16 values in one register. Returns `false` (nothing written) when the arguments do
-/// not fit together (as [`lookup_row_u16`]).
+/// not fit together (see [`for_each_block`]).
 #[target_feature(enable = "avx512f,avx512bw")]
 fn dequant_row_f32(
     pairs: &[[f32; 2]],
@@ -316,9 +375,9 @@ fn dequant_row_f32(
 }
 
 /// One row dequantized straight from its groups' `(scale, zero)` pairs, the tables
-/// built in registers ([`dequant_row_bf16`], [`dequant_row_f32`]), when the CPU has
-/// AVX-512 (and AVX-512 BF16 for bf16 output) and `T` is bf16 or f32; `false` (nothing
-/// written) otherwise, leaving the row to the tables in memory.
+/// built in registers ([`dequant_row_f32`], [`dequant_row_u16`]), when the CPU has
+/// AVX-512 and `T` is f32, bf16 or f16; `false` (nothing written) otherwise, leaving the
+/// row to the tables in memory.
 #[inline(always)]
 pub(crate) fn dequant_row<T: Element>(
     pairs: &[[f32; 2]],
@@ -330,20 +389,25 @@ pub(crate) fn dequant_row<T: Element>(
     if !Level::Avx512.is_supported() {
         return false;
     }
-    match T::DTYPE {
-        DType::BF16 if std::is_x86_feature_detected!("avx512bf16") => {
-            match bytemuck::try_cast_slice_mut::<T, u16>(out) {
-                // SAFETY: the CPU has AVX-512 F, BW, DQ (`Level::Avx512`) and BF16
-                // (checked above).
-                Ok(o) => unsafe { dequant_row_bf16(pairs, g, row, o, mode) },
-                Err(_) => false,
-            }
-        }
-        DType::F32 => match bytemuck::try_cast_slice_mut::<T, f32>(out) {
+    if T::DTYPE == DType::F32 {
+        return match bytemuck::try_cast_slice_mut::<T, f32>(out) {
             // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512`).
             Ok(o) => unsafe { dequant_row_f32(pairs, g, row, o, mode) },
             Err(_) => false,
+        };
+    }
+    let Ok(o) = bytemuck::try_cast_slice_mut::<T, u16>(out) else {
+        return false;
+    };
+    match T::DTYPE {
+        // SAFETY: the CPU has AVX-512 F, BW, DQ (`Level::Avx512`) and BF16 (checked).
+        DType::BF16 if std::is_x86_feature_detected!("avx512bf16") => unsafe {
+            dequant_row_bf16(pairs, g, row, o, mode)
         },
+        // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512`).
+        DType::BF16 => unsafe { dequant_row_bf16_int(pairs, g, row, o, mode) },
+        // SAFETY: as above.
+        DType::F16 => unsafe { dequant_row_f16(pairs, g, row, o, mode) },
         _ => false,
     }
 }
@@ -452,33 +516,6 @@ pub(crate) fn pack_row_if_supported(u: &[u8], nr: usize, half: usize, tile: &mut
     Level::Avx512.is_supported() && unsafe { pack_row(u, nr, half, tile) }
 }
 
-/// `out[j] = tables[j / g][nibble j]` through [`lookup_row_u16`] when the CPU has
-/// AVX-512 and `T` is 16 bits wide (f16, and bf16 without AVX-512 BF16: f32 and bf16
-/// take [`dequant_row`] where it runs); `false` (nothing written) otherwise, leaving the
-/// row to the portable loop.
-#[inline(always)]
-pub(crate) fn lookup_row<T: Element>(
-    tables: &[[T; 16]],
-    g: usize,
-    row: RowWords<'_>,
-    out: &mut [T],
-    mode: StoreMode,
-) -> bool {
-    // (A 32-bit `T` would cast too, into twice as many u16: refused.)
-    if !(Level::Avx512.is_supported() && std::mem::size_of::<T>() == 2) {
-        return false;
-    }
-    let flat = bytemuck::cast_slice::<[T; 16], T>(tables);
-    match (
-        bytemuck::try_cast_slice::<T, [u16; 16]>(flat),
-        bytemuck::try_cast_slice_mut::<T, u16>(out),
-    ) {
-        // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
-        (Ok(t), Ok(o)) => unsafe { lookup_row_u16(t, g, row, o, mode) },
-        _ => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -511,6 +548,9 @@ mod tests {
                 // the portable product), as in the level tests.
                 let key = |x: f32| if x.is_nan() { u32::MAX } else { x.to_bits() };
                 assert_eq!(got.map(key), want.map(key), "s={s:e} z={z:e} odd={odd}");
+                if odd {
+                    narrowings_equal_the_portable_ones(v);
+                }
             }
         };
         for sb in 0..=u16::MAX {
@@ -524,5 +564,43 @@ mod tests {
             check(s, bf16::from_f32(sign * s * 2f32.powi(-e)).to_f32());
             check(s, -7.0 * s);
         }
+        // Each narrowing on its own over every class of f32: a strided sweep of all bit
+        // patterns plus every rounding case of the low half-word.
+        for b in (0u32..=u32::MAX).step_by(4099) {
+            let lanes: [f32; 16] = std::array::from_fn(|i| {
+                let low = [0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x0FFF, 0x1000];
+                f32::from_bits(if i < 8 { b } else { b & !0xFFFF | low[i - 8] })
+            });
+            // SAFETY: 16 f32 are one 512-bit vector of plain data.
+            narrowings_equal_the_portable_ones(unsafe {
+                std::mem::transmute::<[f32; 16], __m512>(lanes)
+            });
+        }
+    }
+
+    /// The three 16-bit narrowings of the register path against the portable ones
+    /// (`bf16_bits`, which `narrow_slice` matches, and `half`'s f16 rounding): bf16 bit
+    /// for bit, f16 with NaN's payload left free.
+    fn narrowings_equal_the_portable_ones(v: __m512) {
+        // SAFETY: a 512-bit vector is 16 f32 of plain data.
+        let xs: [f32; 16] = unsafe { std::mem::transmute(v) };
+        let bf16_want = xs.map(quant_core::dtype::bf16_bits);
+        // SAFETY: the caller checked AVX-512 F and BW; 256 bits are 16 u16.
+        let got: [u16; 16] = unsafe { std::mem::transmute(bf16_lanes(v)) };
+        assert_eq!(got, bf16_want, "bf16 lanes of {xs:?}");
+        if std::is_x86_feature_detected!("avx512bf16") {
+            // SAFETY: the CPU has AVX-512 F, BW, DQ and BF16 (checked); 512 bits are
+            // 32 u16.
+            let got: [u16; 32] = unsafe { std::mem::transmute(narrow32_exact(v, v)) };
+            assert_eq!(got[..16], bf16_want, "vcvtne2ps2bf16 of {xs:?}");
+        }
+        let key = |h: half::f16| if h.is_nan() { u16::MAX } else { h.to_bits() };
+        // SAFETY: the caller checked AVX-512 F; 256 bits are 16 u16.
+        let got: [u16; 16] = unsafe { std::mem::transmute(f16_lanes(v)) };
+        assert_eq!(
+            got.map(|b| key(half::f16::from_bits(b))),
+            xs.map(|x| key(half::f16::from_f32(x))),
+            "f16 lanes of {xs:?}"
+        );
     }
 }

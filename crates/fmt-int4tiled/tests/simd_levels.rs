@@ -98,7 +98,8 @@ fn kernels_equal_reference_at_every_level() {
 }
 
 /// Dequantization with scales and zeros chosen to stress the single rounding: every
-/// nibble against `dequant_value` (via the reference) for random bf16 scale/zero pairs.
+/// nibble against `dequant_value` (via the reference) for random bf16 scale/zero pairs,
+/// into bf16, f32 and f16.
 #[test]
 fn dequant_single_rounding_on_random_qparams() {
     let q = Int4TiledQuantizer::from_spec(&["g32"], Usage::ROWWISE).unwrap();
@@ -134,6 +135,17 @@ fn dequant_single_rounding_on_random_qparams() {
             assert!(
                 a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
                 "level {level}: {a} vs {b}"
+            );
+        }
+        for (a, b) in t
+            .dequantize_as::<half::f16>(quant_core::Direction::Rowwise)
+            .unwrap()
+            .iter()
+            .zip(reference::dequantize::<half::f16>(&t).unwrap())
+        {
+            assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                "level {level}: f16 {a} vs {b}"
             );
         }
     });
