@@ -25,20 +25,20 @@
 use std::arch::x86_64::{
     __m256i, __m512, __m512i, _CMP_GT_OQ, _CMP_NEQ_UQ, _MM_FROUND_NO_EXC,
     _MM_FROUND_TO_NEAREST_INT, _MM_HINT_T1, _mm_prefetch, _mm256_loadu_si256, _mm256_storeu_si256,
-    _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi256_si512,
-    _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmp_ps_mask, _mm512_cmpgt_epu32_mask,
-    _mm512_cmplt_epi32_mask, _mm512_cvtepi32_epi16, _mm512_cvtepu8_epi16, _mm512_cvtepu16_epi32,
-    _mm512_cvtne2ps_pbh, _mm512_cvtps_ph, _mm512_extracti64x4_epi64, _mm512_inserti64x4,
-    _mm512_loadu_si512, _mm512_mask_add_epi32, _mm512_mask_blend_epi32, _mm512_mask_mov_epi32,
-    _mm512_mask_storeu_epi32, _mm512_maskz_loadu_epi32, _mm512_max_epi16, _mm512_min_epi16,
-    _mm512_mul_ps, _mm512_or_si512, _mm512_permutex2var_epi8, _mm512_permutexvar_epi16,
-    _mm512_permutexvar_epi32, _mm512_set1_epi16, _mm512_set1_epi32, _mm512_set1_ps,
-    _mm512_setr_epi32, _mm512_setr_ps, _mm512_setzero_ps, _mm512_setzero_si512,
-    _mm512_shuffle_i32x4, _mm512_sllv_epi32, _mm512_srli_epi32, _mm512_srlv_epi32, _mm512_sub_ps,
-    _mm512_testn_epi32_mask, _mm512_unpackhi_epi16, _mm512_unpacklo_epi16,
+    _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi256_si512,
+    _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmp_ps_mask, _mm512_cmplt_epi32_mask,
+    _mm512_cvtepu8_epi16, _mm512_cvtepu16_epi32, _mm512_cvtne2ps_pbh, _mm512_cvtps_ph,
+    _mm512_extracti64x4_epi64, _mm512_inserti64x4, _mm512_loadu_si512, _mm512_mask_add_epi32,
+    _mm512_mask_blend_epi32, _mm512_mask_mov_epi32, _mm512_mask_storeu_epi32,
+    _mm512_maskz_loadu_epi32, _mm512_max_epi16, _mm512_min_epi16, _mm512_mul_ps, _mm512_or_si512,
+    _mm512_permutex2var_epi8, _mm512_permutexvar_epi16, _mm512_permutexvar_epi32,
+    _mm512_set1_epi16, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setr_epi32, _mm512_setr_ps,
+    _mm512_setzero_ps, _mm512_setzero_si512, _mm512_shuffle_i32x4, _mm512_sllv_epi32,
+    _mm512_srlv_epi32, _mm512_sub_ps, _mm512_testn_epi32_mask, _mm512_unpackhi_epi16,
+    _mm512_unpacklo_epi16,
 };
 
-use quant_core::bf16_narrow::x86::narrow32_exact;
+use quant_core::bf16_narrow::x86::{narrow16_int, narrow32_exact};
 use quant_core::simd::Level;
 use quant_core::stream::StoreMode;
 use quant_core::stream::x86::LineWriter;
@@ -292,7 +292,7 @@ fn dequant_row_bf16_int(
     mode: StoreMode,
 ) -> bool {
     dequant_row_u16(pairs, g, row, out, mode, |lo, hi| {
-        join16(bf16_lanes(lo), bf16_lanes(hi))
+        join16(narrow16_int(lo), narrow16_int(hi))
     })
 }
 
@@ -309,26 +309,6 @@ fn dequant_row_f16(
     dequant_row_u16(pairs, g, row, out, mode, |lo, hi| {
         join16(f16_lanes(lo), f16_lanes(hi))
     })
-}
-
-/// `v` rounded to bf16 bit patterns ([`quant_core::dtype::bf16_bits`]: nearest even,
-/// NaN quieted with its sign and top payload bits), in order.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn bf16_lanes(v: __m512) -> __m256i {
-    let b = _mm512_castps_si512(v);
-    let high = _mm512_srli_epi32::<16>(b);
-    let lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
-    let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(
-        b,
-        _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)),
-    ));
-    let is_nan = _mm512_cmpgt_epu32_mask(
-        _mm512_and_si512(b, _mm512_set1_epi32(0x7FFF_FFFF)),
-        _mm512_set1_epi32(0x7F80_0000),
-    );
-    let nan = _mm512_or_si512(high, _mm512_set1_epi32(0x0040));
-    _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, nan))
 }
 
 /// `v` rounded to f16 bit patterns (nearest even), in order.
@@ -586,7 +566,7 @@ mod tests {
         let xs: [f32; 16] = unsafe { std::mem::transmute(v) };
         let bf16_want = xs.map(quant_core::dtype::bf16_bits);
         // SAFETY: the caller checked AVX-512 F and BW; 256 bits are 16 u16.
-        let got: [u16; 16] = unsafe { std::mem::transmute(bf16_lanes(v)) };
+        let got: [u16; 16] = unsafe { std::mem::transmute(narrow16_int(v)) };
         assert_eq!(got, bf16_want, "bf16 lanes of {xs:?}");
         if std::is_x86_feature_detected!("avx512bf16") {
             // SAFETY: the CPU has AVX-512 F, BW, DQ and BF16 (checked); 512 bits are

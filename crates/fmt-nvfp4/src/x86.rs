@@ -16,13 +16,12 @@
 //! large).
 
 use std::arch::x86_64::{
-    __m512, __m512i, _mm_loadl_epi64, _mm_loadu_si128, _mm_unpacklo_epi8, _mm256_storeu_si256,
-    _mm512_add_epi32, _mm512_and_si512, _mm512_castps_si512, _mm512_cmpgt_epu32_mask,
-    _mm512_cvtepi32_epi16, _mm512_cvtepu8_epi32, _mm512_loadu_ps, _mm512_mask_blend_epi32,
-    _mm512_mul_ps, _mm512_or_si512, _mm512_permutexvar_ps, _mm512_set1_epi32, _mm512_set1_ps,
+    __m512, _mm_loadl_epi64, _mm_loadu_si128, _mm_unpacklo_epi8, _mm256_storeu_si256,
+    _mm512_cvtepu8_epi32, _mm512_loadu_ps, _mm512_mul_ps, _mm512_permutexvar_ps, _mm512_set1_ps,
     _mm512_setr_epi32, _mm512_srli_epi32, _mm512_srlv_epi32, _mm512_storeu_ps, _mm512_storeu_si512,
 };
 
+use quant_core::bf16_narrow::x86::narrow16_int;
 use quant_core::codec::e2m1;
 use quant_core::simd::Level;
 use quant_core::stream::x86::{write_bf16_steps, write_f32_steps};
@@ -119,15 +118,15 @@ fn decode_row_f32(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [f32]) 
 fn decode_row_bf16(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [u16]) {
     for_each_block(codes, factor, |b, v| {
         let o = &mut out[b * BLOCK..(b + 1) * BLOCK];
-        let v = _mm512_cvtepi32_epi16(bf16_bits(_mm512_castps_si512(v)));
+        let v = narrow16_int(v);
         // SAFETY: `o` is 16 u16 (one unaligned 256-bit store).
         unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), v) };
     });
 }
 
 /// [`decode_row_bf16`] two blocks per step, narrowed by `vcvtne2ps2bf16`
-/// ([`quant_core::bf16_narrow::x86::narrow32`]: the same bits as [`bf16_bits`]; a step
-/// holding a subnormal value narrows with [`bf16_bits`] instead).
+/// ([`quant_core::bf16_narrow::x86::narrow32`]: the same bits as [`narrow16_int`]; a
+/// step holding a subnormal value narrows with [`narrow16_int`] instead).
 ///
 /// Enables every feature of the dispatched AVX-512 level besides BF16: the caller's
 /// `factor` closure inherits those, and a callee that lacks one of its features cannot
@@ -136,7 +135,7 @@ fn decode_row_bf16(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [u16])
     enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt,avx512f,avx512bw,avx512cd,avx512dq,avx512vl,avx512bf16"
 )]
 fn decode_row_bf16_hw(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [u16]) {
-    let narrow16 = |v: __m512| _mm512_cvtepi32_epi16(bf16_bits(_mm512_castps_si512(v)));
+    let narrow16 = |v: __m512| narrow16_int(v);
     // Even blocks wait in `pending` for their odd neighbour. (One loop with one call of
     // `factor`, so that it inlines: two call sites per pair kept it out of line.)
     let mut pending = None;
@@ -276,25 +275,6 @@ fn nibbles_bf16(
         |c| nibbles16(codes, nibble, f, c, table),
         |c| nibble_one(codes, nibble, f, c),
     );
-}
-
-/// [`quant_core::dtype::bf16_bits`] on 16 lanes (result in the low half of each lane):
-/// round to nearest even, NaN quieted.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn bf16_bits(b: __m512i) -> __m512i {
-    let high = _mm512_srli_epi32::<16>(b);
-    let lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
-    let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(
-        b,
-        _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)),
-    ));
-    let nan = _mm512_or_si512(high, _mm512_set1_epi32(0x0040));
-    let is_nan = _mm512_cmpgt_epu32_mask(
-        _mm512_and_si512(b, _mm512_set1_epi32(0x7FFF_FFFF)),
-        _mm512_set1_epi32(0x7F80_0000),
-    );
-    _mm512_mask_blend_epi32(is_nan, rounded, nan)
 }
 
 #[cfg(test)]

@@ -39,8 +39,10 @@ pub(crate) fn narrow(src: &[f32], dst: &mut [u16]) -> bool {
 #[cfg(target_arch = "x86_64")]
 pub mod x86 {
     use std::arch::x86_64::{
-        __m512, __m512i, _mm512_cvtne2ps_pbh, _mm512_fpclass_ps_mask, _mm512_loadu_ps,
-        _mm512_storeu_si512,
+        __m256i, __m512, __m512i, _mm512_add_epi32, _mm512_and_si512, _mm512_castps_si512,
+        _mm512_cmpgt_epu32_mask, _mm512_cvtepi32_epi16, _mm512_cvtne2ps_pbh,
+        _mm512_fpclass_ps_mask, _mm512_loadu_ps, _mm512_mask_blend_epi32, _mm512_or_si512,
+        _mm512_set1_epi32, _mm512_srli_epi32, _mm512_storeu_si512,
     };
 
     use crate::dtype::bf16_bits;
@@ -96,6 +98,36 @@ pub mod x86 {
         )
     }
 
+    /// 16 values narrowed to bf16 bit patterns by integer operations, lane `i` holding
+    /// value `i`: [`crate::dtype::bf16_bits`] on every lane (round to nearest even, NaN
+    /// quieted with its sign and top payload bits kept), subnormals included. For
+    /// kernels on CPUs without AVX-512 BF16, and for 16-value steps.
+    ///
+    /// Call it from a function that enables these features (it then inlines).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and BW (a caller without those features enabled
+    /// needs `unsafe` and a run-time check).
+    ///
+    /// Checked against `bf16_bits` on every rounding case by this module's tests.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub fn narrow16_int(v: __m512) -> __m256i {
+        let b = _mm512_castps_si512(v);
+        let high = _mm512_srli_epi32::<16>(b);
+        let lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+        let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(
+            b,
+            _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)),
+        ));
+        let is_nan = _mm512_cmpgt_epu32_mask(
+            _mm512_and_si512(b, _mm512_set1_epi32(0x7FFF_FFFF)),
+            _mm512_set1_epi32(0x7F80_0000),
+        );
+        let nan = _mm512_or_si512(high, _mm512_set1_epi32(0x0040));
+        _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, nan))
+    }
+
     /// [`super::narrow`] over `min(src.len(), dst.len())` values.
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
     pub(super) fn narrow(src: &[f32], dst: &mut [u16]) {
@@ -132,16 +164,7 @@ mod tests {
     /// f32 patterns.
     #[test]
     fn hardware_narrowing_equals_the_portable_formula() {
-        let mut xs: Vec<f32> = Vec::new();
-        for hi in (0u32..=0xFFFF).step_by(1) {
-            for lo in [0u32, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF] {
-                xs.push(f32::from_bits(hi << 16 | lo));
-            }
-        }
-        let mut rng = XorShift32::new(0x9E37_79B9);
-        for _ in 0..300_000 {
-            xs.push(f32::from_bits(rng.next_u32()));
-        }
+        let mut xs = rounding_cases();
         // One subnormal in an otherwise normal step, at every offset.
         for at in 0..32 {
             let mut step = [1.5f32; 32];
@@ -164,6 +187,44 @@ mod tests {
                     want[i]
                 );
             }
+        }
+    }
+
+    /// Every high half-word with each class of low half-word (ties both ways, NaN
+    /// payloads, infinities, zeros, subnormals), then random patterns.
+    fn rounding_cases() -> Vec<f32> {
+        let mut xs: Vec<f32> = Vec::new();
+        for hi in 0u32..=0xFFFF {
+            for lo in [0u32, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF] {
+                xs.push(f32::from_bits(hi << 16 | lo));
+            }
+        }
+        let mut rng = XorShift32::new(0x9E37_79B9);
+        for _ in 0..300_000 {
+            xs.push(f32::from_bits(rng.next_u32()));
+        }
+        xs
+    }
+
+    /// [`x86::narrow16_int`] against the portable formula on the same cases.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn integer_narrowing_equals_the_portable_formula() {
+        if !Level::Avx512.is_supported() {
+            eprintln!("note: no AVX-512 on this CPU: skipped");
+            return;
+        }
+        for step in rounding_cases().chunks_exact(16) {
+            // SAFETY: 16 f32 are one 512-bit vector of plain data; the CPU has AVX-512 F
+            // and BW (checked above); 256 bits are 16 u16.
+            let got: [u16; 16] = unsafe {
+                let v = std::mem::transmute::<[f32; 16], std::arch::x86_64::__m512>(
+                    step.try_into().expect("16 values"),
+                );
+                std::mem::transmute(x86::narrow16_int(v))
+            };
+            let want: Vec<u16> = step.iter().map(|&x| bf16_bits(x)).collect();
+            assert_eq!(got[..], want[..], "{step:?}");
         }
     }
 
