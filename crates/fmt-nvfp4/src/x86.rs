@@ -135,7 +135,6 @@ fn decode_row_bf16(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [u16])
     enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt,avx512f,avx512bw,avx512cd,avx512dq,avx512vl,avx512bf16"
 )]
 fn decode_row_bf16_hw(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [u16]) {
-    let narrow16 = |v: __m512| narrow16_int(v);
     // Even blocks wait in `pending` for their odd neighbour. (One loop with one call of
     // `factor`, so that it inlines: two call sites per pair kept it out of line.)
     let mut pending = None;
@@ -148,8 +147,8 @@ fn decode_row_bf16_hw(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [u1
                 Some(w) => unsafe { _mm512_storeu_si512(o.as_mut_ptr().cast(), w) },
                 // SAFETY: `o` is 32 u16 (two unaligned 256-bit stores).
                 None => unsafe {
-                    _mm256_storeu_si256(o.as_mut_ptr().cast(), narrow16(lo));
-                    _mm256_storeu_si256(o[BLOCK..].as_mut_ptr().cast(), narrow16(v));
+                    _mm256_storeu_si256(o.as_mut_ptr().cast(), narrow16_int(lo));
+                    _mm256_storeu_si256(o[BLOCK..].as_mut_ptr().cast(), narrow16_int(v));
                 },
             }
         }
@@ -157,7 +156,7 @@ fn decode_row_bf16_hw(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [u1
     if let Some(lo) = pending {
         let at = out.len() - BLOCK;
         // SAFETY: `out[at..]` is the last block's 16 u16 (one unaligned 256-bit store).
-        unsafe { _mm256_storeu_si256(out[at..].as_mut_ptr().cast(), narrow16(lo)) };
+        unsafe { _mm256_storeu_si256(out[at..].as_mut_ptr().cast(), narrow16_int(lo)) };
     }
 }
 
