@@ -384,7 +384,8 @@ pub(crate) fn quantize_tile<T: Element>(
 }
 
 /// Per-task state of [`dequantize_rows`]: how it stores its output, the task's
-/// (scale, zero) pairs as `[row][group]`, and one row's group tables, first as the f32
+/// (scale, zero) pairs as `[row][group]`, and, for the levels below AVX-512 (which
+/// build each table in a register instead), one row's group tables, first as the f32
 /// values of [`group_values`], then narrowed to `T` in one call (a call per group of 16
 /// cost as much as the lookups themselves).
 pub(crate) struct RowTables<T> {
