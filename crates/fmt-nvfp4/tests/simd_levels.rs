@@ -69,7 +69,10 @@ fn option_sets() -> Vec<(Vec<&'static str>, Usage)> {
 
 #[test]
 fn engine_equals_reference_at_every_level() {
-    // [32, 4368]: two spans of the 2-D rowwise walk, the second ending in a partial chunk.
+    // [32, 4368]: two spans of the 2-D rowwise walk, the second ending in a partial chunk;
+    // also two spans (4096 + 272 values) of the batched 1-D walk from f32.
+    // [16, 8464]: that walk's spans of 16 KiB from 16-bit input, 8192 + 272 values (f32:
+    // three, the last partial).
     let shapes = [
         [16, 16],
         [48, 272],
@@ -77,6 +80,7 @@ fn engine_equals_reference_at_every_level() {
         [272, 48],
         [16, 784],
         [32, 4368],
+        [16, 8464],
     ];
     let mut checked = 0usize;
     let levels = simd::for_each_supported_level(|level| {
