@@ -527,7 +527,7 @@ fn rowwise_only<T: Element>(
         for (c, (xs, os)) in xr.chunks(span).zip(or.chunks_mut(span / 2)).enumerate() {
             let kb0 = c * span / BLOCK;
             #[cfg(target_arch = "x86_64")]
-            if let Some(sdb) = rowwise_span(p, i0 + r, g, kb0, xs, os) {
+            if let Some(sdb) = rowwise_span(p, i0 + r, g, kb0, None, xs, os) {
                 put_row_scales(p, rs, rstride, r, kb0, &sdb[..xs.len() / BLOCK]);
                 continue;
             }
@@ -553,7 +553,8 @@ const SPAN_NB: usize = SPAN_BYTES / 2 / BLOCK;
 /// One span of row `i` of 1-D NVFP4 (blocks from `kb0`), in three batched steps: every
 /// block maximum, every scale, then every code (the AVX-512 encoder, reading the f32
 /// values in place or bf16 as bits; under stochastic rounding with the random bytes of
-/// every block drawn first, 16 blocks per [`philox_lanes`]). Returns the span's scale
+/// every block drawn first, 16 blocks per [`philox_lanes`]). With `tiles` (2-D: one
+/// tile amax per block of the span), those replace the block maxima. Returns the span's scale
 /// codes, or `None` (nothing written) where that encoder does not take the span; the
 /// caller then runs [`rowwise_run`] chunk by chunk.
 ///
@@ -561,7 +562,7 @@ const SPAN_NB: usize = SPAN_BYTES / 2 / BLOCK;
 /// maxima are stored and reloaded, the scales (a division per block) then wait on them,
 /// and the encode on the scales. Batched over a span, each step is a long run of
 /// independent vectors. A/B on 8192x8192 (Zen 4, 2 threads): x1.28 from bf16, x1.20
-/// from f32; stochastic rounding x1.09 / x1.07.
+/// from f32; stochastic rounding x1.09 / x1.07; 2-D x1.22 / x1.05.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn rowwise_span<T: Element>(
@@ -569,6 +570,7 @@ fn rowwise_span<T: Element>(
     i: usize,
     (se, sd): (f32, f32),
     kb0: usize,
+    tiles: Option<&[f32]>,
     xs: &[T],
     out: &mut [u8],
 ) -> Option<[u8; SPAN_NB]> {
@@ -580,18 +582,29 @@ fn rowwise_span<T: Element>(
     if nb > SPAN_NB || nb * BLOCK != xs.len() || out.len() * 2 != xs.len() {
         return None;
     }
+    if tiles.is_some_and(|t| t.len() != nb) {
+        return None;
+    }
     let mut bits = [0u32; SPAN_NB];
+    let maxima = tiles.is_none();
     let run = if let Some(b) = quant_core::dtype::bf16_slice_bits(xs) {
-        block_abs_max_bf16(p.level, b, NanRule::Ignore, &mut bits[..nb]);
+        if maxima {
+            block_abs_max_bf16(p.level, b, NanRule::Ignore, &mut bits[..nb]);
+        }
         Run::Bf16(b)
     } else {
         let w = bytemuck::try_cast_slice::<T, f32>(xs)
             .ok()
             .filter(|_| T::DTYPE == DType::F32)?;
-        block_abs_max(p.level, w, NanRule::Ignore, &mut bits[..nb]);
+        if maxima {
+            block_abs_max(p.level, w, NanRule::Ignore, &mut bits[..nb]);
+        }
         Run::F32(w)
     };
-    let amax = bits.map(f32::from_bits);
+    let amax = match tiles {
+        Some(t) => std::array::from_fn(|b| t.get(b).copied().unwrap_or(0.0)),
+        None => bits.map(f32::from_bits),
+    };
     let mut sdb = [0u8; SPAN_NB];
     let mut enc = [0f32; SPAN_NB];
     block_scales(&amax[..nb], se, sd, &mut sdb[..nb], &mut enc[..nb]);
@@ -623,7 +636,8 @@ const SPAN: usize = 16 * CHUNK;
 /// 2-D rowwise quantization of a slab with no other output (2-D weights for inference),
 /// one 16-row group at a time, in spans of [`SPAN`] columns, each read twice while it
 /// is in L2: first each row's block maxima folded over the group into the span's 16x16
-/// tile amaxes ([`span_tiles`]), then each row's runs encoded against their tiles by
+/// tile amaxes ([`span_tiles`]), then each row's span encoded against its tiles, in
+/// one batch by [`rowwise_span`] where the AVX-512 encoder takes it, else run by run by
 /// [`rowwise_run`]. (The slab walk instead widens 256-column runs of 128 rows, 512
 /// bytes to 1 KiB a row apart, which the prefetchers follow poorly.)
 ///
@@ -655,11 +669,26 @@ fn rowwise_2d_only<T: Element>(
                 &xg[rr * k + c0..rr * k + c0 + cw]
             };
             span_tiles(p.level, rows, &mut s.wide[..CHUNK], tiles);
+            let tile_amax: [f32; SPAN / BLOCK] =
+                std::array::from_fn(|t| f32::from_bits(tiles.get(t).copied().unwrap_or(0)));
             for rr in 0..BLOCK {
                 let r = g * BLOCK + rr;
                 let xr = &xg[rr * k + c0..rr * k + c0 + cw];
                 let or = &mut rd[r * k / 2 + c0 / 2..r * k / 2 + (c0 + cw) / 2];
                 let global = row_global(p, i0 + r);
+                #[cfg(target_arch = "x86_64")]
+                if let Some(sdb) = rowwise_span(
+                    p,
+                    i0 + r,
+                    global,
+                    c0 / BLOCK,
+                    Some(&tile_amax[..tiles.len()]),
+                    xr,
+                    or,
+                ) {
+                    put_row_scales(p, rs, rstride, r, c0 / BLOCK, &sdb[..tiles.len()]);
+                    continue;
+                }
                 for (c, (xs, os)) in xr.chunks(CHUNK).zip(or.chunks_mut(CHUNK / 2)).enumerate() {
                     let kb0 = (c0 + c * CHUNK) / BLOCK;
                     let nb = xs.len() / BLOCK;

@@ -214,7 +214,7 @@ pub(crate) fn widen_bf16_bits(h: __m256i) -> __m512 {
 }
 
 /// The 16 columns at `c` of 16 bf16 rows `stride` apart, as bit patterns. A macro, as
-/// [`bf16_sums`] is. The caller must have AVX-512 F, BW and VL enabled and
+/// `bf16_sums!` is. The caller must have AVX-512 F, BW and VL enabled and
 /// `15 * stride + c + 16 <= bits.len()`.
 macro_rules! bf16_rows {
     ($bits:expr, $stride:expr, $c:expr) => {{
