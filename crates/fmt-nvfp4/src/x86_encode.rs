@@ -51,7 +51,7 @@ impl Run<'_> {
 /// loop.
 #[inline]
 pub(crate) fn encode_run_rn(x: Run<'_>, enc: &[f32], out: &mut [u8]) -> bool {
-    encode_run(x, enc, None, out)
+    encode_run(x, enc, None, out, &[])
 }
 
 /// [`encode_run_rn`] under stochastic rounding: value `e` of block `b` takes the random
@@ -59,20 +59,33 @@ pub(crate) fn encode_run_rn(x: Run<'_>, enc: &[f32], out: &mut [u8]) -> bool {
 /// [`crate::sr::stochastic_round_e2m1`]). Also `false` unless `rnd` has a row per block.
 #[inline]
 pub(crate) fn encode_run_sr(x: Run<'_>, enc: &[f32], rnd: &[[u8; BLOCK]], out: &mut [u8]) -> bool {
-    rnd.len() == enc.len() && encode_run(x, enc, Some(rnd), out)
+    encode_run(x, enc, Some(rnd), out, &[])
 }
 
-/// [`encode_run_rn`] (`rnd` `None`) or [`encode_run_sr`] after the random bytes' check.
+/// [`encode_run_rn`] (`rnd` `None`) or [`encode_run_sr`], also prefetching `ahead`
+/// (any bytes the caller reads next; may be empty) spread evenly over the block
+/// loop's steps, a few cache lines per four blocks, so that a caller whose only loads
+/// from memory precede the encode keeps the memory busy through it. `false` (nothing
+/// written) as for those, or if `rnd` has not a row per block.
 #[inline]
-fn encode_run(x: Run<'_>, enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8]) -> bool {
+pub(crate) fn encode_run(
+    x: Run<'_>,
+    enc: &[f32],
+    rnd: Option<&[[u8; BLOCK]]>,
+    out: &mut [u8],
+    ahead: &[u8],
+) -> bool {
+    if rnd.is_some_and(|r| r.len() != enc.len()) {
+        return false;
+    }
     if x.len() != BLOCK * enc.len() || out.len() * 2 != x.len() || !supported() {
         return false;
     }
     match x {
         // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked above).
-        Run::F32(w) => unsafe { encode_f32(w, enc, rnd, out) },
+        Run::F32(w) => unsafe { encode_f32(w, enc, rnd, out, ahead) },
         // SAFETY: as above.
-        Run::Bf16(w) => unsafe { encode_bf16(w, enc, rnd, out) },
+        Run::Bf16(w) => unsafe { encode_bf16(w, enc, rnd, out, ahead) },
     }
     true
 }
@@ -164,7 +177,7 @@ pub(crate) fn supported() -> bool {
 
 /// [`encode_run`] of f32 values after its checks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-fn encode_f32(w: &[f32], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8]) {
+fn encode_f32(w: &[f32], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8], ahead: &[u8]) {
     encode_with(
         #[inline(always)]
         |b| {
@@ -175,18 +188,20 @@ fn encode_f32(w: &[f32], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8
         enc,
         rnd,
         out,
+        ahead,
     )
 }
 
 /// [`encode_run`] of bf16 bits after its checks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-fn encode_bf16(w: &[u16], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8]) {
+fn encode_bf16(w: &[u16], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8], ahead: &[u8]) {
     encode_with(
         #[inline(always)]
         |b| widen_bf16(&w[b * BLOCK..(b + 1) * BLOCK]),
         enc,
         rnd,
         out,
+        ahead,
     )
 }
 
@@ -198,11 +213,12 @@ fn encode_with(
     enc: &[f32],
     rnd: Option<&[[u8; BLOCK]]>,
     out: &mut [u8],
+    ahead: &[u8],
 ) {
     let k = Consts::new();
     let scaled = |b: usize| _mm512_mul_ps(load(b), _mm512_set1_ps(enc[b]));
     match rnd {
-        None => encode_blocks(|b| codes(scaled(b), &k), &k, out),
+        None => encode_blocks(|b| codes(scaled(b), &k), &k, out, ahead),
         Some(rnd) => encode_blocks(
             |b| {
                 // SAFETY: a row is 16 bytes (one unaligned 128-bit load).
@@ -211,19 +227,22 @@ fn encode_with(
             },
             &k,
             out,
+            ahead,
         ),
     }
 }
 
 /// The block loop: `code(b)` gives block `b`'s 16 codes (one per u32 lane), `out` holds
-/// 8 bytes per block.
+/// 8 bytes per block; each step of four blocks prefetches its share of `ahead`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-fn encode_blocks(code: impl Fn(usize) -> __m512i, k: &Consts, out: &mut [u8]) {
+fn encode_blocks(code: impl Fn(usize) -> __m512i, k: &Consts, out: &mut [u8], ahead: &[u8]) {
     let pairs = |b: usize| pair_bytes(code(b));
     let nb = out.len() * 2 / BLOCK;
+    let per = ahead.len().checked_div(nb).unwrap_or(0);
     let mut b = 0;
     while b + 4 <= nb {
+        quant_core::simd::prefetch(ahead.get(b * per..(b + 4) * per).unwrap_or(&[]));
         let ab = _mm512_permutex2var_epi8(pairs(b), k.gather, pairs(b + 1));
         let cd = _mm512_permutex2var_epi8(pairs(b + 2), k.gather, pairs(b + 3));
         // Bytes 0..16 of `ab` are blocks b, b+1; bytes 16..32 of `cd` are b+2, b+3.
