@@ -609,13 +609,14 @@ fn rowwise_span<T: Element>(
         }
         Run::F32(w)
     };
-    let amax = match tiles {
-        Some(t) => std::array::from_fn(|b| t.get(b).copied().unwrap_or(0.0)),
-        None => bits.map(f32::from_bits),
+    // The maxima are f32 magnitude patterns: read them as f32 in place.
+    let amax: &[f32] = match tiles {
+        Some(t) => t,
+        None => bytemuck::cast_slice(&bits[..nb]),
     };
     let mut sdb = [0u8; SPAN_NB];
     let mut enc = [0f32; SPAN_NB];
-    block_scales(&amax[..nb], se, sd, &mut sdb[..nb], &mut enc[..nb]);
+    block_scales(amax, se, sd, &mut sdb[..nb], &mut enc[..nb]);
     let done = match p.seed {
         None => encode_run(run, &enc[..nb], None, out, ahead),
         Some(seed) => {
