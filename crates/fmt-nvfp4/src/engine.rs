@@ -530,11 +530,15 @@ fn rowwise_only<T: Element>(
         for (c, (xs, os)) in xr.chunks(span).zip(or.chunks_mut(span / 2)).enumerate() {
             let kb0 = c * span / BLOCK;
             #[cfg(target_arch = "x86_64")]
-            let end = r * k + c * span + xs.len();
-            let ahead = bytemuck::cast_slice(x.get(end..(end + span).min(x.len())).unwrap_or(&[]));
-            if let Some(sdb) = rowwise_span(p, i0 + r, g, kb0, None, xs, ahead, os) {
-                put_row_scales(p, rs, rstride, r, kb0, &sdb[..xs.len() / BLOCK]);
-                continue;
+            {
+                // The next span in the slab (the next row's first after a row's last).
+                let end = r * k + c * span + xs.len();
+                let next = x.get(end..(end + span).min(x.len())).unwrap_or(&[]);
+                let ahead = bytemuck::cast_slice(next);
+                if let Some(sdb) = rowwise_span(p, i0 + r, g, kb0, None, xs, ahead, os) {
+                    put_row_scales(p, rs, rstride, r, kb0, &sdb[..xs.len() / BLOCK]);
+                    continue;
+                }
             }
             for (cc, (xc, oc)) in xs.chunks(CHUNK).zip(os.chunks_mut(CHUNK / 2)).enumerate() {
                 let ahead = (r + AHEAD) * k + c * span + cc * CHUNK;
@@ -553,6 +557,7 @@ fn rowwise_only<T: Element>(
 /// loads.)
 const SPAN_BYTES: usize = 16 * 1024;
 /// Blocks of the longest span (16-bit input).
+#[cfg(target_arch = "x86_64")]
 const SPAN_NB: usize = SPAN_BYTES / 2 / BLOCK;
 
 /// One span of row `i` of 1-D NVFP4 (blocks from `kb0`), in three batched steps: every
@@ -623,14 +628,14 @@ fn rowwise_span<T: Element>(
             let mut rnd = [[0u8; BLOCK]; SPAN_NB];
             for (g, r) in rnd[..nb].chunks_mut(LANES).enumerate() {
                 let blocks: [u32; LANES] = std::array::from_fn(|b| (kb0 + g * LANES + b) as u32);
-                let bits = philox_lanes(
+                let words = philox_lanes(
                     &blocks,
                     &[i as u32; LANES],
                     &[(i as u64 >> 32) as u32; LANES],
                     sr::DIR_ROWWISE,
                     seed,
                 );
-                r.copy_from_slice(&block_bytes(&bits)[..r.len()]);
+                r.copy_from_slice(&block_bytes(&words)[..r.len()]);
             }
             encode_run(run, &enc[..nb], Some(&rnd[..nb]), out, ahead)
         }
@@ -678,26 +683,22 @@ fn rowwise_2d_only<T: Element>(
                 &xg[rr * k + c0..rr * k + c0 + cw]
             };
             span_tiles(p.level, rows, &mut s.wide[..CHUNK], tiles);
-            let tile_amax: [f32; SPAN / BLOCK] =
-                std::array::from_fn(|t| f32::from_bits(tiles.get(t).copied().unwrap_or(0)));
             for rr in 0..BLOCK {
                 let r = g * BLOCK + rr;
                 let xr = &xg[rr * k + c0..rr * k + c0 + cw];
                 let or = &mut rd[r * k / 2 + c0 / 2..r * k / 2 + (c0 + cw) / 2];
                 let global = row_global(p, i0 + r);
                 #[cfg(target_arch = "x86_64")]
-                if let Some(sdb) = rowwise_span(
-                    p,
-                    i0 + r,
-                    global,
-                    c0 / BLOCK,
-                    Some(&tile_amax[..tiles.len()]),
-                    xr,
-                    &[],
-                    or,
-                ) {
-                    put_row_scales(p, rs, rstride, r, c0 / BLOCK, &sdb[..tiles.len()]);
-                    continue;
+                {
+                    // The tile amaxes of this row's blocks; the span is in L2 from the
+                    // tile pass, so nothing to prefetch.
+                    let amax: &[f32] = bytemuck::cast_slice(&*tiles);
+                    if let Some(sdb) =
+                        rowwise_span(p, i0 + r, global, c0 / BLOCK, Some(amax), xr, &[], or)
+                    {
+                        put_row_scales(p, rs, rstride, r, c0 / BLOCK, &sdb[..tiles.len()]);
+                        continue;
+                    }
                 }
                 for (c, (xs, os)) in xr.chunks(CHUNK).zip(or.chunks_mut(CHUNK / 2)).enumerate() {
                     let kb0 = (c0 + c * CHUNK) / BLOCK;
