@@ -587,8 +587,8 @@ fn rowwise_span<T: Element>(
     ahead: &[u8],
     out: &mut [u8],
 ) -> Option<[u8; SPAN_NB]> {
-    use crate::x86_encode::{encode_run, supported};
-    if p.level != Level::Avx512 || !supported() {
+    use crate::x86_encode::encode_run;
+    if !span_encoder::<T>(p) {
         return None;
     }
     let nb = xs.len() / BLOCK;
@@ -643,6 +643,21 @@ fn rowwise_span<T: Element>(
     done.then_some(sdb)
 }
 
+/// Whether [`rowwise_span`] takes runs of `T`: f32 or bf16 input, where the AVX-512
+/// encoder is there (it also checks the lengths).
+#[inline(always)]
+fn span_encoder<T: Element>(p: &Params<'_>) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return matches!(T::DTYPE, DType::F32 | DType::BF16)
+        && p.level == Level::Avx512
+        && crate::x86_encode::supported();
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = p;
+        false
+    }
+}
+
 /// Columns of one span of [`rowwise_2d_only`]: 16 rows of it (128-256 KiB) stay in L2
 /// between the span's two passes.
 const SPAN: usize = 16 * CHUNK;
@@ -676,10 +691,13 @@ fn rowwise_2d_only<T: Element>(
             let mut tiles = [0u32; SPAN / BLOCK];
             let tiles = &mut tiles[..cw / BLOCK];
             let rows = |rr: usize| {
-                // As in `rowwise_only`: the span of a row a few rows ahead (into the
-                // next group at the end of this one) is fetched while this row folds.
-                let ahead = (g * BLOCK + rr + AHEAD) * k + c0;
-                simd::prefetch(x.get(ahead..ahead + cw).unwrap_or(&[]));
+                // Where the AVX-512 encoder runs, the encode pass below fetched this
+                // span; elsewhere, the span of a row a few rows ahead (into the next
+                // group at the end of this one) is fetched while this row folds.
+                if !span_encoder::<T>(p) {
+                    let ahead = (g * BLOCK + rr + AHEAD) * k + c0;
+                    simd::prefetch(x.get(ahead..ahead + cw).unwrap_or(&[]));
+                }
                 &xg[rr * k + c0..rr * k + c0 + cw]
             };
             span_tiles(p.level, rows, &mut s.wide[..CHUNK], tiles);
@@ -690,11 +708,19 @@ fn rowwise_2d_only<T: Element>(
                 let global = row_global(p, i0 + r);
                 #[cfg(target_arch = "x86_64")]
                 {
-                    // The tile amaxes of this row's blocks; the span is in L2 from the
-                    // tile pass, so nothing to prefetch.
+                    // The tile amaxes of this row's blocks (the span is in L2 from the
+                    // tile pass), and this row of the next span (the next group's
+                    // first after a group's last), fetched through the encode.
                     let amax: &[f32] = bytemuck::cast_slice(&*tiles);
+                    let (nr, nc0) = match c0 + span < k {
+                        true => (g * BLOCK + rr, c0 + span),
+                        false => ((g + 1) * BLOCK + rr, 0),
+                    };
+                    let at = nr * k + nc0;
+                    let next = x.get(at..(at + span.min(k - nc0)).min(x.len()));
+                    let ahead = bytemuck::cast_slice(next.unwrap_or(&[]));
                     if let Some(sdb) =
-                        rowwise_span(p, i0 + r, global, c0 / BLOCK, Some(amax), xr, &[], or)
+                        rowwise_span(p, i0 + r, global, c0 / BLOCK, Some(amax), xr, ahead, or)
                     {
                         put_row_scales(p, rs, rstride, r, c0 / BLOCK, &sdb[..tiles.len()]);
                         continue;
