@@ -551,9 +551,8 @@ fn rowwise_only<T: Element>(
 }
 
 /// Input bytes per span of [`rowwise_span`]: half of a 32 KiB L1, so a span's
-/// second and third reads hit it. (Spans of 1-4 KiB were 10-40 % slower: their three
-/// steps are each too short for the out-of-order window to overlap the next span's
-/// loads.)
+/// second and third reads hit it. In a sweep of span sizes (`benchmarks-history.md`),
+/// 1-4 KiB spans of bf16 were 6-40 % slower, and 32 KiB ones no faster.
 const SPAN_BYTES: usize = 16 * 1024;
 /// Blocks of the longest span (16-bit input).
 #[cfg(target_arch = "x86_64")]
