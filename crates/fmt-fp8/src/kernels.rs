@@ -125,8 +125,9 @@ pub(crate) enum Scales<'a> {
 }
 
 impl Scales<'_> {
-    /// The scale of code `j`.
+    /// The scale of code `j` (used by the x86 decoders).
     #[inline(always)]
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn at(self, j: usize) -> f32 {
         match self {
             Scales::One(s) => s,

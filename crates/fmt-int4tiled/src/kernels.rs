@@ -116,6 +116,7 @@ fn group_nibbles<T: Element>(
 }
 
 /// Smallest scale [`group_nibbles`] hands to the hardware bf16 rounding: 2^-100.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const MIN_HARDWARE_SCALE: f32 = f32::from_bits(27 << 23);
 
 /// [`rb`] of a value that is not NaN (infinities are fine): the rounding without the NaN
@@ -247,6 +248,7 @@ pub(crate) struct RowWords<'a> {
     pub half: usize,
     /// Words the AVX-512 walk brings into L2 while it reads this row, a line per slab
     /// (the next tile's share for this row; may be empty).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub ahead: &'a [i32],
 }
 
@@ -261,6 +263,7 @@ impl RowWords<'_> {
 
     /// Whether the kernels may read the words of the first `k` columns (`k` a multiple
     /// of 32): the row's last slab lies inside the tile.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn covers(&self, k: usize) -> bool {
         let slabs = k.div_ceil(32 * self.half);
         matches!(self.half, 1 | 2 | 4)
@@ -389,6 +392,7 @@ pub(crate) fn quantize_tile<T: Element>(
 /// values of [`group_values`], then narrowed to `T` in one call (a call per group of 16
 /// cost as much as the lookups themselves).
 pub(crate) struct RowTables<T> {
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     mode: StoreMode,
     pairs: Vec<[f32; 2]>,
     wide: Vec<f32>,

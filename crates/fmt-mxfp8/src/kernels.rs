@@ -667,8 +667,10 @@ pub(crate) fn tiles_to_columnwise(
     }
 }
 
-/// Where the E8M0 scale code of each value of a decoded run comes from.
+/// Where the E8M0 scale code of each value of a decoded run comes from (read by the
+/// x86 decoder only).
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) enum Codes<'a> {
     /// One code per 32-value block (rowwise).
     PerBlock(&'a [u8]),

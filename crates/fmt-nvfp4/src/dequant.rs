@@ -413,7 +413,7 @@ fn inverse_group<T: Element>(
             return;
         }
     }
-    let _ = (wide, mode, fence);
+    let _ = (level, wide, mode, fence);
     decode_pairs(pairs, f, vals);
     let y = vals;
     for (i, ri) in rht::R.iter().enumerate() {

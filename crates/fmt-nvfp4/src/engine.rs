@@ -1038,6 +1038,7 @@ fn group_values<'a>(
             }
             // Not reached where `Src::of` chose the bits (AVX-512, widths of whole
             // blocks); widened here so that any call still gets the exact sums.
+            let _ = &amax; // filled by the AVX-512 sums only
             local = [0f32; BLOCK * CHUNK];
             for (i, row) in local.chunks_exact_mut(CHUNK).enumerate() {
                 for (d, &b) in row[..cw].iter_mut().zip(&group[i * k..]) {

@@ -30,8 +30,10 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 
+#[cfg(target_arch = "x86_64")]
+use crate::DType;
+use crate::Element;
 use crate::simd::Level;
-use crate::{DType, Element};
 
 /// Outputs at least this large are written with streaming stores by
 /// [`StoreMode::for_output_bytes`]: larger than the last-level cache of the machines this
@@ -205,7 +207,7 @@ pub fn write_f32<T: Element>(
             return unsafe { x86::write_bf16(src, d, fence) };
         }
     }
-    let _ = (level, mode);
+    let _ = (level, mode, fence);
     T::narrow_slice(src, dst);
 }
 
