@@ -590,15 +590,16 @@ fn rowwise_span<T: Element>(
         return None;
     }
     let nb = xs.len() / BLOCK;
-    if nb > SPAN_NB || nb * BLOCK != xs.len() || out.len() * 2 != xs.len() {
-        return None;
-    }
-    if tiles.is_some_and(|t| t.len() != nb) {
+    if nb > SPAN_NB
+        || nb * BLOCK != xs.len()
+        || out.len() * 2 != xs.len()
+        || tiles.is_some_and(|t| t.len() != nb)
+    {
         return None;
     }
     let mut bits = [0u32; SPAN_NB];
     let maxima = tiles.is_none();
-    let run = if let Some(b) = quant_core::dtype::bf16_slice_bits(xs) {
+    let run = if let Some(b) = encoder_bits(p, xs) {
         if maxima {
             block_abs_max_bf16(p.level, b, NanRule::Ignore, &mut bits[..nb]);
         }
@@ -641,8 +642,9 @@ fn rowwise_span<T: Element>(
     done.then_some(sdb)
 }
 
-/// Whether [`rowwise_span`] takes runs of `T`: f32 or bf16 input, where the AVX-512
-/// encoder is there (it also checks the lengths).
+/// Whether the AVX-512 encoder ([`crate::x86_encode`]) takes runs of `T` as they are:
+/// f32 or bf16 input at [`Level::Avx512`], VBMI present. [`rowwise_span`] runs only
+/// then (it also checks the lengths), and [`encoder_bits`] reads bf16 as bits only then.
 #[inline(always)]
 fn span_encoder<T: Element>(p: &Params<'_>) -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -911,12 +913,9 @@ fn widen_bf16_block(bits: &[u16]) -> [f32; BLOCK] {
 /// the widening copy, its block maxima and codes reading the bits.
 #[inline(always)]
 fn encoder_bits<'a, T: Element>(p: &Params<'_>, xs: &'a [T]) -> Option<&'a [u16]> {
-    #[cfg(target_arch = "x86_64")]
-    if p.level == Level::Avx512 && crate::x86_encode::supported() {
-        return quant_core::dtype::bf16_slice_bits(xs);
-    }
-    let _ = (p, xs);
-    None
+    span_encoder::<T>(p)
+        .then(|| quant_core::dtype::bf16_slice_bits(xs))
+        .flatten()
 }
 
 /// 4over6 rowwise: the scalar candidate functions of [`crate::kernel`], block by block.
