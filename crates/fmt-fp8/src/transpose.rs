@@ -41,7 +41,8 @@ const PITCH_PAD: usize = 64;
 /// Writes the `rows x cols` codes tile `codes` (row stride `stride`), transposed, into
 /// rows `j0..j0+cols` of `strip` (whose width is `rows`), each row with
 /// [`write_bytes`] at the level and in the store mode given. `scratch` holds
-/// `rows * cols`.
+/// `rows * cols`. `between(jj)` runs after row `j0 + jj` is written (the caller's
+/// prefetches, spread over the stores).
 #[inline]
 pub(crate) fn store_transposed(
     codes: &[u8],
@@ -54,10 +55,12 @@ pub(crate) fn store_transposed(
         (simd::Level, StoreMode, &Fence),
     ),
     scratch: &mut [u8],
+    mut between: impl FnMut(usize),
 ) {
     simd::transpose_bytes(codes, stride, scratch, rows, rows, cols);
     for (jj, src) in scratch.chunks_exact(rows).take(cols).enumerate() {
         write_bytes(level, src, strip.row_mut(j0 + jj), mode, fence);
+        between(jj);
     }
 }
 
