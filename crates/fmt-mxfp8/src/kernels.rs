@@ -608,25 +608,38 @@ fn slab<T: Element>(
             }
             // Columnwise scales of the group: one code per column (2-D: per tile).
             if let Some((_, cs)) = job.col.as_mut() {
-                for j in 0..cw {
-                    let code = if two_d {
-                        tile_code[j / BLOCK]
-                    } else {
-                        col_code[j]
-                    };
-                    let col = c0 + j;
-                    match cs {
-                        ColScales::Compact(s) => s[g * cstride + col] = code,
-                        ColScales::Swizzled(st) => {
-                            st.row_mut(col / 128)[(col % 32) * 16 + ((col % 128) / 32) * 4 + g] =
-                                code
-                        }
+                if two_d {
+                    for (c, &t) in col_code[..cw].chunks_exact_mut(BLOCK).zip(tile_code.iter()) {
+                        c.fill(t);
                     }
+                }
+                write_col_codes(cs, [g, cstride, c0], &col_code[..cw]);
+            }
+        }
+    }
+}
+
+/// Writes group `g`'s column codes (`codes[j]` is column `c0 + j`'s; `c0` and the
+/// length are multiples of 32) into the slab's columnwise scales: one copy into the
+/// compact rows, a 32-column block at a time into the swizzled tiles. (Matching the
+/// layout per byte, with its divisions, was a tenth of the columnwise quantize.)
+fn write_col_codes(cs: &mut ColScales<'_>, [g, cstride, c0]: [usize; 3], codes: &[u8]) {
+    match cs {
+        ColScales::Compact(s) => s[g * cstride + c0..][..codes.len()].copy_from_slice(codes),
+        ColScales::Swizzled(st) => {
+            for (b, block) in codes.chunks_exact(BLOCK).enumerate() {
+                let col = c0 + b * BLOCK;
+                // Tile `col / 128`; within it, column `t` of the block is at
+                // `t * 16 + ((col % 128) / 32) * 4 + g`.
+                let tile = &mut st.row_mut(col / 128)[(col % 128) / BLOCK * 4 + g..];
+                for (t, &code) in block.iter().enumerate() {
+                    tile[t * 16] = code;
                 }
             }
         }
     }
 }
+
 /// One 32-row group's chunk (`cw` columns from `c0`) of bf16 input at AVX-512, 1x32
 /// blocks, without widening it: the column maxima folded on the bits
 /// ([`column_abs_max_bf16`]), the columnwise codes from the per-column exponents in
