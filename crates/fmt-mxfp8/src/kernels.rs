@@ -972,8 +972,7 @@ mod tests {
         two_d: bool,
         layout: ScaleLayout,
         xs: &[T],
-        m: usize,
-        k: usize,
+        [m, k]: [usize; 2],
     ) -> [Vec<u8>; 4] {
         let [rr, rc] = rowwise_scale_shape(m, k);
         let [cr, cc] = columnwise_scale_shape(m, k);
@@ -1014,11 +1013,12 @@ mod tests {
                                 let what = format!(
                                     "[{m}, {k}] {level} {dtype:?} {rule:?} {layout:?} 2d={two_d}"
                                 );
-                                let whole = run(cfg, two_d, layout, &f, m, k);
-                                let narrow = with_chunk(96, || run(cfg, two_d, layout, &f, m, k));
+                                let whole = run(cfg, two_d, layout, &f, [m, k]);
+                                let narrow = with_chunk(96, || run(cfg, two_d, layout, &f, [m, k]));
                                 assert!(whole == narrow, "f32 {what}");
-                                let whole = run(cfg, two_d, layout, &b, m, k);
-                                let narrow = with_chunk(1024, || run(cfg, two_d, layout, &b, m, k));
+                                let whole = run(cfg, two_d, layout, &b, [m, k]);
+                                let narrow =
+                                    with_chunk(1024, || run(cfg, two_d, layout, &b, [m, k]));
                                 assert!(whole == narrow, "bf16 {what}");
                             }
                         }
