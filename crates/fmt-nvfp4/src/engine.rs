@@ -104,6 +104,9 @@ struct Scratch {
     pairs: Vec<u8>,
     /// Transposed pairs, `[CHUNK][SLAB/2]`.
     tposed: Vec<u8>,
+    /// The per-block arrays of [`rowwise_span`].
+    #[cfg(target_arch = "x86_64")]
+    span: Box<SpanScratch>,
 }
 
 impl Scratch {
@@ -113,6 +116,13 @@ impl Scratch {
             codes: vec![0; BLOCK * CHUNK],
             pairs: vec![0; SLAB / 2 * CHUNK],
             tposed: vec![0; SLAB / 2 * CHUNK],
+            #[cfg(target_arch = "x86_64")]
+            span: Box::new(SpanScratch {
+                bits: [0; SPAN_NB],
+                sdb: [0; SPAN_NB],
+                enc: [0.0; SPAN_NB],
+                rnd: [[0; BLOCK]; SPAN_NB],
+            }),
         }
     }
 }
@@ -371,6 +381,31 @@ fn block_bytes(bits: &[[u32; LANES]; 4], out: &mut [[u8; BLOCK]]) {
     }
 }
 
+/// The rowwise random bytes ([`block_bytes`]) of blocks `blocks[..out.len()]` (at most
+/// 16) of row `row`. Sixteen at [`Level::Avx512`] go through `philox_x86`, which keeps
+/// the words in registers from the rounds to the stores: through [`philox_lanes`] and
+/// [`block_bytes`] LLVM spilled and copied them a word at a time.
+#[inline(always)]
+fn row_bytes(level: Level, blocks: &[u32; LANES], row: u64, seed: u64, out: &mut [[u8; BLOCK]]) {
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512
+        && let Ok(all) = <&mut [[u8; BLOCK]; LANES]>::try_from(&mut *out)
+        && crate::philox_x86::block_bytes16(blocks, row, sr::DIR_ROWWISE, seed, all)
+    {
+        return;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = level;
+    let words = philox_lanes(
+        blocks,
+        &[row as u32; LANES],
+        &[(row >> 32) as u32; LANES],
+        sr::DIR_ROWWISE,
+        seed,
+    );
+    block_bytes(&words, out);
+}
+
 /// One slab.
 #[inline(always)]
 fn slab<T: Element>(
@@ -387,7 +422,7 @@ fn slab<T: Element>(
         (&job.col, p.two_d, p.four_over_six, job.row.as_mut())
     {
         let own = job.own_amax.as_deref_mut();
-        rowwise_only(p, k, rstride, job.i0, x, rd, rs, own, &mut s.wide[..CHUNK]);
+        rowwise_only(p, k, rstride, job.i0, x, rd, rs, own, s);
         return;
     }
     if let (None, true, None, Some((rd, rs))) =
@@ -511,7 +546,7 @@ fn rowwise_only<T: Element>(
     rd: &mut [u8],
     rs: &mut [u8],
     mut own_amax: Option<&mut [f32]>,
-    wide: &mut [f32],
+    s: &mut Scratch,
 ) {
     for (r, (xr, or)) in x
         .chunks_exact(k)
@@ -534,8 +569,8 @@ fn rowwise_only<T: Element>(
                 let end = r * k + c * span + xs.len();
                 let next = x.get(end..(end + span).min(x.len())).unwrap_or(&[]);
                 let ahead = bytemuck::cast_slice(next);
-                if let Some(sdb) = rowwise_span(p, i0 + r, g, kb0, None, xs, ahead, os) {
-                    put_row_scales(p, rs, rstride, r, kb0, &sdb[..xs.len() / BLOCK]);
+                if rowwise_span(p, i0 + r, g, kb0, None, xs, ahead, os, &mut s.span) {
+                    put_row_scales(p, rs, rstride, r, kb0, &s.span.sdb[..xs.len() / BLOCK]);
                     continue;
                 }
             }
@@ -543,7 +578,7 @@ fn rowwise_only<T: Element>(
                 let ahead = (r + AHEAD) * k + c * span + cc * CHUNK;
                 simd::prefetch(x.get(ahead..ahead + xc.len()).unwrap_or(&[]));
                 let kb = kb0 + cc * NB;
-                let sdb = rowwise_run(p, i0 + r, g, kb, xc, wide, None, oc);
+                let sdb = rowwise_run(p, i0 + r, g, kb, xc, &mut s.wide[..CHUNK], None, oc);
                 put_row_scales(p, rs, rstride, r, kb, &sdb[..xc.len() / BLOCK]);
             }
         }
@@ -558,14 +593,29 @@ const SPAN_BYTES: usize = 16 * 1024;
 #[cfg(target_arch = "x86_64")]
 const SPAN_NB: usize = SPAN_BYTES / 2 / BLOCK;
 
+/// The per-block arrays of one [`rowwise_span`], kept in the worker's [`Scratch`]:
+/// declared in the function they were zeroed on every call, 12.5 KiB per 16 KiB span
+/// (`memset` was 3 % of the stochastic-rounding quantize profile).
+#[cfg(target_arch = "x86_64")]
+struct SpanScratch {
+    /// Block maxima (f32 magnitude patterns).
+    bits: [u32; SPAN_NB],
+    /// Block scale codes (E4M3), the span's result.
+    sdb: [u8; SPAN_NB],
+    /// Per-block encode multipliers.
+    enc: [f32; SPAN_NB],
+    /// Per-block random bytes (stochastic rounding).
+    rnd: [[u8; BLOCK]; SPAN_NB],
+}
+
 /// One span of row `i` of 1-D NVFP4 (blocks from `kb0`), in three batched steps: every
 /// block maximum, every scale, then every code (the AVX-512 encoder, which also
 /// prefetches `ahead`, the bytes of the next span, spread over its steps; reading the f32
 /// values in place or bf16 as bits; under stochastic rounding with the random bytes of
 /// every block drawn first, 16 blocks per [`philox_lanes`]). With `tiles` (2-D: one
-/// tile amax per block of the span), those replace the block maxima. Returns the span's scale
-/// codes, or `None` (nothing written) where that encoder does not take the span; the
-/// caller then runs [`rowwise_run`] chunk by chunk.
+/// tile amax per block of the span), those replace the block maxima. Returns `true`
+/// with the span's scale codes in `sp.sdb`, or `false` (nothing written) where that
+/// encoder does not take the span; the caller then runs [`rowwise_run`] chunk by chunk.
 ///
 /// Per 256-value chunk, as `rowwise_run` walks, each step waits on the last: the block
 /// maxima are stored and reloaded, the scales (a division per block) then wait on them,
@@ -584,10 +634,11 @@ fn rowwise_span<T: Element>(
     xs: &[T],
     ahead: &[u8],
     out: &mut [u8],
-) -> Option<[u8; SPAN_NB]> {
+    sp: &mut SpanScratch,
+) -> bool {
     use crate::x86_encode::encode_run;
     if !span_encoder::<T>(p) {
-        return None;
+        return false;
     }
     let nb = xs.len() / BLOCK;
     if nb > SPAN_NB
@@ -595,9 +646,14 @@ fn rowwise_span<T: Element>(
         || out.len() * 2 != xs.len()
         || tiles.is_some_and(|t| t.len() != nb)
     {
-        return None;
+        return false;
     }
-    let mut bits = [0u32; SPAN_NB];
+    let SpanScratch {
+        bits,
+        sdb,
+        enc,
+        rnd,
+    } = sp;
     let maxima = tiles.is_none();
     let run = if let Some(b) = encoder_bits(p, xs) {
         if maxima {
@@ -605,9 +661,12 @@ fn rowwise_span<T: Element>(
         }
         Run::Bf16(b)
     } else {
-        let w = bytemuck::try_cast_slice::<T, f32>(xs)
+        let Some(w) = bytemuck::try_cast_slice::<T, f32>(xs)
             .ok()
-            .filter(|_| T::DTYPE == DType::F32)?;
+            .filter(|_| T::DTYPE == DType::F32)
+        else {
+            return false;
+        };
         if maxima {
             block_abs_max(p.level, w, NanRule::Ignore, &mut bits[..nb]);
         }
@@ -618,28 +677,17 @@ fn rowwise_span<T: Element>(
         Some(t) => t,
         None => bytemuck::cast_slice(&bits[..nb]),
     };
-    let mut sdb = [0u8; SPAN_NB];
-    let mut enc = [0f32; SPAN_NB];
     block_scales(amax, se, sd, &mut sdb[..nb], &mut enc[..nb]);
-    let done = match p.seed {
+    match p.seed {
         None => encode_run(run, &enc[..nb], None, out, ahead),
         Some(seed) => {
-            let mut rnd = [[0u8; BLOCK]; SPAN_NB];
             for (g, r) in rnd[..nb].chunks_mut(LANES).enumerate() {
                 let blocks: [u32; LANES] = std::array::from_fn(|b| (kb0 + g * LANES + b) as u32);
-                let words = philox_lanes(
-                    &blocks,
-                    &[i as u32; LANES],
-                    &[(i as u64 >> 32) as u32; LANES],
-                    sr::DIR_ROWWISE,
-                    seed,
-                );
-                block_bytes(&words, r);
+                row_bytes(p.level, &blocks, i as u64, seed, r);
             }
             encode_run(run, &enc[..nb], Some(&rnd[..nb]), out, ahead)
         }
-    };
-    done.then_some(sdb)
+    }
 }
 
 /// Whether the AVX-512 encoder ([`crate::x86_encode`]) takes runs of `T` as they are:
@@ -719,10 +767,18 @@ fn rowwise_2d_only<T: Element>(
                     let at = nr * k + nc0;
                     let next = x.get(at..(at + span.min(k - nc0)).min(x.len()));
                     let ahead = bytemuck::cast_slice(next.unwrap_or(&[]));
-                    if let Some(sdb) =
-                        rowwise_span(p, i0 + r, global, c0 / BLOCK, Some(amax), xr, ahead, or)
-                    {
-                        put_row_scales(p, rs, rstride, r, c0 / BLOCK, &sdb[..tiles.len()]);
+                    if rowwise_span(
+                        p,
+                        i0 + r,
+                        global,
+                        c0 / BLOCK,
+                        Some(amax),
+                        xr,
+                        ahead,
+                        or,
+                        &mut s.span,
+                    ) {
+                        put_row_scales(p, rs, rstride, r, c0 / BLOCK, &s.span.sdb[..tiles.len()]);
                         continue;
                     }
                 }
@@ -863,15 +919,8 @@ fn rowwise_run<T: Element>(
         }
         (Some(seed), _) => {
             let blocks: [u32; NB] = std::array::from_fn(|b| (kb0 + b) as u32);
-            let bits = philox_lanes(
-                &blocks,
-                &[i as u32; NB],
-                &[(i as u64 >> 32) as u32; NB],
-                sr::DIR_ROWWISE,
-                seed,
-            );
             let mut bytes = [[0u8; BLOCK]; LANES];
-            block_bytes(&bits, &mut bytes);
+            row_bytes(p.level, &blocks, i as u64, seed, &mut bytes);
             #[cfg(target_arch = "x86_64")]
             {
                 use crate::x86_encode::{Run, encode_run_sr};
@@ -1632,6 +1681,36 @@ mod tests {
                 let lane = [got[0][l], got[1][l], got[2][l], got[3][l]];
                 assert_eq!(lane, want, "seed {seed} dir {dir} row {r} lane {l}");
             }
+        }
+    }
+
+    #[test]
+    fn row_bytes_follow_block_bits_at_every_level() {
+        for (seed, row) in [
+            (0u64, 0u64),
+            (u64::MAX, u64::MAX - 3),
+            (0x0123_4567_89AB_CDEF, 1 << 40),
+        ] {
+            let blocks: [u32; LANES] =
+                std::array::from_fn(|l| (l as u32).wrapping_mul(0x9E37_79B9) ^ row as u32);
+            quant_core::simd::for_each_supported_level(|level| {
+                // Whole (16 blocks, the AVX-512 kernel there) and partial runs.
+                for n in [LANES, 5, 1] {
+                    let mut out = [[0xEEu8; BLOCK]; LANES];
+                    row_bytes(level, &blocks, row, seed, &mut out[..n]);
+                    for (l, got) in out.iter().enumerate() {
+                        let words = sr::block_bits(seed, sr::DIR_ROWWISE, row, blocks[l]);
+                        let want: [u8; BLOCK] = std::array::from_fn(|e| {
+                            if l < n {
+                                sr::element_bits(&words, e) as u8
+                            } else {
+                                0xEE
+                            }
+                        });
+                        assert_eq!(*got, want, "{level} seed {seed} row {row} n {n} block {l}");
+                    }
+                }
+            });
         }
     }
 

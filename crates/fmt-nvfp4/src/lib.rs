@@ -111,6 +111,9 @@ mod dequant;
 mod engine;
 mod kernel;
 pub mod layout;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // AVX-512 intrinsics; every block has a SAFETY comment
+mod philox_x86;
 mod quantizer;
 pub mod reference;
 pub mod rht;
