@@ -1182,6 +1182,30 @@ fn pairs_rn(level: Level, pair: Pair<'_>, enc: &[f32], out: &mut [u8]) {
     }
 }
 
+/// The AVX-512 stochastic-rounding row pair of a columnwise group
+/// ([`crate::x86_encode::encode_pairs_sr`]); `false` (nothing written) below
+/// [`Level::Avx512`] or where that kernel declines, the caller then encoding each row's
+/// codes and packing them.
+#[inline(always)]
+fn pairs_sr(
+    level: Level,
+    lo: &[f32],
+    hi: &[f32],
+    enc: &[f32],
+    words: &[u32],
+    shift: u32,
+    out: &mut [u8],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return level == Level::Avx512
+        && crate::x86_encode::encode_pairs_sr(lo, hi, enc, words, shift, out);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (level, lo, hi, enc, words, shift, out);
+        false
+    }
+}
+
 /// Columnwise quantization of one chunk of the slab (rows of `x^T` = columns of `x`).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
@@ -1252,7 +1276,16 @@ fn columnwise_chunk(
                             bits[w][c..c + 16].copy_from_slice(&b[w]);
                         }
                     }
-                    for (e, (v, cr)) in vals.iter().zip(codes.chunks_exact_mut(CHUNK)).enumerate() {
+                    // Straight to row pairs where the AVX-512 encoder runs: rows 2q and
+                    // 2q + 1 take bytes 2(q % 2) and 2(q % 2) + 1 of word q / 2.
+                    packed = vals.chunks_exact(2).enumerate().all(|(q, two)| {
+                        let dst = &mut s.pairs[(g * BLOCK / 2 + q) * CHUNK..][..cw];
+                        let (lo, hi) = (&two[0][..cw], &two[1][..cw]);
+                        let (words, shift) = (&bits[q / 2][..cw], 16 * (q % 2) as u32);
+                        pairs_sr(p.level, lo, hi, &enc[..cw], words, shift, dst)
+                    });
+                    let rows = vals.iter().zip(codes.chunks_exact_mut(CHUNK));
+                    for (e, (v, cr)) in rows.enumerate().filter(|_| !packed) {
                         let (word, shift) = (e / 4, 8 * (e % 4));
                         for (((c, &x), &en), &bw) in cr[..cw]
                             .iter_mut()

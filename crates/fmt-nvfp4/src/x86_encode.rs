@@ -20,7 +20,7 @@ use std::arch::x86_64::{
     _mm512_mask_ternarylogic_epi32, _mm512_max_epu32, _mm512_min_epu32, _mm512_mul_ps,
     _mm512_or_si512, _mm512_permutex2var_epi8, _mm512_permutex2var_epi32, _mm512_permutexvar_epi32,
     _mm512_set1_epi32, _mm512_set1_ps, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srli_epi64,
-    _mm512_sub_epi32, _mm512_test_epi32_mask,
+    _mm512_srlv_epi32, _mm512_sub_epi32, _mm512_test_epi32_mask,
 };
 
 use quant_core::simd::Level;
@@ -112,24 +112,91 @@ pub(crate) fn encode_pairs_rn(lo: Run<'_>, hi: Run<'_>, enc: &[f32], out: &mut [
     true
 }
 
+/// [`encode_pairs_rn`] under stochastic rounding, for f32 rows `lo` and `hi` (stored
+/// rows `2q` and `2q + 1` of a 16-row group): column `c`'s random bytes are bytes
+/// `shift / 8` (for `lo`) and `shift / 8 + 1` (for `hi`) of `words[c]`, the word of
+/// its block that holds those two elements ([`crate::sr::element_bits`] of the column's
+/// block). The bytes of the portable per-element rule then pack. `false` (nothing
+/// written) as for [`encode_pairs_rn`], or unless `words.len() == enc.len()` and
+/// `shift` is 0 or 16.
+#[inline]
+pub(crate) fn encode_pairs_sr(
+    lo: &[f32],
+    hi: &[f32],
+    enc: &[f32],
+    words: &[u32],
+    shift: u32,
+    out: &mut [u8],
+) -> bool {
+    let n = enc.len();
+    if lo.len() != n
+        || hi.len() != n
+        || out.len() != n
+        || words.len() != n
+        || !n.is_multiple_of(BLOCK)
+        || !matches!(shift, 0 | 16)
+        || !supported()
+    {
+        return false;
+    }
+    // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked above).
+    unsafe { pairs_f32_sr(lo, hi, enc, words, shift, out) };
+    true
+}
+
+/// 16 f32 of `w` from `c` (one unaligned 512-bit load).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn load16(w: &[f32], c: usize) -> __m512 {
+    let v = &w[c..c + 16];
+    // SAFETY: `v` is 16 f32.
+    unsafe { _mm512_loadu_ps(v.as_ptr()) }
+}
+
 /// [`encode_pairs_rn`] of f32 rows after its checks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 fn pairs_f32(a: &[f32], b: &[f32], enc: &[f32], out: &mut [u8]) {
-    let load = |w: &[f32], c: usize| {
-        let v = &w[c..c + 16];
-        // SAFETY: `v` is 16 f32 (one unaligned 512-bit load).
-        unsafe { _mm512_loadu_ps(v.as_ptr()) }
+    let k = Consts::new();
+    pairs_with(
+        |c| load16(a, c),
+        |c| load16(b, c),
+        |_, _, v| codes(v, &k),
+        enc,
+        out,
+    )
+}
+
+/// [`encode_pairs_sr`] after its checks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+fn pairs_f32_sr(a: &[f32], b: &[f32], enc: &[f32], words: &[u32], shift: u32, out: &mut [u8]) {
+    let k = Consts::new();
+    let byte = _mm512_set1_epi32(0xFF);
+    let shifts = [
+        _mm512_set1_epi32(shift as i32),
+        _mm512_set1_epi32(shift as i32 + 8),
+    ];
+    let code = |c: usize, row: usize, v| {
+        // SAFETY: `c + 16 <= words.len()` (checked lengths, `c` steps by 16 below
+        // `enc.len()`); one unaligned 512-bit load.
+        let w = unsafe { _mm512_loadu_si512(words.as_ptr().add(c).cast()) };
+        sr_codes_lanes(
+            v,
+            _mm512_and_si512(_mm512_srlv_epi32(w, shifts[row]), byte),
+            &k,
+        )
     };
-    pairs_with(|c| load(a, c), |c| load(b, c), enc, out)
+    pairs_with(|c| load16(a, c), |c| load16(b, c), code, enc, out)
 }
 
 /// [`encode_pairs_rn`] of bf16 rows (bits, widened exactly in the register) after its
 /// checks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 fn pairs_bf16(a: &[u16], b: &[u16], enc: &[f32], out: &mut [u8]) {
+    let k = Consts::new();
     pairs_with(
         |c| widen_bf16(&a[c..c + 16]),
         |c| widen_bf16(&b[c..c + 16]),
+        |_, _, v| codes(v, &k),
         enc,
         out,
     )
@@ -145,22 +212,23 @@ fn widen_bf16(v: &[u16]) -> __m512 {
     crate::rht_x86::widen_bf16_bits(v)
 }
 
-/// [`encode_pairs_rn`] after its checks: `lo(c)` and `hi(c)` give the 16 values of
-/// columns `c..c + 16` of each row.
+/// [`encode_pairs_rn`] and [`encode_pairs_sr`] after their checks: `lo(c)` and `hi(c)`
+/// give the 16 values of columns `c..c + 16` of each row, `code(c, row, v)` the codes
+/// of their scaled values (`row` 0 for `lo`, 1 for `hi`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 fn pairs_with(
     lo: impl Fn(usize) -> __m512,
     hi: impl Fn(usize) -> __m512,
+    code: impl Fn(usize, usize, __m512) -> __m512i,
     enc: &[f32],
     out: &mut [u8],
 ) {
-    let k = Consts::new();
     for c in (0..enc.len()).step_by(BLOCK) {
         // SAFETY: `c + 16 <= enc.len()` (a multiple of 16); one unaligned 512-bit load.
         let e = unsafe { _mm512_loadu_ps(enc.as_ptr().add(c)) };
-        let a = codes(_mm512_mul_ps(lo(c), e), &k);
-        let b = codes(_mm512_mul_ps(hi(c), e), &k);
+        let a = code(c, 0, _mm512_mul_ps(lo(c), e));
+        let b = code(c, 1, _mm512_mul_ps(hi(c), e));
         let bytes = _mm512_cvtepi32_epi8(_mm512_or_si512(a, _mm512_slli_epi32::<4>(b)));
         let o = &mut out[c..c + BLOCK];
         // SAFETY: `o` is 16 bytes (one unaligned 128-bit store).
@@ -394,12 +462,19 @@ fn codes(v: __m512, k: &Consts) -> __m512i {
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn sr_codes(v: __m512, r: __m128i, k: &Consts) -> __m512i {
+    sr_codes_lanes(v, _mm512_cvtepu8_epi32(r), k)
+}
+
+/// [`sr_codes`] with the random bytes already one per 32-bit lane (0..=255).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn sr_codes_lanes(v: __m512, r: __m512i, k: &Consts) -> __m512i {
     let bits = _mm512_castps_si512(v);
     let abits = _mm512_and_si512(bits, k.abs);
     let clamped = _mm512_min_epu32(_mm512_max_epu32(abits, k.one), k.four);
     let jitter = _mm512_sub_epi32(_mm512_and_si512(clamped, k.exponent), k.nine);
     let t = _mm512_fmadd_ps(
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(r)),
+        _mm512_cvtepi32_ps(r),
         _mm512_castsi512_ps(jitter),
         _mm512_castsi512_ps(abits),
     );
