@@ -432,13 +432,12 @@ fn slab<T: Element>(
         return;
     }
     // The plain columnwise-only recipe on bf16: straight from the bits, nothing widened.
-    let bits = quant_core::dtype::bf16_slice_bits(x).filter(|_| {
-        job.row.is_none() && !p.two_d && !p.rht && p.four_over_six.is_none() && p.seed.is_none()
-    });
+    let bits = quant_core::dtype::bf16_slice_bits(x)
+        .filter(|_| job.row.is_none() && !p.two_d && !p.rht && p.four_over_six.is_none());
     if let (Some(bits), Some(col)) = (bits, job.col.as_mut()) {
         for c0 in (0..k).step_by(CHUNK) {
             let cw = CHUNK.min(k - c0);
-            columnwise_chunk_bf16(p, k, c0, cw, bits, col, s);
+            columnwise_chunk_bf16(p, k, job.i0, c0, cw, bits, col, s);
         }
         return;
     }
@@ -1182,28 +1181,59 @@ fn pairs_rn(level: Level, pair: Pair<'_>, enc: &[f32], out: &mut [u8]) {
     }
 }
 
-/// The AVX-512 stochastic-rounding row pair of a columnwise group
-/// ([`crate::x86_encode::encode_pairs_sr`]); `false` (nothing written) below
-/// [`Level::Avx512`] or where that kernel declines, the caller then encoding each row's
-/// codes and packing them.
+/// [`pairs_rn`] under stochastic rounding: column `c`'s random bytes are bytes
+/// `shift / 8` (for `lo`) and `shift / 8 + 1` (for `hi`) of `words[c]`, the Philox word
+/// of the column's block that holds the pair's two elements (`shift` 0 or 16:
+/// [`sr::element_bits`] of rows `2q`, `2q + 1` is word `q / 2`, bytes `2(q % 2)` and
+/// `2(q % 2) + 1`). With the AVX-512 encoder where it runs
+/// ([`crate::x86_encode::encode_pairs_sr`]), else [`sr_code`] per value.
 #[inline(always)]
-fn pairs_sr(
-    level: Level,
-    lo: &[f32],
-    hi: &[f32],
-    enc: &[f32],
-    words: &[u32],
-    shift: u32,
-    out: &mut [u8],
-) -> bool {
+fn pairs_sr(level: Level, pair: Pair<'_>, enc: &[f32], words: &[u32], shift: u32, out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
-    return level == Level::Avx512
-        && crate::x86_encode::encode_pairs_sr(lo, hi, enc, words, shift, out);
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (level, lo, hi, enc, words, shift, out);
-        false
+    if level == Level::Avx512 {
+        let (lo, hi) = match pair {
+            Pair::F32(a, b) => (Run::F32(a), Run::F32(b)),
+            Pair::Bf16(a, b) => (Run::Bf16(a), Run::Bf16(b)),
+        };
+        if crate::x86_encode::encode_pairs_sr(lo, hi, enc, words, shift, out) {
+            return;
+        }
     }
+    let _ = level;
+    let pair_byte = |x: f32, y: f32, e: f32, w: u32| {
+        sr_code(x * e, (w >> shift) & 0xFF) | sr_code(y * e, (w >> (shift + 8)) & 0xFF) << 4
+    };
+    let cols = out.iter_mut().zip(enc).zip(words);
+    match pair {
+        Pair::F32(a, b) => {
+            for (((d, &e), &w), (&x, &y)) in cols.zip(a.iter().zip(b)) {
+                *d = pair_byte(x, y, e, w);
+            }
+        }
+        Pair::Bf16(a, b) => {
+            let f = f32_from_bf16_bits;
+            for (((d, &e), &w), (&x, &y)) in cols.zip(a.iter().zip(b)) {
+                *d = pair_byte(f(x), f(y), e, w);
+            }
+        }
+    }
+}
+
+/// The columnwise Philox words of 16-row group `group` (its block index in every
+/// column) for columns `c0..c0 + cw`: `words[w][c]` is word `w` of
+/// [`sr::block_bits`]`(seed, DIR_COLUMNWISE, c0 + c, group)`.
+#[inline(always)]
+fn group_words(group: u32, c0: usize, cw: usize, seed: u64) -> [[u32; CHUNK]; 4] {
+    let mut words = [[0u32; CHUNK]; 4];
+    for c in (0..cw).step_by(LANES) {
+        let lo: [u32; LANES] = std::array::from_fn(|l| (c0 + c + l) as u32);
+        let hi: [u32; LANES] = std::array::from_fn(|l| ((c0 + c + l) as u64 >> 32) as u32);
+        let b = philox_lanes(&[group; LANES], &lo, &hi, sr::DIR_COLUMNWISE, seed);
+        for (dst, src) in words.iter_mut().zip(&b) {
+            dst[c..c + LANES].copy_from_slice(src);
+        }
+    }
+    words
 }
 
 /// Columnwise quantization of one chunk of the slab (rows of `x^T` = columns of `x`).
@@ -1231,7 +1261,8 @@ fn columnwise_chunk(
         let mb = (i0 / BLOCK + g) as u32;
         let mut sdb = [0u8; CHUNK];
         let codes = &mut s.codes[..BLOCK * CHUNK];
-        // Whether the group's row pairs were written directly.
+        // Whether the group's row pairs were written directly (all but 4over6, which
+        // chooses its codes per block).
         let mut packed = false;
         if let Some(mode) = p.four_over_six {
             four_over_six_cols(p, mode, vals, cw, nb, g, tile_amax, c0, &mut sdb, codes);
@@ -1263,41 +1294,18 @@ fn columnwise_chunk(
                         let (lo, hi) = (&two[0][..cw], &two[1][..cw]);
                         pairs_rn(p.level, Pair::F32(lo, hi), &enc[..cw], dst);
                     }
-                    packed = true;
                 }
                 Some(seed) => {
-                    let mut bits = [[0u32; CHUNK]; 4];
-                    for c in (0..cw).step_by(16) {
-                        let kk: [u32; 16] = std::array::from_fn(|l| (c0 + c + l) as u32);
-                        let hi: [u32; 16] =
-                            std::array::from_fn(|l| ((c0 + c + l) as u64 >> 32) as u32);
-                        let b = philox_lanes(&[mb; 16], &kk, &hi, sr::DIR_COLUMNWISE, seed);
-                        for w in 0..4 {
-                            bits[w][c..c + 16].copy_from_slice(&b[w]);
-                        }
-                    }
-                    // Straight to row pairs where the AVX-512 encoder runs: rows 2q and
-                    // 2q + 1 take bytes 2(q % 2) and 2(q % 2) + 1 of word q / 2.
-                    packed = vals.chunks_exact(2).enumerate().all(|(q, two)| {
+                    let words = group_words(mb, c0, cw, seed);
+                    for (q, two) in vals.chunks_exact(2).enumerate() {
                         let dst = &mut s.pairs[(g * BLOCK / 2 + q) * CHUNK..][..cw];
-                        let (lo, hi) = (&two[0][..cw], &two[1][..cw]);
-                        let (words, shift) = (&bits[q / 2][..cw], 16 * (q % 2) as u32);
-                        pairs_sr(p.level, lo, hi, &enc[..cw], words, shift, dst)
-                    });
-                    let rows = vals.iter().zip(codes.chunks_exact_mut(CHUNK));
-                    for (e, (v, cr)) in rows.enumerate().filter(|_| !packed) {
-                        let (word, shift) = (e / 4, 8 * (e % 4));
-                        for (((c, &x), &en), &bw) in cr[..cw]
-                            .iter_mut()
-                            .zip(&v[..cw])
-                            .zip(&enc[..cw])
-                            .zip(&bits[word][..cw])
-                        {
-                            *c = sr_code(x * en, (bw >> shift) & 0xFF);
-                        }
+                        let pair = Pair::F32(&two[0][..cw], &two[1][..cw]);
+                        let (w, shift) = (&words[q / 2][..cw], 16 * (q % 2) as u32);
+                        pairs_sr(p.level, pair, &enc[..cw], w, shift, dst);
                     }
                 }
             }
+            packed = true;
         }
         // Pack row pairs: pairs[8g + q][c] = code(2q) | code(2q+1) << 4.
         for q in (0..BLOCK / 2).filter(|_| !packed) {
@@ -1316,16 +1324,17 @@ fn columnwise_chunk(
     store_columnwise(p, c0, cw, rows, &scales, col, s);
 }
 
-/// [`columnwise_chunk`] of bf16 input read as bits, for the plain recipe (1-D blocks, no
-/// RHT, no 4over6, round to nearest): each 16-row group's column maxima folded on the
-/// bits ([`column_abs_max_bf16`]) and its row pairs encoded from them
-/// ([`pairs_rn`]), so the chunk is never widened. The same bytes: the column amax is
+/// [`columnwise_chunk`] of bf16 input read as bits, for the 1-D recipe without RHT or
+/// 4over6 (round to nearest or stochastic): each 16-row group's column maxima folded on
+/// the bits ([`column_abs_max_bf16`]) and its row pairs encoded from them ([`pairs_rn`],
+/// [`pairs_sr`]), so the chunk is never widened. The same bytes: the column amax is
 /// the same NaN-ignoring maximum, and the encoder sees the exactly widened values.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn columnwise_chunk_bf16(
     p: &Params<'_>,
     k: usize,
+    i0: usize,
     c0: usize,
     cw: usize,
     bits: &[u16],
@@ -1354,10 +1363,24 @@ fn columnwise_chunk_bf16(
             &mut sdb[..cw],
             &mut enc[..cw],
         );
+        let words = p
+            .seed
+            .map(|seed| group_words((i0 / BLOCK + g) as u32, c0, cw, seed));
         for q in 0..BLOCK / 2 {
             let r = g * BLOCK + 2 * q;
             let dst = &mut s.pairs[(g * BLOCK / 2 + q) * CHUNK..][..cw];
-            pairs_rn(p.level, Pair::Bf16(run(r), run(r + 1)), &enc[..cw], dst);
+            let pair = Pair::Bf16(run(r), run(r + 1));
+            match &words {
+                None => pairs_rn(p.level, pair, &enc[..cw], dst),
+                Some(w) => pairs_sr(
+                    p.level,
+                    pair,
+                    &enc[..cw],
+                    &w[q / 2][..cw],
+                    16 * (q % 2) as u32,
+                    dst,
+                ),
+            }
         }
         for (sc, &code) in scales[..cw].iter_mut().zip(&sdb[..cw]) {
             sc[g] = code;

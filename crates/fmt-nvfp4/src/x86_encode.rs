@@ -112,8 +112,8 @@ pub(crate) fn encode_pairs_rn(lo: Run<'_>, hi: Run<'_>, enc: &[f32], out: &mut [
     true
 }
 
-/// [`encode_pairs_rn`] under stochastic rounding, for f32 rows `lo` and `hi` (stored
-/// rows `2q` and `2q + 1` of a 16-row group): column `c`'s random bytes are bytes
+/// [`encode_pairs_rn`] under stochastic rounding, for rows `lo` and `hi` (stored rows
+/// `2q` and `2q + 1` of a 16-row group): column `c`'s random bytes are bytes
 /// `shift / 8` (for `lo`) and `shift / 8 + 1` (for `hi`) of `words[c]`, the word of
 /// its block that holds those two elements ([`crate::sr::element_bits`] of the column's
 /// block). The bytes of the portable per-element rule then pack. `false` (nothing
@@ -121,8 +121,8 @@ pub(crate) fn encode_pairs_rn(lo: Run<'_>, hi: Run<'_>, enc: &[f32], out: &mut [
 /// `shift` is 0 or 16.
 #[inline]
 pub(crate) fn encode_pairs_sr(
-    lo: &[f32],
-    hi: &[f32],
+    lo: Run<'_>,
+    hi: Run<'_>,
     enc: &[f32],
     words: &[u32],
     shift: u32,
@@ -139,8 +139,13 @@ pub(crate) fn encode_pairs_sr(
     {
         return false;
     }
-    // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked above).
-    unsafe { pairs_f32_sr(lo, hi, enc, words, shift, out) };
+    match (lo, hi) {
+        // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked above).
+        (Run::F32(a), Run::F32(b)) => unsafe { pairs_f32_sr(a, b, enc, words, shift, out) },
+        // SAFETY: as above.
+        (Run::Bf16(a), Run::Bf16(b)) => unsafe { pairs_bf16_sr(a, b, enc, words, shift, out) },
+        _ => return false,
+    }
     true
 }
 
@@ -166,9 +171,33 @@ fn pairs_f32(a: &[f32], b: &[f32], enc: &[f32], out: &mut [u8]) {
     )
 }
 
-/// [`encode_pairs_sr`] after its checks.
+/// [`encode_pairs_sr`] of f32 rows after its checks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 fn pairs_f32_sr(a: &[f32], b: &[f32], enc: &[f32], words: &[u32], shift: u32, out: &mut [u8]) {
+    pairs_sr_with(|c| load16(a, c), |c| load16(b, c), enc, words, shift, out)
+}
+
+/// [`encode_pairs_sr`] of bf16 rows (bits, widened exactly in the register) after its
+/// checks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+fn pairs_bf16_sr(a: &[u16], b: &[u16], enc: &[f32], words: &[u32], shift: u32, out: &mut [u8]) {
+    let lo = |c: usize| widen_bf16(&a[c..c + 16]);
+    let hi = |c: usize| widen_bf16(&b[c..c + 16]);
+    pairs_sr_with(lo, hi, enc, words, shift, out)
+}
+
+/// [`encode_pairs_sr`] after its checks, `lo(c)` and `hi(c)` as for [`pairs_with`]: the
+/// random bytes shifted out of each column's word in the register.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+fn pairs_sr_with(
+    lo: impl Fn(usize) -> __m512,
+    hi: impl Fn(usize) -> __m512,
+    enc: &[f32],
+    words: &[u32],
+    shift: u32,
+    out: &mut [u8],
+) {
     let k = Consts::new();
     let byte = _mm512_set1_epi32(0xFF);
     let shifts = [
@@ -179,13 +208,10 @@ fn pairs_f32_sr(a: &[f32], b: &[f32], enc: &[f32], words: &[u32], shift: u32, ou
         // SAFETY: `c + 16 <= words.len()` (checked lengths, `c` steps by 16 below
         // `enc.len()`); one unaligned 512-bit load.
         let w = unsafe { _mm512_loadu_si512(words.as_ptr().add(c).cast()) };
-        sr_codes_lanes(
-            v,
-            _mm512_and_si512(_mm512_srlv_epi32(w, shifts[row]), byte),
-            &k,
-        )
+        let r = _mm512_and_si512(_mm512_srlv_epi32(w, shifts[row]), byte);
+        sr_codes_lanes(v, r, &k)
     };
-    pairs_with(|c| load16(a, c), |c| load16(b, c), code, enc, out)
+    pairs_with(lo, hi, code, enc, out)
 }
 
 /// [`encode_pairs_rn`] of bf16 rows (bits, widened exactly in the register) after its
