@@ -431,13 +431,20 @@ fn slab<T: Element>(
         rowwise_2d_only(p, k, rstride, job.i0, x, rd, rs, s);
         return;
     }
-    // The plain columnwise-only recipe on bf16: straight from the bits, nothing widened.
-    let bits = quant_core::dtype::bf16_slice_bits(x)
-        .filter(|_| job.row.is_none() && !p.two_d && !p.rht && p.four_over_six.is_none());
-    if let (Some(bits), Some(col)) = (bits, job.col.as_mut()) {
+    // The 1-D columnwise-only recipe on bf16 or f32: straight from the input, nothing
+    // widened.
+    let direct = job.row.is_none() && !p.two_d && !p.rht && p.four_over_six.is_none();
+    if let (Some(slab), Some(col)) = (Slab::of(x).filter(|_| direct), job.col.as_mut()) {
         for c0 in (0..k).step_by(CHUNK) {
             let cw = CHUNK.min(k - c0);
-            columnwise_chunk_bf16(p, k, job.i0, c0, cw, bits, col, s);
+            // One call per variant, so that each inlined copy sees its variant as a
+            // constant (one call with `slab` ran bf16 2-3 % slower).
+            match slab {
+                Slab::F32(w) => columnwise_chunk_direct(p, k, job.i0, c0, cw, Slab::F32(w), col, s),
+                Slab::Bf16(b) => {
+                    columnwise_chunk_direct(p, k, job.i0, c0, cw, Slab::Bf16(b), col, s)
+                }
+            }
         }
         return;
     }
@@ -1324,37 +1331,101 @@ fn columnwise_chunk(
     store_columnwise(p, c0, cw, rows, &scales, col, s);
 }
 
-/// [`columnwise_chunk`] of bf16 input read as bits, for the 1-D recipe without RHT or
-/// 4over6 (round to nearest or stochastic): each 16-row group's column maxima folded on
-/// the bits ([`column_abs_max_bf16`]) and its row pairs encoded from them ([`pairs_rn`],
-/// [`pairs_sr`]), so the chunk is never widened. The same bytes: the column amax is
-/// the same NaN-ignoring maximum, and the encoder sees the exactly widened values.
+/// A slab's input as it is, for [`columnwise_chunk_direct`]: f32 values, or bf16 bits.
+#[derive(Clone, Copy)]
+enum Slab<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [u16]),
+}
+
+impl<'a> Slab<'a> {
+    /// `x` as f32 or bf16 bits; `None` for the other input types (f16), which widen.
+    fn of<T: Element>(x: &'a [T]) -> Option<Slab<'a>> {
+        if let Some(bits) = quant_core::dtype::bf16_slice_bits(x) {
+            return Some(Slab::Bf16(bits));
+        }
+        let w = bytemuck::try_cast_slice::<T, f32>(x).ok();
+        w.filter(|_| T::DTYPE == DType::F32).map(Slab::F32)
+    }
+
+    fn len(self) -> usize {
+        match self {
+            Slab::F32(w) => w.len(),
+            Slab::Bf16(b) => b.len(),
+        }
+    }
+
+    /// Fetches the values at `at` (a closure doing this was compiled out of line, 2 %
+    /// of the bf16 profile).
+    #[inline(always)]
+    fn prefetch(self, at: std::ops::Range<usize>) {
+        match self {
+            Slab::F32(w) => simd::prefetch(&w[at]),
+            Slab::Bf16(b) => simd::prefetch(&b[at]),
+        }
+    }
+
+    /// The rows at `lo` and `hi` as a [`Pair`].
+    #[inline(always)]
+    fn pair(self, lo: std::ops::Range<usize>, hi: std::ops::Range<usize>) -> Pair<'a> {
+        match self {
+            Slab::F32(w) => Pair::F32(&w[lo], &w[hi]),
+            Slab::Bf16(b) => Pair::Bf16(&b[lo], &b[hi]),
+        }
+    }
+}
+
+/// [`columnwise_chunk`] of f32 or bf16 input read in place, for the 1-D recipe without
+/// RHT or 4over6 (round to nearest or stochastic): each 16-row group's column maxima
+/// folded on the input rows (bf16 on the bits, [`column_abs_max_bf16`]) and its row
+/// pairs encoded from them ([`pairs_rn`], [`pairs_sr`]), so the chunk is never copied
+/// into the widened scratch (for f32 that copy, a `memmove`, was a third of the
+/// profile). The same bytes: the column amax is the same NaN-ignoring maximum, and the
+/// encoder sees the same (exactly widened) values.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn columnwise_chunk_bf16(
+fn columnwise_chunk_direct(
     p: &Params<'_>,
     k: usize,
     i0: usize,
     c0: usize,
     cw: usize,
-    bits: &[u16],
+    slab: Slab<'_>,
     col: &mut ColOut<'_>,
     s: &mut Scratch,
 ) {
-    let rows = bits.len() / k;
+    let rows = slab.len() / k;
     let (se, sd) = col_globals(p, c0, cw);
     let mut scales = [[0u8; SLAB / BLOCK]; CHUNK];
-    let run = |r: usize| &bits[r * k + c0..][..cw];
+    let at = |r: usize| r * k + c0..r * k + c0 + cw;
     for g in 0..rows / BLOCK {
-        let mut keys = [0u16; CHUNK];
-        for r in g * BLOCK..(g + 1) * BLOCK {
-            // As the widening walk does: fetch the run a few rows ahead.
+        // As the widening walk does: fetch each row's run a few rows ahead.
+        let ahead = |r: usize| {
             if r + AHEAD < rows {
-                simd::prefetch(run(r + AHEAD));
+                slab.prefetch(at(r + AHEAD));
             }
-            column_abs_max_bf16(run(r), NanRule::Ignore, &mut keys[..cw]);
+        };
+        let mut amax = [0f32; CHUNK];
+        match slab {
+            Slab::Bf16(b) => {
+                let mut keys = [0u16; CHUNK];
+                for r in g * BLOCK..(g + 1) * BLOCK {
+                    ahead(r);
+                    column_abs_max_bf16(&b[at(r)], NanRule::Ignore, &mut keys[..cw]);
+                }
+                for (a, &key) in amax.iter_mut().zip(&keys) {
+                    *a = f32_from_bf16_bits(key);
+                }
+            }
+            Slab::F32(w) => {
+                for r in g * BLOCK..(g + 1) * BLOCK {
+                    ahead(r);
+                    for (a, &x) in amax[..cw].iter_mut().zip(&w[at(r)]) {
+                        *a = fmax_nan_loses(*a, x.abs());
+                    }
+                }
+            }
         }
-        let amax: [f32; CHUNK] = std::array::from_fn(|c| f32_from_bf16_bits(keys[c]));
         let (mut sdb, mut enc) = ([0u8; CHUNK], [0f32; CHUNK]);
         block_scales_each(
             &amax[..cw],
@@ -1372,9 +1443,9 @@ fn columnwise_chunk_bf16(
             None => None,
         };
         for q in 0..BLOCK / 2 {
-            let r = g * BLOCK + 2 * q;
             let dst = &mut s.pairs[(g * BLOCK / 2 + q) * CHUNK..][..cw];
-            let pair = Pair::Bf16(run(r), run(r + 1));
+            let r = g * BLOCK + 2 * q;
+            let pair = slab.pair(at(r), at(r + 1));
             match &words {
                 None => pairs_rn(p.level, pair, &enc[..cw], dst),
                 Some(w) => pairs_sr(
