@@ -1268,9 +1268,9 @@ fn columnwise_chunk(
         let mb = (i0 / BLOCK + g) as u32;
         let mut sdb = [0u8; CHUNK];
         let codes = &mut s.codes[..BLOCK * CHUNK];
-        // Whether the group's row pairs were written directly (all but 4over6, which
-        // chooses its codes per block).
-        let mut packed = false;
+        // Whether the group's row pairs are written directly (all but 4over6, which
+        // chooses its codes per block and packs them below).
+        let packed = p.four_over_six.is_none();
         if let Some(mode) = p.four_over_six {
             four_over_six_cols(p, mode, vals, cw, nb, g, tile_amax, c0, &mut sdb, codes);
         } else {
@@ -1312,7 +1312,6 @@ fn columnwise_chunk(
                     }
                 }
             }
-            packed = true;
         }
         // Pack row pairs: pairs[8g + q][c] = code(2q) | code(2q+1) << 4.
         for q in (0..BLOCK / 2).filter(|_| !packed) {
