@@ -1243,6 +1243,71 @@ fn group_words(group: u32, c0: usize, cw: usize, seed: u64) -> [[u32; CHUNK]; 4]
     words
 }
 
+/// `amax[c] = max(amax[c], |row[c]|)`, NaN ignored: the f32 column maxima of a group,
+/// one row at a time.
+#[inline(always)]
+fn fold_abs_max(amax: &mut [f32], row: &[f32]) {
+    for (a, &x) in amax.iter_mut().zip(row) {
+        *a = fmax_nan_loses(*a, x.abs());
+    }
+}
+
+/// Where [`group_pairs`] reads a 16-row group's rows: the widened chunk (`[row][c]`,
+/// columns from 0), or the slab in place (rows `r0..r0 + 16` of a `k`-column slab,
+/// columns from the chunk's `c0`).
+#[derive(Clone, Copy)]
+enum GroupRows<'a> {
+    Wide(&'a [[f32; CHUNK]]),
+    Slab { slab: Slab<'a>, k: usize, r0: usize },
+}
+
+impl<'a> GroupRows<'a> {
+    /// Rows `2q` and `2q + 1` of the group, columns `c0..c0 + cw` of the chunk.
+    #[inline(always)]
+    fn pair(self, q: usize, c0: usize, cw: usize) -> Pair<'a> {
+        match self {
+            GroupRows::Wide(vals) => Pair::F32(&vals[2 * q][..cw], &vals[2 * q + 1][..cw]),
+            GroupRows::Slab { slab, k, r0 } => {
+                let lo = (r0 + 2 * q) * k + c0;
+                slab.pair(lo..lo + cw, lo + k..lo + k + cw)
+            }
+        }
+    }
+}
+
+/// The packed row pairs of a chunk's 16-row group (columns `c0..c0 + cw`) into the
+/// group's eight rows of `pairs` (`[8][CHUNK]`), from its block encode scales `enc`: round to nearest ([`pairs_rn`]) or, under a seed, stochastic
+/// ([`pairs_sr`], with the Philox words of `group`, the group's block index down the
+/// columns).
+#[inline(always)]
+fn group_pairs(
+    p: &Params<'_>,
+    rows: GroupRows<'_>,
+    group: u32,
+    (c0, cw): (usize, usize),
+    enc: &[f32; CHUNK],
+    pairs: &mut [u8],
+) {
+    // Not `Option::map`: its closure was compiled out of line, without the dispatched
+    // level's instructions (the Philox rounds in SSE2, a third of the profile).
+    #[allow(clippy::manual_map)]
+    let words = match p.seed {
+        Some(seed) => Some(group_words(group, c0, cw, seed)),
+        None => None,
+    };
+    for q in 0..BLOCK / 2 {
+        let dst = &mut pairs[q * CHUNK..][..cw];
+        let pair = rows.pair(q, c0, cw);
+        match &words {
+            None => pairs_rn(p.level, pair, &enc[..cw], dst),
+            Some(w) => {
+                let (w, shift) = (&w[q / 2][..cw], 16 * (q % 2) as u32);
+                pairs_sr(p.level, pair, &enc[..cw], w, shift, dst);
+            }
+        }
+    }
+}
+
 /// Columnwise quantization of one chunk of the slab (rows of `x^T` = columns of `x`).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
@@ -1280,9 +1345,7 @@ fn columnwise_chunk(
                 }
             } else if !have_amax {
                 for v in vals.iter() {
-                    for (a, &x) in amax[..cw].iter_mut().zip(&v[..cw]) {
-                        *a = fmax_nan_loses(*a, x.abs());
-                    }
+                    fold_abs_max(&mut amax[..cw], &v[..cw]);
                 }
             }
             let mut enc = [0f32; CHUNK];
@@ -1293,25 +1356,10 @@ fn columnwise_chunk(
                 &mut sdb[..cw],
                 &mut enc[..cw],
             );
-            match p.seed {
-                None => {
-                    // Straight to row pairs, no codes in between.
-                    for (q, two) in vals.chunks_exact(2).enumerate() {
-                        let dst = &mut s.pairs[(g * BLOCK / 2 + q) * CHUNK..][..cw];
-                        let (lo, hi) = (&two[0][..cw], &two[1][..cw]);
-                        pairs_rn(p.level, Pair::F32(lo, hi), &enc[..cw], dst);
-                    }
-                }
-                Some(seed) => {
-                    let words = group_words(mb, c0, cw, seed);
-                    for (q, two) in vals.chunks_exact(2).enumerate() {
-                        let dst = &mut s.pairs[(g * BLOCK / 2 + q) * CHUNK..][..cw];
-                        let pair = Pair::F32(&two[0][..cw], &two[1][..cw]);
-                        let (w, shift) = (&words[q / 2][..cw], 16 * (q % 2) as u32);
-                        pairs_sr(p.level, pair, &enc[..cw], w, shift, dst);
-                    }
-                }
-            }
+            // Straight to row pairs, no codes in between.
+            let rows = GroupRows::Wide(vals);
+            let pairs = &mut s.pairs[g * BLOCK / 2 * CHUNK..][..BLOCK / 2 * CHUNK];
+            group_pairs(p, rows, mb, (c0, cw), &enc, pairs);
         }
         // Pack row pairs: pairs[8g + q][c] = code(2q) | code(2q+1) << 4.
         for q in (0..BLOCK / 2).filter(|_| !packed) {
@@ -1419,9 +1467,7 @@ fn columnwise_chunk_direct(
             Slab::F32(w) => {
                 for r in g * BLOCK..(g + 1) * BLOCK {
                     ahead(r);
-                    for (a, &x) in amax[..cw].iter_mut().zip(&w[at(r)]) {
-                        *a = fmax_nan_loses(*a, x.abs());
-                    }
+                    fold_abs_max(&mut amax[..cw], &w[at(r)]);
                 }
             }
         }
@@ -1433,30 +1479,13 @@ fn columnwise_chunk_direct(
             &mut sdb[..cw],
             &mut enc[..cw],
         );
-        // Not `Option::map`: its closure was compiled out of line, without the
-        // dispatched level's instructions (the Philox rounds in SSE2, a third of the
-        // profile).
-        #[allow(clippy::manual_map)]
-        let words = match p.seed {
-            Some(seed) => Some(group_words((i0 / BLOCK + g) as u32, c0, cw, seed)),
-            None => None,
+        let rows = GroupRows::Slab {
+            slab,
+            k,
+            r0: g * BLOCK,
         };
-        for q in 0..BLOCK / 2 {
-            let dst = &mut s.pairs[(g * BLOCK / 2 + q) * CHUNK..][..cw];
-            let r = g * BLOCK + 2 * q;
-            let pair = slab.pair(at(r), at(r + 1));
-            match &words {
-                None => pairs_rn(p.level, pair, &enc[..cw], dst),
-                Some(w) => pairs_sr(
-                    p.level,
-                    pair,
-                    &enc[..cw],
-                    &w[q / 2][..cw],
-                    16 * (q % 2) as u32,
-                    dst,
-                ),
-            }
-        }
+        let pairs = &mut s.pairs[g * BLOCK / 2 * CHUNK..][..BLOCK / 2 * CHUNK];
+        group_pairs(p, rows, (i0 / BLOCK + g) as u32, (c0, cw), &enc, pairs);
         for (sc, &code) in scales[..cw].iter_mut().zip(&sdb[..cw]) {
             sc[g] = code;
         }
