@@ -357,12 +357,13 @@ impl Int4TiledQuantizer {
         let n_tiles = geo.n_tiles();
         let expert = geo.n * geo.k;
         let level = simd::level();
+        let mode = StoreMode::for_output_bytes(std::mem::size_of_val(packed));
         packed
             .par_chunks_mut(geo.k_padded)
             .zip(strips)
             .enumerate()
             .for_each_init(
-                || kernels::Scratch::new(&geo),
+                || kernels::Scratch::new(&geo, mode),
                 |scratch, (i, (words, mut strip))| {
                     let (e, nt) = (i / n_tiles, i % n_tiles);
                     let x = &xs[e * expert..(e + 1) * expert];

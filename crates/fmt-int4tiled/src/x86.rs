@@ -30,12 +30,12 @@ use std::arch::x86_64::{
     _mm512_cvtepu8_epi16, _mm512_cvtepu16_epi32, _mm512_cvtne2ps_pbh, _mm512_cvtps_ph,
     _mm512_extracti64x4_epi64, _mm512_inserti64x4, _mm512_loadu_si512, _mm512_mask_add_epi32,
     _mm512_mask_blend_epi32, _mm512_mask_mov_epi32, _mm512_mask_storeu_epi32,
-    _mm512_maskz_loadu_epi32, _mm512_max_epi16, _mm512_min_epi16, _mm512_mul_ps, _mm512_or_si512,
-    _mm512_permutex2var_epi8, _mm512_permutexvar_epi16, _mm512_permutexvar_epi32,
-    _mm512_set1_epi16, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setr_epi32, _mm512_setr_ps,
-    _mm512_setzero_ps, _mm512_setzero_si512, _mm512_shuffle_i32x4, _mm512_sllv_epi32,
-    _mm512_srlv_epi32, _mm512_sub_ps, _mm512_testn_epi32_mask, _mm512_unpackhi_epi16,
-    _mm512_unpacklo_epi16,
+    _mm512_maskz_loadu_epi8, _mm512_maskz_loadu_epi32, _mm512_max_epi16, _mm512_min_epi16,
+    _mm512_mul_ps, _mm512_or_si512, _mm512_permutex2var_epi8, _mm512_permutexvar_epi16,
+    _mm512_permutexvar_epi32, _mm512_set1_epi16, _mm512_set1_epi32, _mm512_set1_ps,
+    _mm512_setr_epi32, _mm512_setr_ps, _mm512_setzero_ps, _mm512_setzero_si512,
+    _mm512_shuffle_i32x4, _mm512_slli_epi16, _mm512_sllv_epi32, _mm512_srlv_epi32, _mm512_sub_ps,
+    _mm512_testn_epi32_mask, _mm512_unpackhi_epi16, _mm512_unpacklo_epi16,
 };
 
 use quant_core::bf16_narrow::x86::{narrow16_int, narrow32_exact};
@@ -489,11 +489,110 @@ pub(crate) fn nibbles_bf16_if_supported(xs: &[u16], min_val: f32, r: f32, u: &mu
     true
 }
 
-/// [`pack_row`] when the CPU has AVX-512; `false` (nothing written) otherwise.
+/// [`pack_row_vbmi`] where the CPU has AVX-512 VBMI, else [`pack_row`] where it has
+/// AVX-512; `false` (nothing written) otherwise.
 #[inline(always)]
 pub(crate) fn pack_row_if_supported(u: &[u8], nr: usize, half: usize, tile: &mut [i32]) -> bool {
+    if !Level::Avx512.is_supported() {
+        return false;
+    }
+    if std::is_x86_feature_detected!("avx512vbmi") {
+        // SAFETY: the CPU has AVX-512 F, BW (`Level::Avx512`) and VBMI (checked).
+        return unsafe { pack_row_vbmi(u, nr, half, tile) };
+    }
     // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
-    Level::Avx512.is_supported() && unsafe { pack_row(u, nr, half, tile) }
+    unsafe { pack_row(u, nr, half, tile) }
+}
+
+/// The byte of a slab's nibbles (`32·half` of them, block `p` at `32p`) that goes into
+/// the low nibble of byte `o` of the slab's packed words (`[c][p]`: word `c·half + p`);
+/// the high nibble's source is 8 further on. `None` past the slab's `16·half` bytes.
+///
+/// Byte `b` of block `p`'s word `c` is `u[s] | u[s + 8] << 4` with `s = 2c, 16 + 2c,
+/// 2c + 1, 17 + 2c` for `b = 0, 1, 2, 3` (the bytes `V[2c], W[2c], V[2c+1], W[2c+1]` of
+/// [`crate::kernels`]' `pack32`).
+const fn packed_source(half: usize, o: usize) -> Option<usize> {
+    if o >= 16 * half {
+        return None;
+    }
+    let (w, b) = (o / 4, o % 4);
+    let (c, p) = (w / half, w % half);
+    let s = match b {
+        0 => 2 * c,
+        1 => 16 + 2 * c,
+        2 => 2 * c + 1,
+        _ => 17 + 2 * c,
+    };
+    Some(32 * p + s)
+}
+
+/// `vpermt2b` indices of [`pack_row_vbmi`] for `half` (1, 2 or 4): the low nibbles'
+/// sources, then the high nibbles' (bytes past the slab read byte 0, never stored).
+const fn pack_gather(half: usize) -> [[u8; 64]; 2] {
+    let mut g = [[0u8; 64]; 2];
+    let mut o = 0;
+    while o < 64 {
+        if let Some(s) = packed_source(half, o) {
+            g[0][o] = s as u8;
+            g[1][o] = (s + 8) as u8;
+        }
+        o += 1;
+    }
+    g
+}
+
+/// [`pack_gather`] of `half` = 1, 2, 4.
+const PACK_GATHER: [[[u8; 64]; 2]; 3] = [pack_gather(1), pack_gather(2), pack_gather(4)];
+
+/// [`pack_row`] with byte permutes: a slab's `32·half` nibble bytes (up to two
+/// registers) are gathered twice by `vpermt2b`, straight into the `[c][p]` order of the
+/// stored words, once for each byte's low nibble and once for its high one, which is
+/// shifted up and ORed in: six operations and one masked store per slab, where
+/// [`pack_row`] spends seven per 32-nibble block.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+pub(crate) fn pack_row_vbmi(u: &[u8], nr: usize, half: usize, tile: &mut [i32]) -> bool {
+    let slab = 32 * half;
+    let k = u.len();
+    let fits = RowWords {
+        tile,
+        nr,
+        half,
+        ahead: &[],
+    }
+    .covers(k);
+    if !(fits && k.is_multiple_of(slab)) {
+        return false;
+    }
+    let [lo_index, hi_index] = &PACK_GATHER[half.trailing_zeros() as usize];
+    // SAFETY: 64 bytes each (unaligned 512-bit loads).
+    let (lo_index, hi_index) = unsafe {
+        (
+            _mm512_loadu_si512(lo_index.as_ptr().cast()),
+            _mm512_loadu_si512(hi_index.as_ptr().cast()),
+        )
+    };
+    let mask = ((1u32 << (4 * half)) - 1) as u16;
+    let first = u64::MAX >> (64 - slab.min(64));
+    for (kot, us) in u.chunks_exact(slab).enumerate() {
+        // SAFETY: the first mask reads `min(slab, 64)` bytes of `us`; the second load
+        // runs only when `us` has 128 bytes (`half` = 4).
+        let (a, b) = unsafe {
+            let a = _mm512_maskz_loadu_epi8(first, us.as_ptr().cast());
+            let b = match half {
+                4 => _mm512_loadu_si512(us.as_ptr().add(64).cast()),
+                _ => a,
+            };
+            (a, b)
+        };
+        let lo = _mm512_permutex2var_epi8(a, lo_index, b);
+        let hi = _mm512_permutex2var_epi8(a, hi_index, b);
+        let words = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi));
+        let at = (kot * LANES + nr * 4) * half;
+        // SAFETY: the mask writes words `at .. at + 4·half`, inside the tile because it
+        // covers the row's `k` columns (checked above); masked-off words are untouched.
+        unsafe { _mm512_mask_storeu_epi32(tile.as_mut_ptr().add(at), mask, words) };
+    }
+    true
 }
 
 #[cfg(test)]
@@ -501,6 +600,44 @@ mod tests {
     use super::*;
     use half::bf16;
     use quantfmt_testkit::XorShift64;
+
+    /// Both AVX-512 packers against the portable one, word for word, for every
+    /// `inner_k_tiles` (`half` 1, 2, 4), each row of the n-tile and rows of one to five
+    /// slabs of random nibbles; words of other rows keep their sentinel.
+    #[test]
+    fn packers_equal_the_portable_one() {
+        if !Level::Avx512.is_supported() {
+            eprintln!("note: no AVX-512 on this CPU (or level forced lower): skipped");
+            return;
+        }
+        let vbmi = std::is_x86_feature_detected!("avx512vbmi");
+        if !vbmi {
+            eprintln!("note: no AVX-512 VBMI on this CPU: pack_row_vbmi not checked");
+        }
+        let mut rng = XorShift64::new(0x0BAC_CA1A);
+        for half in [1, 2, 4] {
+            for slabs in 1..=5 {
+                let k = 32 * half * slabs;
+                for nr in 0..8 {
+                    let u: Vec<u8> = (0..k).map(|_| (rng.next_u64() % 16) as u8).collect();
+                    let sentinel = vec![0x5A5A_5A5Ai32; k];
+                    let mut want = sentinel.clone();
+                    crate::kernels::pack_row(Level::Scalar, &u, nr, 2 * half, &mut want);
+                    assert_ne!(want, sentinel, "half {half} slabs {slabs} nr {nr}");
+                    let mut got = sentinel.clone();
+                    // SAFETY: the CPU has AVX-512 F and BW (checked above).
+                    assert!(unsafe { pack_row(&u, nr, half, &mut got) });
+                    assert_eq!(got, want, "pack_row half {half} slabs {slabs} nr {nr}");
+                    if vbmi {
+                        let mut got = sentinel.clone();
+                        // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked above).
+                        assert!(unsafe { pack_row_vbmi(&u, nr, half, &mut got) });
+                        assert_eq!(got, want, "vbmi half {half} slabs {slabs} nr {nr}");
+                    }
+                }
+            }
+        }
+    }
 
     /// The register tables against the portable ones, bit for bit: every bf16 scale
     /// (NaN, infinities, subnormals and zeros included) with random bf16 zeros, plus
