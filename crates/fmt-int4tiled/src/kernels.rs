@@ -70,11 +70,11 @@ use crate::qparams::{
 /// near a rounding boundary, the exact f64 product.
 ///
 /// On the bf16 path with bf16 input, [`Level::Avx512`] and AVX-512 BF16 round in
-/// hardware ([`crate::x86::nibbles_bf16_if_supported`]) where the scale is at least
-/// 2^-100 (its subnormal flush then cannot change a nibble).
+/// hardware ([`crate::x86::Bf16Nibbles`]) where the scale is at least 2^-100 (its
+/// subnormal flush then cannot change a nibble).
 #[inline(always)]
 fn group_nibbles<T: Element>(
-    level: Level,
+    caps: Caps,
     path: QParamsPath,
     xs: &[T],
     p: &GroupParams,
@@ -88,14 +88,14 @@ fn group_nibbles<T: Element>(
     match (path, fast) {
         (QParamsPath::Bf16, Some(r)) => {
             #[cfg(target_arch = "x86_64")]
-            if level == Level::Avx512
+            if let Some(hw) = caps.nibbles_bf16
                 && p.scale >= MIN_HARDWARE_SCALE
                 && let Some(bits) = bf16_slice_bits(xs)
-                && crate::x86::nibbles_bf16_if_supported(bits, p.min_val, r, u)
+                && hw.run(bits, p.min_val, r, u)
             {
                 return;
             }
-            let _ = level;
+            let _ = caps;
             for (o, &x) in u.iter_mut().zip(xs) {
                 *o = to_nibble(rb_no_nan(rb_no_nan(x.to_f32() - p.min_val) * r));
             }
@@ -112,6 +112,31 @@ fn group_nibbles<T: Element>(
             }
         }
         _ => group_nibbles_f64(path, xs, p, u),
+    }
+}
+
+/// What [`group_nibbles`] may run: the dispatch level's hardware nibble kernel, found
+/// once per task (probed per group, the features cost 5 % of the bf16 quantize).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Caps {
+    #[cfg(target_arch = "x86_64")]
+    nibbles_bf16: Option<crate::x86::Bf16Nibbles>,
+}
+
+impl Caps {
+    /// The kernels of `level` that this CPU has.
+    pub(crate) fn new(level: Level) -> Caps {
+        #[cfg(target_arch = "x86_64")]
+        return Caps {
+            nibbles_bf16: (level == Level::Avx512)
+                .then(crate::x86::Bf16Nibbles::detect)
+                .flatten(),
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = level;
+            Caps {}
+        }
     }
 }
 
@@ -346,6 +371,7 @@ pub(crate) fn quantize_tile<T: Element>(
     let g = geo.group_size;
     let logical = geo.logical_groups();
     let batch = batch_groups::<T>(g);
+    let caps = Caps::new(level);
     let ahead = PREFETCH_BYTES / std::mem::size_of::<T>();
     for nr in 0..N_TILE {
         let n = nt * N_TILE + nr;
@@ -380,8 +406,8 @@ pub(crate) fn quantize_tile<T: Element>(
                 let gi = g0 + i;
                 let u = &mut s.u[gi * g..(gi + 1) * g];
                 match bits {
-                    Some(_) => group_nibbles(level, path, &src[i * g..(i + 1) * g], p, u),
-                    None => group_nibbles(level, path, &w[i * g..(i + 1) * g], p, u),
+                    Some(_) => group_nibbles(caps, path, &src[i * g..(i + 1) * g], p, u),
+                    None => group_nibbles(caps, path, &w[i * g..(i + 1) * g], p, u),
                 }
                 // Rows are consecutive in `x`, so the lines ahead run on into the next row.
                 let next = n * geo.k + gi * g + ahead;
@@ -662,7 +688,7 @@ mod tests {
                 ..GroupParams::default()
             };
             let mut u = vec![0u8; xs.len()];
-            group_nibbles(Level::Scalar, QParamsPath::F32, &xs, &p, &mut u);
+            group_nibbles(Caps::new(Level::Scalar), QParamsPath::F32, &xs, &p, &mut u);
             let want: Vec<u8> = xs.iter().map(|&x| to_nibble(x / s)).collect();
             assert_eq!(u, want, "scale = {s:e}");
         }
@@ -711,12 +737,13 @@ mod tests {
                     let (mn, mx) = min_max(&xs);
                     let p = group_params(path, mn, mx, e);
                     let mut got = vec![0u8; xs.len()];
-                    group_nibbles(Level::Scalar, path, &xs, &p, &mut got);
+                    group_nibbles(Caps::new(Level::Scalar), path, &xs, &p, &mut got);
                     assert_eq!(got, want, "{path:?}, eps {e:e}, round {round}");
                     // bf16 input at this CPU's level: AVX-512 BF16 rounds in hardware.
                     let xb: Vec<bf16> = xs.iter().map(|&x| bf16::from_f32(x)).collect();
                     got.fill(0xFF);
-                    group_nibbles(quant_core::simd::level(), path, &xb, &p, &mut got);
+                    let caps = Caps::new(quant_core::simd::level());
+                    group_nibbles(caps, path, &xb, &p, &mut got);
                     assert_eq!(got, want, "bf16 input, {path:?}, eps {e:e}, round {round}");
                 }
             }
@@ -756,7 +783,7 @@ mod tests {
                 taken += usize::from(p.scale >= MIN_HARDWARE_SCALE);
                 let mut got = vec![0xFFu8; xs.len()];
                 group_nibbles(
-                    quant_core::simd::level(),
+                    Caps::new(quant_core::simd::level()),
                     QParamsPath::Bf16,
                     &xs,
                     &p,
