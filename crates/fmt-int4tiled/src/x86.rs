@@ -20,7 +20,9 @@
 //! Packing ([`pack_row`]) runs the same steps backwards: a block's 32 nibble bytes
 //! zero-extended to u16 lanes, shifted left by the same amounts, the four 128-bit lanes
 //! ORed together (two lane swaps), each block's four words placed at `[p][c]`, and one
-//! `vpermd` and one masked store per slab.
+//! `vpermd` and one masked store per slab. Where the CPU has VBMI, [`pack_row_vbmi`]
+//! instead gathers a slab's nibble bytes twice with `vpermt2b` (each packed byte's low
+//! and high nibble) straight into the stored order.
 
 use std::arch::x86_64::{
     __m256i, __m512, __m512i, _CMP_GT_OQ, _CMP_NEQ_UQ, _MM_FROUND_NO_EXC,
