@@ -147,23 +147,28 @@ fn pair_shifts() -> __m512i {
     _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12)
 }
 
+/// Whether the packers may write row `nr`'s words of `tile` from the nibbles `u`: whole
+/// slabs of `32·half`, inside the tile.
+#[inline]
+fn pack_fits(u: &[u8], nr: usize, half: usize, tile: &[i32]) -> bool {
+    let row = RowWords {
+        tile,
+        nr,
+        half,
+        ahead: &[],
+    };
+    row.covers(u.len()) && u.len().is_multiple_of(32 * half)
+}
+
 /// Packs one row's nibbles `u` (`k_padded` bytes, values below 16) into its words of
 /// `tile` (the n-tile's `k_padded` words). Returns `false` (nothing written) when the
 /// arguments do not fit together.
 #[target_feature(enable = "avx512f,avx512bw")]
 pub(crate) fn pack_row(u: &[u8], nr: usize, half: usize, tile: &mut [i32]) -> bool {
-    let slab = 32 * half;
-    let k = u.len();
-    let fits = RowWords {
-        tile,
-        nr,
-        half,
-        ahead: &[],
-    }
-    .covers(k);
-    if !(fits && k.is_multiple_of(slab)) {
+    if !pack_fits(u, nr, half, tile) {
         return false;
     }
+    let slab = 32 * half;
     let mask = ((1u32 << (4 * half)) - 1) as u16;
     let index = untranspose_index(half);
     let shift = pair_shifts();
@@ -565,18 +570,10 @@ const PACK_GATHER: [[[u8; 64]; 2]; 3] = [pack_gather(1), pack_gather(2), pack_ga
 /// [`pack_row`] spends seven per 32-nibble block.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 pub(crate) fn pack_row_vbmi(u: &[u8], nr: usize, half: usize, tile: &mut [i32]) -> bool {
-    let slab = 32 * half;
-    let k = u.len();
-    let fits = RowWords {
-        tile,
-        nr,
-        half,
-        ahead: &[],
-    }
-    .covers(k);
-    if !(fits && k.is_multiple_of(slab)) {
+    if !pack_fits(u, nr, half, tile) {
         return false;
     }
+    let slab = 32 * half;
     let [lo_index, hi_index] = &PACK_GATHER[half.trailing_zeros() as usize];
     // SAFETY: 64 bytes each (unaligned 512-bit loads).
     let (lo_index, hi_index) = unsafe {
