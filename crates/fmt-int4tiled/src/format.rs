@@ -357,7 +357,12 @@ impl Int4TiledQuantizer {
         let n_tiles = geo.n_tiles();
         let expert = geo.n * geo.k;
         let level = simd::level();
-        let mode = StoreMode::for_output_bytes(std::mem::size_of_val(packed));
+        // Streamed stores are AVX-512 only (`write_bytes`); elsewhere staging the tile
+        // would only add a copy.
+        let mode = match level {
+            simd::Level::Avx512 => StoreMode::for_output_bytes(std::mem::size_of_val(packed)),
+            _ => StoreMode::Cached,
+        };
         packed
             .par_chunks_mut(geo.k_padded)
             .zip(strips)
