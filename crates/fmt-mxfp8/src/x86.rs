@@ -55,28 +55,44 @@ pub(crate) fn decode_bf16(
     true
 }
 
-/// [`decode_bf16`] after its checks.
+/// [`decode_bf16`] after its checks: one loop per element type and code layout
+/// ([`steps`], a function of its own for each), so that neither is tested per step.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
 fn decode_steps(dtype: Mxfp8Dtype, q: &[u8], codes: Codes<'_>, out: &mut [u16]) {
+    use Mxfp8Dtype::{E4M3, E5M2};
+    match (dtype, codes) {
+        (E4M3, Codes::PerBlock(c)) => steps::<false, false>(q, c, out),
+        (E5M2, Codes::PerBlock(c)) => steps::<true, false>(q, c, out),
+        (E4M3, Codes::Each(c)) => steps::<false, true>(q, c, out),
+        (E5M2, Codes::Each(c)) => steps::<true, true>(q, c, out),
+    }
+}
+
+/// The loop of [`decode_steps`] for E5M2 (else E4M3) values under scale codes `c`, one
+/// per value where `EACH` (else one per block).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+fn steps<const E5M2: bool, const EACH: bool>(q: &[u8], c: &[u8], out: &mut [u16]) {
     let widen = |b: &[u8]| {
         // SAFETY: `b` is 16 bytes (one unaligned 128-bit load).
         _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(b[..16].as_ptr().cast::<__m128i>()) })
     };
     let scales = |j: usize| -> (__m512, __m512) {
-        match codes {
-            Codes::PerBlock(c) => {
-                let s = codec::e8m0_16(_mm512_set1_epi32(i32::from(c[j / BLOCK])));
-                (s, s)
-            }
-            Codes::Each(c) => (
+        if EACH {
+            (
                 codec::e8m0_16(widen(&c[j..])),
                 codec::e8m0_16(widen(&c[j + 16..])),
-            ),
+            )
+        } else {
+            let s = codec::e8m0_16(_mm512_set1_epi32(i32::from(c[j / BLOCK])));
+            (s, s)
         }
     };
-    let decode = |b: &[u8]| match dtype {
-        Mxfp8Dtype::E4M3 => codec::e4m3_16(widen(b)),
-        Mxfp8Dtype::E5M2 => codec::e5m2_16(widen(b)),
+    let decode = |b: &[u8]| {
+        if E5M2 {
+            codec::e5m2_16(widen(b))
+        } else {
+            codec::e4m3_16(widen(b))
+        }
     };
     for (j, o) in (0..q.len()).step_by(32).zip(out.chunks_exact_mut(32)) {
         let (s0, s1) = scales(j);
