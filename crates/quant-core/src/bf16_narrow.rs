@@ -85,17 +85,26 @@ pub mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
     pub fn narrow32_exact(lo: __m512, hi: __m512) -> __m512i {
-        narrow32(lo, hi).unwrap_or_else(
-            #[inline(never)]
-            || {
-                // SAFETY: two 512-bit vectors are 32 f32 of plain data, and 32 u16 are
-                // one vector's 64 bytes; every bit pattern is valid for each.
-                let xs: [f32; 32] = unsafe { std::mem::transmute([lo, hi]) };
-                let bits: [u16; 32] = xs.map(bf16_bits);
-                // SAFETY: as above.
-                unsafe { std::mem::transmute::<[u16; 32], __m512i>(bits) }
-            },
-        )
+        // Not `unwrap_or_else` with a closure: the closure borrows both vectors, so LLVM
+        // stored them to the stack on every step, before the (rare) subnormal test; a
+        // decode loop spent a tenth of its samples on those two stores.
+        match narrow32(lo, hi) {
+            Some(v) => v,
+            None => narrow32_each(lo, hi),
+        }
+    }
+
+    /// The subnormal path of [`narrow32_exact`]: each value by [`bf16_bits`].
+    #[cold]
+    #[inline(never)]
+    #[target_feature(enable = "avx512f")]
+    fn narrow32_each(lo: __m512, hi: __m512) -> __m512i {
+        // SAFETY: two 512-bit vectors are 32 f32 of plain data, and 32 u16 are one
+        // vector's 64 bytes; every bit pattern is valid for each.
+        let xs: [f32; 32] = unsafe { std::mem::transmute([lo, hi]) };
+        let bits: [u16; 32] = xs.map(bf16_bits);
+        // SAFETY: as above.
+        unsafe { std::mem::transmute::<[u16; 32], __m512i>(bits) }
     }
 
     /// 16 values narrowed to bf16 bit patterns by integer operations, lane `i` holding
