@@ -335,8 +335,8 @@ impl Scratch {
     /// Each row of an n-tile writes one 64-byte line in every 512 bytes of the tile (at
     /// `inner_k_tiles` = 8), and the tile's words are written nowhere else: under
     /// streaming, rows packed into a tile kept in cache and streamed out whole spare
-    /// every output line its read for ownership, a quarter of the traffic of a bf16
-    /// quantize (its input is four times its words).
+    /// every output line its read for ownership: for bf16 input (four times the bytes
+    /// of its words) a read of a quarter of the input.
     pub(crate) fn new(geo: &Geometry, mode: StoreMode) -> Scratch {
         let staged = match mode {
             StoreMode::Streaming => vec![0; geo.k_padded],

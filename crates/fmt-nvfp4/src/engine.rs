@@ -1276,9 +1276,9 @@ impl<'a> GroupRows<'a> {
 }
 
 /// The packed row pairs of a chunk's 16-row group (columns `c0..c0 + cw`) into the
-/// group's eight rows of `pairs` (`[8][CHUNK]`), from its block encode scales `enc`: round to nearest ([`pairs_rn`]) or, under a seed, stochastic
-/// ([`pairs_sr`], with the Philox words of `group`, the group's block index down the
-/// columns).
+/// group's eight rows of `pairs` (`[8][CHUNK]`), from its block encode scales `enc`:
+/// round to nearest ([`pairs_rn`]) or, under a seed, stochastic ([`pairs_sr`], with the
+/// Philox words of `group`, the group's block index down the columns).
 #[inline(always)]
 fn group_pairs(
     p: &Params<'_>,
