@@ -115,12 +115,15 @@ fn group_nibbles<T: Element>(
     }
 }
 
-/// What [`group_nibbles`] may run: the dispatch level's hardware nibble kernel, found
-/// once per task (probed per group, the features cost 5 % of the bf16 quantize).
+/// What [`group_nibbles`] and [`pack_row`] may run: the dispatch level's hardware
+/// kernels, found once per task (probed per group, the features cost 5 % of the bf16
+/// quantize).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Caps {
     #[cfg(target_arch = "x86_64")]
     nibbles_bf16: Option<crate::x86::Bf16Nibbles>,
+    #[cfg(target_arch = "x86_64")]
+    packer: Option<crate::x86::Packer>,
 }
 
 impl Caps {
@@ -130,6 +133,9 @@ impl Caps {
         return Caps {
             nibbles_bf16: (level == Level::Avx512)
                 .then(crate::x86::Bf16Nibbles::detect)
+                .flatten(),
+            packer: (level == Level::Avx512)
+                .then(crate::x86::Packer::detect)
                 .flatten(),
         };
         #[cfg(not(target_arch = "x86_64"))]
@@ -238,16 +244,19 @@ fn spread_bytes(x: u64) -> u128 {
     (x | (x << 8)) & 0x00FF_00FF_00FF_00FF_00FF_00FF_00FF_00FF
 }
 
-/// Packs one row's nibbles `u` (`k_padded` of them) into its n-tile's words: at
-/// AVX-512 with [`crate::x86::pack_row`], elsewhere block by block with [`pack32`].
+/// Packs one row's nibbles `u` (`k_padded` of them) into its n-tile's words: with the
+/// AVX-512 packer in `caps` ([`crate::x86::Packer`]), elsewhere block by block with
+/// [`pack32`].
 #[inline(always)]
-pub(crate) fn pack_row(level: Level, u: &[u8], nr: usize, ikt: usize, words: &mut [i32]) {
+pub(crate) fn pack_row(caps: Caps, u: &[u8], nr: usize, ikt: usize, words: &mut [i32]) {
     let half = ikt / 2;
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512 && crate::x86::pack_row_if_supported(u, nr, half, words) {
+    if let Some(packer) = caps.packer
+        && packer.run(u, nr, half, words)
+    {
         return;
     }
-    let _ = level;
+    let _ = caps;
     let slab = ikt * K_TILE;
     for (kot, us) in u.chunks_exact(slab).enumerate() {
         for (p, ub) in us.chunks_exact(32).enumerate() {
@@ -426,8 +435,8 @@ pub(crate) fn quantize_tile<T: Element>(
             row[nr * 2 + 1] = pad.1;
         }
         match s.mode {
-            StoreMode::Streaming => pack_row(level, &s.u, nr, geo.inner_k_tiles, &mut s.staged),
-            StoreMode::Cached => pack_row(level, &s.u, nr, geo.inner_k_tiles, words),
+            StoreMode::Streaming => pack_row(caps, &s.u, nr, geo.inner_k_tiles, &mut s.staged),
+            StoreMode::Cached => pack_row(caps, &s.u, nr, geo.inner_k_tiles, words),
         }
     }
     if s.mode == StoreMode::Streaming {

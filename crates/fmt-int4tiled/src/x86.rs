@@ -508,19 +508,40 @@ impl Bf16Nibbles {
     }
 }
 
-/// [`pack_row_vbmi`] where the CPU has AVX-512 VBMI, else [`pack_row`] where it has
-/// AVX-512; `false` (nothing written) otherwise.
-#[inline(always)]
-pub(crate) fn pack_row_if_supported(u: &[u8], nr: usize, half: usize, tile: &mut [i32]) -> bool {
-    if !Level::Avx512.is_supported() {
-        return false;
+/// Which AVX-512 packer this CPU runs, found once by [`Packer::detect`] and held by the
+/// quantize task (like [`Bf16Nibbles`]) rather than probed for every row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Packer {
+    /// [`pack_row`]: AVX-512 F and BW.
+    Avx512,
+    /// [`pack_row_vbmi`]: AVX-512 F, BW and VBMI.
+    Vbmi,
+}
+
+impl Packer {
+    /// The best packer this CPU has; `None` without AVX-512.
+    pub(crate) fn detect() -> Option<Packer> {
+        if !Level::Avx512.is_supported() {
+            return None;
+        }
+        Some(if std::is_x86_feature_detected!("avx512vbmi") {
+            Packer::Vbmi
+        } else {
+            Packer::Avx512
+        })
     }
-    if std::is_x86_feature_detected!("avx512vbmi") {
-        // SAFETY: the CPU has AVX-512 F, BW (`Level::Avx512`) and VBMI (checked).
-        return unsafe { pack_row_vbmi(u, nr, half, tile) };
+
+    /// Packs one row's nibbles `u` into its words of `tile` ([`pack_row`]); `false`
+    /// (nothing written) when the arguments do not fit together.
+    #[inline(always)]
+    pub(crate) fn run(self, u: &[u8], nr: usize, half: usize, tile: &mut [i32]) -> bool {
+        match self {
+            // SAFETY: `Vbmi` exists only where `detect` found AVX-512 F, BW and VBMI.
+            Packer::Vbmi => unsafe { pack_row_vbmi(u, nr, half, tile) },
+            // SAFETY: `Avx512` exists only where `detect` found AVX-512 F and BW.
+            Packer::Avx512 => unsafe { pack_row(u, nr, half, tile) },
+        }
     }
-    // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
-    unsafe { pack_row(u, nr, half, tile) }
 }
 
 /// The byte of a slab's nibbles (`32·half` of them, block `p` at `32p`) that goes into
@@ -633,7 +654,13 @@ mod tests {
                     let u: Vec<u8> = (0..k).map(|_| (rng.next_u64() % 16) as u8).collect();
                     let sentinel = vec![0x5A5A_5A5Ai32; k];
                     let mut want = sentinel.clone();
-                    crate::kernels::pack_row(Level::Scalar, &u, nr, 2 * half, &mut want);
+                    crate::kernels::pack_row(
+                        crate::kernels::Caps::new(Level::Scalar),
+                        &u,
+                        nr,
+                        2 * half,
+                        &mut want,
+                    );
                     assert_ne!(want, sentinel, "half {half} slabs {slabs} nr {nr}");
                     let mut got = sentinel.clone();
                     // SAFETY: the CPU has AVX-512 F and BW (checked above).
