@@ -210,10 +210,12 @@ fn block_len(what: &str, values: usize, out: &mut [u32]) -> Option<usize> {
 mod x86 {
     use std::arch::x86_64::{
         __m512i, _mm256_loadu_si256, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps,
-        _mm512_cmple_epu16_mask, _mm512_cvtepu16_epi32, _mm512_loadu_ps, _mm512_loadu_si512,
-        _mm512_mask_max_epu16, _mm512_max_epu16, _mm512_max_epu32, _mm512_max_ps,
-        _mm512_permutex2var_epi32, _mm512_reduce_max_epu32, _mm512_set1_epi16, _mm512_set1_epi32,
-        _mm512_setzero_ps, _mm512_setzero_si512, _mm512_slli_epi32, _mm512_storeu_si512,
+        _mm512_castsi512_si256, _mm512_cmple_epu16_mask, _mm512_cvtepu16_epi32,
+        _mm512_extracti64x4_epi64, _mm512_loadu_ps, _mm512_loadu_si512, _mm512_mask_max_epu16,
+        _mm512_maskz_mov_epi16, _mm512_max_epu16, _mm512_max_epu32, _mm512_max_ps,
+        _mm512_permutex2var_epi16, _mm512_permutex2var_epi32, _mm512_reduce_max_epu32,
+        _mm512_set1_epi16, _mm512_set1_epi32, _mm512_setzero_ps, _mm512_setzero_si512,
+        _mm512_slli_epi32, _mm512_storeu_si512,
     };
 
     use super::NanRule;
@@ -238,6 +240,79 @@ mod x86 {
 
     /// The indices of the four levels (partials per block 8, 4, 2, 1 after the level).
     const LEVELS: [([i32; LANES], [i32; LANES]); 4] = [halves(8), halves(4), halves(2), halves(1)];
+
+    /// 16-bit lanes per vector: two 16-value bf16 blocks, and 32 blocks folded together
+    /// by [`fold32_bf16`].
+    const LANES16: usize = 32;
+
+    /// [`halves`] for 32 lanes of 16 bits (a `vpermt2w` index, 64 sources).
+    const fn halves16(p: usize) -> ([i16; LANES16], [i16; LANES16]) {
+        let mut lo = [0i16; LANES16];
+        let mut hi = [0i16; LANES16];
+        let mut i = 0;
+        while i < LANES16 {
+            let src = (i / p) * 2 * p + i % p;
+            lo[i] = src as i16;
+            hi[i] = (src + p) as i16;
+            i += 1;
+        }
+        (lo, hi)
+    }
+
+    /// The indices of [`fold32_bf16`]'s four levels (partials per block 8, 4, 2, 1).
+    const LEVELS16: [([i16; LANES16], [i16; LANES16]); 4] =
+        [halves16(8), halves16(4), halves16(2), halves16(1)];
+
+    /// The keys of 32 consecutive 16-value bf16 blocks (`p .. p + 512`), as f32 key
+    /// patterns: blocks 0..16 in the first vector, 16..32 in the second.
+    ///
+    /// Two blocks fill one vector of 16-bit magnitudes, and the fold runs on 16-bit
+    /// lanes: half the loads, masks and permutes of widening each block to f32 lanes
+    /// and folding sixteen at a time ([`fold16`]). A magnitude is the high half of its
+    /// widened f32 pattern, so the 16-bit order is the f32 key order; NaN is dropped
+    /// (key 0) under [`NanRule::Ignore`] and kept (above infinity) otherwise, as
+    /// [`lanes_max_bf16_16`] does.
+    ///
+    /// # Safety
+    /// `p .. p + 512` must be readable; the CPU has AVX-512 BW.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn fold32_bf16(p: *const u16, nan: NanRule) -> [__m512i; 2] {
+        let abs = _mm512_set1_epi16(0x7FFF);
+        let inf = _mm512_set1_epi16(0x7F80);
+        let mut v: [__m512i; LANES16 / 2] = std::array::from_fn(|i| {
+            // SAFETY: `32 i + 32 <= 512` values from `p`, readable (the contract).
+            let x = unsafe { _mm512_loadu_si512(p.add(LANES16 * i).cast()) };
+            let mag = _mm512_and_si512(x, abs);
+            match nan {
+                NanRule::Ignore => _mm512_maskz_mov_epi16(_mm512_cmple_epu16_mask(mag, inf), mag),
+                NanRule::Propagate => mag,
+            }
+        });
+        let mut live = LANES16 / 2;
+        for (lo, hi) in LEVELS16 {
+            // SAFETY: each index array is 32 i16 (one unaligned 512-bit load).
+            let (lo, hi) = unsafe {
+                (
+                    _mm512_loadu_si512(lo.as_ptr().cast()),
+                    _mm512_loadu_si512(hi.as_ptr().cast()),
+                )
+            };
+            live /= 2;
+            for i in 0..live {
+                let (a, b) = (v[2 * i], v[2 * i + 1]);
+                v[i] = _mm512_max_epu16(
+                    _mm512_permutex2var_epi16(a, lo, b),
+                    _mm512_permutex2var_epi16(a, hi, b),
+                );
+            }
+        }
+        let widen = |h| _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
+        [
+            widen(_mm512_castsi512_si256(v[0])),
+            widen(_mm512_extracti64x4_epi64::<1>(v[0])),
+        ]
+    }
 
     /// Block `b`'s 16 lane maxima (`n` values from `p`).
     ///
@@ -416,12 +491,24 @@ mod x86 {
     pub(super) unsafe fn block_abs_max_bf16(xs: &[u16], n: usize, nan: NanRule, out: &mut [u32]) {
         debug_assert_eq!(xs.len(), out.len() * n);
         if n == LANES {
+            let mut groups = out.chunks_exact_mut(LANES16);
+            for (g, o) in (&mut groups).enumerate() {
+                // SAFETY: blocks `32g .. 32g + 32` are values `512g .. 512g + 512`, inside
+                // `xs`; the CPU has AVX-512 BW (the caller's contract).
+                let keys = unsafe { fold32_bf16(xs.as_ptr().add(g * LANES16 * LANES), nan) };
+                for (h, k) in o.chunks_exact_mut(LANES).zip(keys) {
+                    // SAFETY: `h` is 16 u32 (one unaligned 512-bit store).
+                    unsafe { _mm512_storeu_si512(h.as_mut_ptr().cast(), k) };
+                }
+            }
+            let rest = groups.into_remainder();
+            let tail = &xs[xs.len() - rest.len() * LANES..];
             fold_blocks(
-                out,
+                rest,
                 #[inline(always)]
-                // SAFETY: block `b < out.len()` is `16b .. 16b + 16`, inside `xs`; the
-                // CPU has AVX-512 BW (the caller's contract).
-                |b| unsafe { lanes_max_bf16_16(xs.as_ptr().add(b * LANES), nan) },
+                // SAFETY: block `b < rest.len()` is `16b .. 16b + 16` of `tail`, which
+                // holds `rest.len()` blocks; the CPU has AVX-512 BW (the caller's contract).
+                |b| unsafe { lanes_max_bf16_16(tail.as_ptr().add(b * LANES), nan) },
             );
             return;
         }
@@ -520,7 +607,9 @@ mod tests {
     #[test]
     fn bf16_bits_give_the_keys_of_the_widened_values() {
         for n in [0, 1, 16, 32, 48, 64, 96, 128] {
-            for blocks in [1, 2, 15, 16, 17, 33] {
+            // 16-value blocks fold 32 at a time, then one by one: whole groups, a
+            // group and a tail, tails alone.
+            for blocks in [1, 2, 15, 16, 17, 32, 33, 64, 95] {
                 for (seed, nan) in [(7, NanRule::Ignore), (9, NanRule::Propagate)] {
                     // Every special survives the truncation to bf16 (NaN payloads in
                     // the high bits, infinities, zeros, subnormals).
