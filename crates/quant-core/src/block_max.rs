@@ -304,6 +304,48 @@ mod x86 {
         }
     }
 
+    /// The keys of 16 consecutive bf16 blocks of `n` values (`p .. p + 16n`, `n` a
+    /// multiple of 32) as f32 key patterns, lane `b` block `b`: [`fold32_bf16`]'s fold
+    /// for the 16-block spans of MXFP8's rowwise walk, one level short, whose last two
+    /// partials per block meet in the widening. [`fold16`] on widened lane maxima took
+    /// the same permutes plus three operations per block to widen.
+    ///
+    /// # Safety
+    /// `p .. p + 16n` must be readable; `n` a multiple of 32; the CPU has AVX-512 BW.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn fold16_bf16<const N: usize>(p: *const u16, n: usize, nan: NanRule) -> __m512i {
+        let n = if N > 0 { N } else { n };
+        let mut v = [_mm512_setzero_si512(); LANES];
+        for (b, v) in v.iter_mut().enumerate() {
+            // SAFETY: block `b < 16` lies in `p .. p + 16n` (the contract).
+            *v = unsafe { block16(p, b, n, nan) };
+        }
+        let mut live = LANES;
+        for (lo, hi) in [PAIR16, LEVELS16[0], LEVELS16[1], LEVELS16[2]] {
+            // SAFETY: each index array is 32 i16 (one unaligned 512-bit load).
+            let (lo, hi) = unsafe {
+                (
+                    _mm512_loadu_si512(lo.as_ptr().cast()),
+                    _mm512_loadu_si512(hi.as_ptr().cast()),
+                )
+            };
+            live /= 2;
+            for i in 0..live {
+                let (a, b) = (v[2 * i], v[2 * i + 1]);
+                v[i] = _mm512_max_epu16(
+                    _mm512_permutex2var_epi16(a, lo, b),
+                    _mm512_permutex2var_epi16(a, hi, b),
+                );
+            }
+        }
+        // Each u32 lane: the larger of its block's two partials, in the high half.
+        _mm512_max_epu32(
+            _mm512_slli_epi32::<16>(v[0]),
+            _mm512_and_si512(v[0], _mm512_set1_epi32(0xFFFF_0000u32 as i32)),
+        )
+    }
+
     /// The keys of 32 consecutive bf16 blocks of `n` values (`p .. p + 32n`), as f32 key
     /// patterns: blocks 0..16 in the first vector, 16..32 in the second.
     ///
@@ -568,7 +610,23 @@ mod x86 {
                 unsafe { _mm512_storeu_si512(h.as_mut_ptr().cast(), k) };
             }
         }
-        let rest = groups.into_remainder();
+        let mut rest = groups.into_remainder();
+        if n != LANES && rest.len() >= LANES {
+            let at = xs[xs.len() - rest.len() * n..].as_ptr();
+            // SAFETY: the first 16 blocks of the rest lie in `xs` from `at`; `n` is a
+            // multiple of 32 and the CPU has AVX-512 BW (the caller's contract).
+            let keys = unsafe {
+                match n {
+                    32 => fold16_bf16::<32>(at, n, nan),
+                    128 => fold16_bf16::<128>(at, n, nan),
+                    _ => fold16_bf16::<0>(at, n, nan),
+                }
+            };
+            let (head, more) = rest.split_at_mut(LANES);
+            // SAFETY: `head` is 16 u32 (one unaligned 512-bit store).
+            unsafe { _mm512_storeu_si512(head.as_mut_ptr().cast(), keys) };
+            rest = more;
+        }
         let tail = &xs[xs.len() - rest.len() * n..];
         fold_blocks(
             rest,
