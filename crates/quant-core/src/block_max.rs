@@ -6,7 +6,9 @@
 //! the largest single cost of the MXFP8 and NVFP4 quantize profiles. [`block_abs_max`]
 //! instead folds **sixteen blocks together**: their sixteen vectors are halved pairwise
 //! (two permutes and one max per pair), so four levels, 15 maxima in all, leave one
-//! vector whose lane `b` is block `b`'s maximum.
+//! vector whose lane `b` is block `b`'s maximum. bf16 input ([`block_abs_max_bf16`]) folds
+//! its 16-bit magnitudes as they are, 32 lanes per vector: 32 blocks (16 for a short run
+//! of long blocks) at a time, for half the loads and permutes of widening every block.
 //!
 //! The result is a magnitude's **bit pattern**: for non-NaN floats the order of `|x|`
 //! bits is the order of the values, so an integer max is the float max, and the NaN
@@ -267,6 +269,34 @@ mod x86 {
     /// blocks of 16 partials: the level before [`LEVELS16`] for blocks of 32 or more.
     const PAIR16: ([i16; LANES16], [i16; LANES16]) = halves16(16);
 
+    /// One fold level on 16-bit lanes: lanes `lo` and lanes `hi` of each pair of vectors
+    /// (`vpermt2w` indices), their larger one.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn pair_max16(a: __m512i, b: __m512i, lo: __m512i, hi: __m512i) -> __m512i {
+        _mm512_max_epu16(
+            _mm512_permutex2var_epi16(a, lo, b),
+            _mm512_permutex2var_epi16(a, hi, b),
+        )
+    }
+
+    /// Folds the `live` vectors of `v` pairwise into its first `live / 2` with the
+    /// indices `level` ([`halves16`]).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn fold_level16(v: &mut [__m512i], live: usize, level: ([i16; LANES16], [i16; LANES16])) {
+        // SAFETY: each index array is 32 i16 (one unaligned 512-bit load).
+        let (lo, hi) = unsafe {
+            (
+                _mm512_loadu_si512(level.0.as_ptr().cast()),
+                _mm512_loadu_si512(level.1.as_ptr().cast()),
+            )
+        };
+        for i in 0..live / 2 {
+            v[i] = pair_max16(v[2 * i], v[2 * i + 1], lo, hi);
+        }
+    }
+
     /// The 16-bit keys of the 32 bf16 values at `p`: magnitudes, NaN 0 under
     /// [`NanRule::Ignore`].
     ///
@@ -321,23 +351,11 @@ mod x86 {
             // SAFETY: block `b < 16` lies in `p .. p + 16n` (the contract).
             *v = unsafe { block16(p, b, n, nan) };
         }
-        let mut live = LANES;
-        for (lo, hi) in [PAIR16, LEVELS16[0], LEVELS16[1], LEVELS16[2]] {
-            // SAFETY: each index array is 32 i16 (one unaligned 512-bit load).
-            let (lo, hi) = unsafe {
-                (
-                    _mm512_loadu_si512(lo.as_ptr().cast()),
-                    _mm512_loadu_si512(hi.as_ptr().cast()),
-                )
-            };
-            live /= 2;
-            for i in 0..live {
-                let (a, b) = (v[2 * i], v[2 * i + 1]);
-                v[i] = _mm512_max_epu16(
-                    _mm512_permutex2var_epi16(a, lo, b),
-                    _mm512_permutex2var_epi16(a, hi, b),
-                );
-            }
+        for (live, level) in [PAIR16, LEVELS16[0], LEVELS16[1], LEVELS16[2]]
+            .into_iter()
+            .enumerate()
+        {
+            fold_level16(&mut v, LANES >> live, level);
         }
         // Each u32 lane: the larger of its block's two partials, in the high half.
         _mm512_max_epu32(
@@ -380,30 +398,12 @@ mod x86 {
                     keys16(p.add(LANES16 * i), nan)
                 } else {
                     let (a, b) = (block16(p, 2 * i, n, nan), block16(p, 2 * i + 1, n, nan));
-                    _mm512_max_epu16(
-                        _mm512_permutex2var_epi16(a, lo, b),
-                        _mm512_permutex2var_epi16(a, hi, b),
-                    )
+                    pair_max16(a, b, lo, hi)
                 }
             };
         }
-        let mut live = LANES16 / 2;
-        for (lo, hi) in LEVELS16 {
-            // SAFETY: each index array is 32 i16 (one unaligned 512-bit load).
-            let (lo, hi) = unsafe {
-                (
-                    _mm512_loadu_si512(lo.as_ptr().cast()),
-                    _mm512_loadu_si512(hi.as_ptr().cast()),
-                )
-            };
-            live /= 2;
-            for i in 0..live {
-                let (a, b) = (v[2 * i], v[2 * i + 1]);
-                v[i] = _mm512_max_epu16(
-                    _mm512_permutex2var_epi16(a, lo, b),
-                    _mm512_permutex2var_epi16(a, hi, b),
-                );
-            }
+        for (live, level) in LEVELS16.into_iter().enumerate() {
+            fold_level16(&mut v, (LANES16 / 2) >> live, level);
         }
         let widen = |h| _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
         [
@@ -728,8 +728,8 @@ mod tests {
     #[test]
     fn bf16_bits_give_the_keys_of_the_widened_values() {
         for n in [0, 1, 16, 32, 48, 64, 96, 128] {
-            // 16-value blocks fold 32 at a time, then one by one: whole groups, a
-            // group and a tail, tails alone.
+            // Blocks fold 32 at a time, then (32 values or more) 16, then one by one:
+            // whole groups, groups and tails, tails alone.
             for blocks in [1, 2, 15, 16, 17, 32, 33, 64, 95] {
                 for (seed, nan) in [(7, NanRule::Ignore), (9, NanRule::Propagate)] {
                     // Every special survives the truncation to bf16 (NaN payloads in
