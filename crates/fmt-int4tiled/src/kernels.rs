@@ -333,9 +333,8 @@ pub(crate) struct Scratch {
     wide: Vec<f32>,
     u: Vec<u8>,
     /// Under [`StoreMode::Streaming`], the n-tile's words, packed here row by row and
-    /// then streamed out whole (empty otherwise).
-    staged: Vec<i32>,
-    mode: StoreMode,
+    /// then streamed out whole (`None`: packed straight into the output).
+    staged: Option<Vec<i32>>,
 }
 
 impl Scratch {
@@ -348,14 +347,13 @@ impl Scratch {
     /// of its words) a read of a quarter of the input.
     pub(crate) fn new(geo: &Geometry, mode: StoreMode) -> Scratch {
         let staged = match mode {
-            StoreMode::Streaming => vec![0; geo.k_padded],
-            StoreMode::Cached => Vec::new(),
+            StoreMode::Streaming => Some(vec![0; geo.k_padded]),
+            StoreMode::Cached => None,
         };
         Scratch {
             wide: vec![0.0; BATCH * geo.group_size],
             u: vec![0; geo.k_padded],
             staged,
-            mode,
         }
     }
 }
@@ -434,14 +432,12 @@ pub(crate) fn quantize_tile<T: Element>(
             row[nr * 2] = pad.0;
             row[nr * 2 + 1] = pad.1;
         }
-        match s.mode {
-            StoreMode::Streaming => pack_row(caps, &s.u, nr, geo.inner_k_tiles, &mut s.staged),
-            StoreMode::Cached => pack_row(caps, &s.u, nr, geo.inner_k_tiles, words),
-        }
+        let dst = s.staged.as_deref_mut().unwrap_or(&mut *words);
+        pack_row(caps, &s.u, nr, geo.inner_k_tiles, dst);
     }
-    if s.mode == StoreMode::Streaming {
+    if let Some(staged) = &s.staged {
         let (src, dst) = (
-            bytemuck::cast_slice(&s.staged),
+            bytemuck::cast_slice(staged),
             bytemuck::cast_slice_mut(words),
         );
         write_bytes(level, src, dst, StoreMode::Streaming, &Fence::new());

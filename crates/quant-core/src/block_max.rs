@@ -225,6 +225,14 @@ mod x86 {
     /// f32 lanes per vector, and blocks folded together.
     pub(super) const LANES: usize = 16;
 
+    /// The source of lane `i` at a fold level of `p` partials per block out: lane `i %
+    /// p` of the `i / p`-th `2p`-lane group of the two vectors side by side (its low
+    /// half; the high half is `p` further on). Every fold level's permute indices, of
+    /// any lane width.
+    const fn pair_source(i: usize, p: usize) -> usize {
+        (i / p) * 2 * p + i % p
+    }
+
     /// Permute indices of one fold level: the two blocks' lanes `[0, p)` of every
     /// `2p`-lane group go low, lanes `[p, 2p)` high (a `vpermt2d` index, 32 sources).
     const fn halves(p: usize) -> ([i32; LANES], [i32; LANES]) {
@@ -232,9 +240,8 @@ mod x86 {
         let mut hi = [0i32; LANES];
         let mut i = 0;
         while i < LANES {
-            let src = (i / p) * 2 * p + i % p;
-            lo[i] = src as i32;
-            hi[i] = (src + p) as i32;
+            lo[i] = pair_source(i, p) as i32;
+            hi[i] = (pair_source(i, p) + p) as i32;
             i += 1;
         }
         (lo, hi)
@@ -253,9 +260,8 @@ mod x86 {
         let mut hi = [0i16; LANES16];
         let mut i = 0;
         while i < LANES16 {
-            let src = (i / p) * 2 * p + i % p;
-            lo[i] = src as i16;
-            hi[i] = (src + p) as i16;
+            lo[i] = pair_source(i, p) as i16;
+            hi[i] = (pair_source(i, p) + p) as i16;
             i += 1;
         }
         (lo, hi)
