@@ -10,22 +10,22 @@
 //! Zen 4), and a portable unrolled form spilled them to the stack.
 
 use std::arch::x86_64::{
-    __m256, __m256i, __m512, __m512d, _CMP_EQ_OQ, _CMP_NEQ_UQ, _MM_FROUND_NO_EXC,
-    _MM_FROUND_TO_ZERO, _mm_loadl_epi64, _mm_unpacklo_epi64, _mm256_add_epi16, _mm256_and_si256,
-    _mm256_castps_si256, _mm256_castsi256_ps, _mm256_cmpeq_epi32_mask, _mm256_cmpge_epu32_mask,
-    _mm256_cmpgt_epu16_mask, _mm256_cmple_epu16_mask, _mm256_loadu_ps, _mm256_loadu_si256,
-    _mm256_mask_max_epu16, _mm256_mask_ternarylogic_epi32, _mm256_max_epu16, _mm256_min_epu16,
-    _mm256_set1_epi16, _mm256_set1_epi32, _mm256_setzero_si256, _mm256_srli_epi16,
-    _mm256_storeu_ps, _mm256_sub_epi16, _mm512_abs_ps, _mm512_add_epi32, _mm512_add_pd,
-    _mm512_add_ps, _mm512_and_si512, _mm512_castpd_si512, _mm512_castps_si512,
-    _mm512_castps256_ps512, _mm512_castps512_ps256, _mm512_castsi512_ps, _mm512_cmp_pd_mask,
-    _mm512_cvt_roundpd_ps, _mm512_cvtepu8_epi32, _mm512_cvtepu16_epi32, _mm512_cvtpd_ps,
-    _mm512_cvtps_pd, _mm512_extractf32x8_ps, _mm512_fmadd_pd, _mm512_fmadd_ps,
-    _mm512_fpclass_ps_mask, _mm512_insertf32x8, _mm512_loadu_ps, _mm512_mask_or_epi32,
-    _mm512_max_ps, _mm512_mul_ps, _mm512_permutexvar_ps, _mm512_reduce_max_epu32,
-    _mm512_reduce_max_ps, _mm512_set1_epi32, _mm512_set1_epi64, _mm512_set1_pd, _mm512_set1_ps,
-    _mm512_setr_epi32, _mm512_setzero_pd, _mm512_setzero_ps, _mm512_slli_epi32, _mm512_srli_epi32,
-    _mm512_srlv_epi32, _mm512_storeu_ps, _mm512_sub_pd, _mm512_sub_ps, _mm512_test_epi64_mask,
+    __m256, __m256i, __m512, _CMP_EQ_OQ, _CMP_NEQ_UQ, _MM_FROUND_NO_EXC, _MM_FROUND_TO_ZERO,
+    _mm_loadl_epi64, _mm_unpacklo_epi64, _mm256_add_epi16, _mm256_and_si256, _mm256_castps_si256,
+    _mm256_castsi256_ps, _mm256_cmpeq_epi32_mask, _mm256_cmpge_epu32_mask, _mm256_cmpgt_epu16_mask,
+    _mm256_cmple_epu16_mask, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_mask_max_epu16,
+    _mm256_mask_ternarylogic_epi32, _mm256_max_epu16, _mm256_min_epu16, _mm256_set1_epi16,
+    _mm256_set1_epi32, _mm256_setzero_si256, _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi16,
+    _mm512_abs_ps, _mm512_add_epi32, _mm512_add_pd, _mm512_add_ps, _mm512_and_si512,
+    _mm512_castpd_si512, _mm512_castps_si512, _mm512_castps256_ps512, _mm512_castps512_ps256,
+    _mm512_castsi512_ps, _mm512_cmp_pd_mask, _mm512_cvt_roundpd_ps, _mm512_cvtepu8_epi32,
+    _mm512_cvtepu16_epi32, _mm512_cvtpd_ps, _mm512_cvtps_pd, _mm512_extractf32x8_ps,
+    _mm512_fmadd_pd, _mm512_fmadd_ps, _mm512_fpclass_ps_mask, _mm512_insertf32x8, _mm512_loadu_ps,
+    _mm512_mask_or_epi32, _mm512_max_ps, _mm512_mul_ps, _mm512_permutexvar_ps,
+    _mm512_reduce_max_epu32, _mm512_reduce_max_ps, _mm512_set1_epi32, _mm512_set1_epi64,
+    _mm512_set1_pd, _mm512_set1_ps, _mm512_setr_epi32, _mm512_setzero_pd, _mm512_setzero_ps,
+    _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srlv_epi32, _mm512_storeu_ps, _mm512_sub_pd,
+    _mm512_sub_ps, _mm512_test_epi64_mask,
 };
 
 use quant_core::codec::e2m1;
@@ -90,11 +90,13 @@ pub(crate) fn hadamard_sums<const N: usize>(
 #[target_feature(enable = "avx512f")]
 unsafe fn sums<const N: usize>(x: &[f32], stride: usize, cols: usize, out: &mut [[f32; N]; DIM]) {
     for c in (0..cols).step_by(COLS) {
-        let y = forward_step(|i| {
+        let mut rows = [_mm512_setzero_ps(); DIM];
+        for (i, r) in rows.iter_mut().enumerate() {
             // SAFETY: `i * stride + c + 16 <= 15 * stride + cols <= x.len()`; one
             // unaligned 512-bit load.
-            unsafe { _mm512_loadu_ps(x.as_ptr().add(i * stride + c)) }
-        });
+            *r = unsafe { _mm512_loadu_ps(x.as_ptr().add(i * stride + c)) };
+        }
+        let y = forward_step(&rows);
         for (o, y) in out.iter_mut().zip(y) {
             // SAFETY: `c + 16 <= cols <= o.len()`; one unaligned 512-bit store.
             unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(c), y) };
@@ -103,16 +105,22 @@ unsafe fn sums<const N: usize>(x: &[f32], stride: usize, cols: usize, out: &mut 
 }
 
 /// The forward sums of one 16-column step: `y[j] = sum_i v_i * R[i][j]` in index order
-/// from `+0.0`, row `i` of the step given by `row(i)`. Each `(i, j)` step is one add or
+/// from `+0.0`, row `i` of the step in `rows[i]`. Each `(i, j)` step is one add or
 /// subtract of `v_i * 0.25`, its sign fixed at compile time.
+///
+/// The rows come as an array, not as a closure: a closure made in a caller with more
+/// target features than this function cannot be inlined into it, and where the
+/// caller's codegen unit did not inline this function first (the default release
+/// profile, with no LTO) every row was a call and the sums went through memory
+/// (the RHT quantize x2.2 slower than under this workspace's thin LTO).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn forward_step(row: impl Fn(usize) -> __m512) -> [__m512; DIM] {
+fn forward_step(rows: &[__m512; DIM]) -> [__m512; DIM] {
     let quarter = _mm512_set1_ps(0.25);
     let mut y: [__m512; DIM] = [_mm512_setzero_ps(); DIM];
     macro_rules! steps {
         ($i:literal: $($j:literal)*) => {{
-            let q = _mm512_mul_ps(row($i), quarter);
+            let q = _mm512_mul_ps(rows[$i], quarter);
             $(
                 y[$j] = if NEG[$i][$j] {
                     _mm512_sub_ps(y[$j], q)
@@ -163,6 +171,26 @@ fn sums_exact(rows: &[__m256i; DIM]) -> bool {
     _mm256_cmpgt_epu16_mask(emax, bound) == 0
 }
 
+/// The four stages of a 16-point fast Walsh-Hadamard transform in place on the array
+/// `$v`, Sylvester order: afterwards `v[i] = sum_j H16[i][j] * v_in[j]` (`H16`
+/// symmetric), computed with the vector functions `$add` and `$sub`. A macro, not a
+/// function taking closures, for the reason [`forward_step`] gives.
+macro_rules! butterflies {
+    ($v:ident, $add:path, $sub:path) => {{
+        let mut h = 1;
+        while h < DIM {
+            for a in 0..DIM {
+                if a & h == 0 {
+                    let (p, q) = ($v[a], $v[a + h]);
+                    $v[a] = $add(p, q);
+                    $v[a + h] = $sub(p, q);
+                }
+            }
+            h *= 2;
+        }
+    }};
+}
+
 /// The forward sums of one 16-column step whose partial sums are all exact
 /// ([`sums_exact`]): `y = H16 (s * 0.25 * v)` by a fast Walsh-Hadamard transform, 64
 /// adds where the index order takes 256, with the same results. `v * (±0.25) + 0.0`
@@ -170,40 +198,19 @@ fn sums_exact(rows: &[__m256i; DIM]) -> bool {
 /// zero is `+0` too.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn fast_forward_step(v: [__m512; DIM]) -> [__m512; DIM] {
+fn fast_forward_step(v: &[__m512; DIM]) -> [__m512; DIM] {
     let zero = _mm512_setzero_ps();
-    let mut v: [__m512; DIM] = std::array::from_fn(|i| {
+    let mut w = [zero; DIM];
+    for (i, (w, &v)) in w.iter_mut().zip(v).enumerate() {
         let f = if (SIGN_MASK >> i) & 1 == 1 {
             -0.25
         } else {
             0.25
         };
-        _mm512_fmadd_ps(v[i], _mm512_set1_ps(f), zero)
-    });
-    butterflies(
-        &mut v,
-        |p, q| _mm512_add_ps(p, q),
-        |p, q| _mm512_sub_ps(p, q),
-    );
-    v
-}
-
-/// The four stages of a 16-point fast Walsh-Hadamard transform in place, Sylvester
-/// order: afterwards `v[i] = sum_j H16[i][j] * v_in[j]` (`H16` symmetric), computed with
-/// the given vector `add` and `sub`.
-#[inline(always)]
-fn butterflies<V: Copy>(v: &mut [V; DIM], add: impl Fn(V, V) -> V, sub: impl Fn(V, V) -> V) {
-    let mut h = 1;
-    while h < DIM {
-        for a in 0..DIM {
-            if a & h == 0 {
-                let (p, q) = (v[a], v[a + h]);
-                v[a] = add(p, q);
-                v[a + h] = sub(p, q);
-            }
-        }
-        h *= 2;
+        *w = _mm512_fmadd_ps(v, _mm512_set1_ps(f), zero);
     }
+    butterflies!(w, _mm512_add_ps, _mm512_sub_ps);
+    w
 }
 
 /// 16 bf16 bit patterns widened exactly into f32 lanes (a shift into the high half).
@@ -219,11 +226,12 @@ pub(crate) fn widen_bf16_bits(h: __m256i) -> __m512 {
 macro_rules! bf16_rows {
     ($bits:expr, $stride:expr, $c:expr) => {{
         let (bits, stride, c): (&[u16], usize, usize) = ($bits, $stride, $c);
-        let rows: [__m256i; DIM] = std::array::from_fn(|i| {
+        let mut rows = [_mm256_setzero_si256(); DIM];
+        for (i, r) in rows.iter_mut().enumerate() {
             // SAFETY: `i * stride + c + 16 <= bits.len()` (the caller's promise); one
             // unaligned 256-bit load of 16 bf16 patterns.
-            unsafe { _mm256_loadu_si256(bits.as_ptr().add(i * stride + c).cast()) }
-        });
+            *r = unsafe { _mm256_loadu_si256(bits.as_ptr().add(i * stride + c).cast()) };
+        }
         rows
     }};
 }
@@ -236,10 +244,14 @@ macro_rules! bf16_rows {
 macro_rules! bf16_sums {
     ($rows:expr) => {{
         let rows: [__m256i; DIM] = $rows;
+        let mut wide = [_mm512_setzero_ps(); DIM];
+        for (w, &h) in wide.iter_mut().zip(&rows) {
+            *w = widen_bf16_bits(h);
+        }
         if sums_exact(&rows) {
-            fast_forward_step(rows.map(|h| widen_bf16_bits(h)))
+            fast_forward_step(&wide)
         } else {
-            forward_step(|i| widen_bf16_bits(rows[i]))
+            forward_step(&wide)
         }
     }};
 }
@@ -455,13 +467,14 @@ unsafe fn fwht_nibbles<const N: usize>(
     out: &mut [[f32; N]; DIM],
 ) {
     // `s_i * 0.25`: exact scalings.
-    let post: [__m512d; DIM] = std::array::from_fn(|i| {
-        _mm512_set1_pd(if (SIGN_MASK >> i) & 1 == 1 {
+    let mut post = [_mm512_setzero_pd(); DIM];
+    for (i, p) in post.iter_mut().enumerate() {
+        *p = _mm512_set1_pd(if (SIGN_MASK >> i) & 1 == 1 {
             -0.25
         } else {
             0.25
-        })
-    });
+        });
+    }
     // SAFETY: `DECODE` is 16 f32 (one unaligned 512-bit load).
     let table = unsafe { _mm512_loadu_ps(e2m1::DECODE.as_ptr()) };
     // Lanes 0..8 take the low nibble (even row), lanes 8..16 the high one (odd row).
@@ -484,11 +497,7 @@ unsafe fn fwht_nibbles<const N: usize>(
             v[2 * p + 1] = _mm512_cvtps_pd(_mm512_extractf32x8_ps::<1>(y));
         }
         // Afterwards `v[i] = sum_j H[i][j] * y[j]`.
-        butterflies(
-            &mut v,
-            |p, q| _mm512_add_pd(p, q),
-            |p, q| _mm512_sub_pd(p, q),
-        );
+        butterflies!(v, _mm512_add_pd, _mm512_sub_pd);
         // `v[0] - v[0]` is 0 where the column's values are finite, NaN elsewhere.
         let finite =
             _mm512_cmp_pd_mask::<_CMP_EQ_OQ>(_mm512_sub_pd(v[0], v[0]), _mm512_setzero_pd());
@@ -703,7 +712,7 @@ mod tests {
         // SAFETY: as above.
         let wide = rows.map(|h| unsafe { widen_bf16_bits(h) });
         // SAFETY: as above.
-        let y = unsafe { fast_forward_step(wide) };
+        let y = unsafe { fast_forward_step(&wide) };
         let out = y.map(|v| {
             let mut o = [0f32; 16];
             // SAFETY: 16 lanes into 16 floats.
