@@ -583,6 +583,63 @@ mod tests {
         assert!(!hadamard_sums(&x[..15 * stride + 31], stride, 32, &mut out));
     }
 
+    /// The rounded sums of steps the fast transform takes (narrow exponent windows),
+    /// value by value against `forward_16` (the other tests check these steps' maxima
+    /// only): windows of normal sums, windows whose smallest field is 10 (sums down to
+    /// `2^-126`) or 9 (subnormal sums, which `vcvtneps2bf16` would flush), sums that
+    /// cancel to zero, all-zero columns, and steps mixed with one small field.
+    #[test]
+    fn rounded_bf16_sums_of_fast_steps_equal_forward_16() {
+        if !Level::Avx512.is_supported() {
+            eprintln!("skipped: this CPU has no AVX-512");
+            return;
+        }
+        use half::bf16;
+        let stride = 80;
+        let mut rng = XorShift32::new(0x5EED_CAFE);
+        for case in 0..400 {
+            let (base, span) = [(120u32, 4u32), (10, 6), (9, 3), (127, 12), (60, 0)][case % 5];
+            let mut x: Vec<u16> = (0..DIM * stride)
+                .map(|_| {
+                    let r = rng.next_u32();
+                    let e = (base + (r >> 8) % (span + 1)) as u16;
+                    (e << 7) | (r >> 20) as u16 & 0x7F | (r as u16 & 0x8000)
+                })
+                .collect();
+            for i in 0..DIM {
+                x[i * stride + 3] = 0; // an all-zero column
+                // A column that cancels in every sum but the first.
+                x[i * stride + 17] = 10 << 7;
+            }
+            if case % 7 == 0 {
+                x[(case / 7) % (DIM * stride)] = 0x8000 | (3 << 7); // a small field
+            }
+            // Two nonzero values one unit apart: half the sums are `(v - w) / 4`, at
+            // field 9 the subnormal 2^-127, at field 10 the smallest normal 2^-126.
+            for (col, field) in [(30, 9u16), (40, 10)] {
+                for i in 0..DIM {
+                    x[i * stride + col] = 0;
+                }
+                x[col] = (field << 7) | 1;
+                x[stride + col] = field << 7;
+            }
+            let mut out = [[0f32; 64]; DIM];
+            let mut amax = [0f32; 64];
+            assert!(rounded_sums_bf16(&x, stride, 64, &mut out, &mut amax));
+            for c in 0..64 {
+                let v: [bf16; DIM] = std::array::from_fn(|i| bf16::from_bits(x[i * stride + c]));
+                let want = crate::rht::forward_16(&v);
+                let mut m = 0f32;
+                for j in 0..DIM {
+                    let w = want[j].to_f32();
+                    assert_eq!(out[j][c].to_bits(), w.to_bits(), "case {case} c {c} j {j}");
+                    m = quant_core::cpu::fmax_nan_loses(m, w.abs());
+                }
+                assert_eq!(amax[c].to_bits(), m.to_bits(), "amax case {case} c {c}");
+            }
+        }
+    }
+
     #[test]
     fn rounded_bf16_sums_equal_forward_16() {
         if !Level::Avx512.is_supported() {
