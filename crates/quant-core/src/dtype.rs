@@ -134,7 +134,8 @@ pub trait Element:
     /// The largest finite value.
     const MAX_FINITE: f32;
     /// Widens `src` into `dst` (same length) exactly; bulk form of [`Element::to_f32`]
-    /// that vectorizes (bf16: a shift; f16: the `half` crate's SIMD slice conversion).
+    /// that vectorizes (bf16: a shift; f16: F16C where the CPU has it, else the `half`
+    /// crate's slice conversion).
     fn widen_slice(src: &[Self], dst: &mut [f32]);
     /// Narrows `src` into `dst` (same length) with round-to-nearest-even; bulk form of
     /// [`Element::from_f32`].
@@ -218,13 +219,23 @@ impl Element for f16 {
         // Not `f16::from_f64`, which converts through an RNE f32 (a double rounding).
         f16::from_f32(f64_to_f32_round_odd(v))
     }
-    #[inline]
+    #[inline(always)]
     fn widen_slice(src: &[Self], dst: &mut [f32]) {
+        assert_eq!(src.len(), dst.len(), "widen_slice: slices of one length");
+        #[cfg(target_arch = "x86_64")]
+        if crate::f16c::try_widen(src, dst) {
+            return;
+        }
         use half::slice::HalfFloatSliceExt;
         src.convert_to_f32_slice(dst);
     }
-    #[inline]
+    #[inline(always)]
     fn narrow_slice(src: &[f32], dst: &mut [Self]) {
+        assert_eq!(src.len(), dst.len(), "narrow_slice: slices of one length");
+        #[cfg(target_arch = "x86_64")]
+        if crate::f16c::try_narrow(src, dst) {
+            return;
+        }
         use half::slice::HalfFloatSliceExt;
         dst.convert_from_f32_slice(src);
     }

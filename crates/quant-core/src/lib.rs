@@ -38,6 +38,8 @@ pub mod cpu;
 pub mod cuda;
 pub mod dtype;
 pub mod error;
+#[cfg(target_arch = "x86_64")]
+mod f16c;
 pub mod format;
 pub mod glu;
 pub mod grouped;
