@@ -594,7 +594,6 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX-512");
             return;
         }
-        use half::bf16;
         let stride = 80;
         let mut rng = XorShift32::new(0x5EED_CAFE);
         for case in 0..400 {
@@ -626,17 +625,30 @@ mod tests {
             let mut out = [[0f32; 64]; DIM];
             let mut amax = [0f32; 64];
             assert!(rounded_sums_bf16(&x, stride, 64, &mut out, &mut amax));
-            for c in 0..64 {
-                let v: [bf16; DIM] = std::array::from_fn(|i| bf16::from_bits(x[i * stride + c]));
-                let want = crate::rht::forward_16(&v);
-                let mut m = 0f32;
-                for j in 0..DIM {
-                    let w = want[j].to_f32();
-                    assert_eq!(out[j][c].to_bits(), w.to_bits(), "case {case} c {c} j {j}");
-                    m = quant_core::cpu::fmax_nan_loses(m, w.abs());
-                }
-                assert_eq!(amax[c].to_bits(), m.to_bits(), "amax case {case} c {c}");
+            assert_forward_16(&x, stride, &out, &amax, &format!("case {case}"));
+        }
+    }
+
+    /// That `out` and `amax` (from [`rounded_sums_bf16`] of the bf16 rows `x`, `stride`
+    /// apart) hold `forward_16` of every column, and each column's maximum of it.
+    fn assert_forward_16<const N: usize>(
+        x: &[u16],
+        stride: usize,
+        out: &[[f32; N]; DIM],
+        amax: &[f32; N],
+        what: &str,
+    ) {
+        use half::bf16;
+        for c in 0..N {
+            let v: [bf16; DIM] = std::array::from_fn(|i| bf16::from_bits(x[i * stride + c]));
+            let want = crate::rht::forward_16(&v);
+            let mut m = 0f32;
+            for j in 0..DIM {
+                let w = want[j].to_f32();
+                assert_eq!(out[j][c].to_bits(), w.to_bits(), "{what} c {c} j {j}");
+                m = quant_core::cpu::fmax_nan_loses(m, w.abs());
             }
+            assert_eq!(amax[c].to_bits(), m.to_bits(), "amax {what} c {c}");
         }
     }
 
@@ -646,7 +658,6 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX-512");
             return;
         }
-        use half::bf16;
         let stride = 72;
         let mut rng = XorShift32::new(0x0BAD_F00D);
         // bf16 patterns over the whole range: subnormal sums, sums that round up to
@@ -674,20 +685,7 @@ mod tests {
         let mut out = [[0f32; 64]; DIM];
         let mut amax = [0f32; 64];
         assert!(rounded_sums_bf16(&x, stride, 64, &mut out, &mut amax));
-        for c in 0..64 {
-            let v: [bf16; DIM] = std::array::from_fn(|i| bf16::from_bits(x[i * stride + c]));
-            let want = crate::rht::forward_16(&v);
-            let mut m = 0f32;
-            for j in 0..DIM {
-                assert_eq!(
-                    out[j][c].to_bits(),
-                    want[j].to_f32().to_bits(),
-                    "c {c} j {j}"
-                );
-                m = quant_core::cpu::fmax_nan_loses(m, want[j].to_f32().abs());
-            }
-            assert_eq!(amax[c].to_bits(), m.to_bits(), "amax c {c}");
-        }
+        assert_forward_16(&x, stride, &out, &amax, "wide");
         // Lengths that do not fit are refused.
         assert!(!rounded_sums_bf16(&x, stride, 40, &mut out, &mut amax));
         assert!(!rounded_sums_bf16(
