@@ -4,7 +4,7 @@
 //! `half`'s slice conversions use the same instructions, but through a function that
 //! converts one 8-value array per call: where a downstream crate builds without LTO
 //! (the default release profile), that call is not inlined into our kernels, and the
-//! arrays go through memory. The NVFP4 rowwise dequantize into f16 ran x1.8 slower so
+//! arrays go through memory. The NVFP4 rowwise dequantize into f16 ran x1.8 slower that way
 //! than under this workspace's thin LTO. These loops are `#[inline]` with their target
 //! features, so a kernel compiled with F16C (every AVX2 or AVX-512 dispatch) inlines
 //! them. The bits are the instruction's either way: `half` chose the same one.
