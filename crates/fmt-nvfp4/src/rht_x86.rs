@@ -32,7 +32,7 @@ use quant_core::codec::e2m1;
 
 use quant_core::simd::Level;
 
-use crate::rht::{DIM, R, SIGN_MASK};
+use crate::rht::{DIM, R};
 
 /// Whether `R[i][j]` is `-0.25` (otherwise `+0.25`).
 const NEG: [[bool; DIM]; DIM] = {
@@ -201,13 +201,9 @@ macro_rules! butterflies {
 fn fast_forward_step(v: &[__m512; DIM]) -> [__m512; DIM] {
     let zero = _mm512_setzero_ps();
     let mut w = [zero; DIM];
-    for (i, (w, &v)) in w.iter_mut().zip(v).enumerate() {
-        let f = if (SIGN_MASK >> i) & 1 == 1 {
-            -0.25
-        } else {
-            0.25
-        };
-        *w = _mm512_fmadd_ps(v, _mm512_set1_ps(f), zero);
+    // `R[i][0]` is `s_i * 0.25` (column 0 of `H16` is all ones).
+    for ((w, &v), ri) in w.iter_mut().zip(v).zip(&R) {
+        *w = _mm512_fmadd_ps(v, _mm512_set1_ps(ri[0]), zero);
     }
     butterflies!(w, _mm512_add_ps, _mm512_sub_ps);
     w
@@ -466,14 +462,10 @@ unsafe fn fwht_nibbles<const N: usize>(
     narrow: Narrow,
     out: &mut [[f32; N]; DIM],
 ) {
-    // `s_i * 0.25`: exact scalings.
+    // `s_i * 0.25` (`R[i][0]`: column 0 of `H16` is all ones): exact scalings.
     let mut post = [_mm512_setzero_pd(); DIM];
-    for (i, p) in post.iter_mut().enumerate() {
-        *p = _mm512_set1_pd(if (SIGN_MASK >> i) & 1 == 1 {
-            -0.25
-        } else {
-            0.25
-        });
+    for (p, ri) in post.iter_mut().zip(&R) {
+        *p = _mm512_set1_pd(f64::from(ri[0]));
     }
     // SAFETY: `DECODE` is 16 f32 (one unaligned 512-bit load).
     let table = unsafe { _mm512_loadu_ps(e2m1::DECODE.as_ptr()) };
@@ -546,6 +538,7 @@ unsafe fn fwht_nibbles<const N: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rht::SIGN_MASK;
     use quantfmt_testkit::XorShift32;
 
     #[test]
