@@ -155,7 +155,7 @@ impl<'a> Operand<'a> {
 }
 
 /// Rowwise: `[m, k]` codes and scales to `out` (`[m, k]`). At AVX-512 each row is
-/// [`crate::x86::decode_row`] (f32 and bf16 output); elsewhere, and for f16, the
+/// [`crate::x86::decode_row`] (f32, bf16 and f16 output); elsewhere the
 /// portable loop below, which the tests compare with it at every level.
 pub(crate) fn rowwise<T: Element>(op: &Operand<'_>, m: usize, k: usize, out: &mut [T]) {
     let stride = scale_shape(m, k)[1];
