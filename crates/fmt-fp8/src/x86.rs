@@ -4,8 +4,8 @@
 //! decodes 16 codes per step in registers with [`quant_core::codec::x86`] (the same
 //! arithmetic as [`e4m3::decode_fast`] / [`e5m2::decode_fast`]), multiplies by the
 //! scales (the same IEEE product), and writes the run through
-//! [`quant_core::stream::x86::write_f32_steps`] / [`write_bf16_steps`] (bf16 narrowed
-//! in registers), which hand each 64-byte result to a `LineWriter`. So a large output
+//! [`quant_core::stream::x86::write_f32_steps`] / [`write_bf16_steps`] /
+//! [`write_f16_steps`] (bf16 and f16 narrowed in registers), which hand each 64-byte result to a `LineWriter`. So a large output
 //! is written with streaming stores: the columnwise dequantize writes 2 KiB runs of 512
 //! output rows at a time, a pattern in which ordinary stores (each line read for
 //! ownership first) took twice as long as streaming ones on a Zen 4 (13.4 ms against 5.0 ms for 128 MiB, one thread).
@@ -13,6 +13,7 @@
 //! [`e4m3::decode_fast`]: quant_core::codec::e4m3::decode_fast
 //! [`e5m2::decode_fast`]: quant_core::codec::e5m2::decode_fast
 //! [`write_bf16_steps`]: quant_core::stream::x86::write_bf16_steps
+//! [`write_f16_steps`]: quant_core::stream::x86::write_f16_steps
 
 use std::arch::x86_64::{
     __m128i, __m512, __m512i, _mm_loadu_si128, _mm512_cvtepu8_epi32, _mm512_loadu_ps,
@@ -21,7 +22,7 @@ use std::arch::x86_64::{
 
 use quant_core::codec::x86 as codec;
 use quant_core::simd::Level;
-use quant_core::stream::x86::{write_bf16_steps, write_f32_steps};
+use quant_core::stream::x86::{write_bf16_steps, write_f16_steps, write_f32_steps};
 use quant_core::stream::{Fence, StoreMode};
 use quant_core::{DType, Element};
 
@@ -31,8 +32,8 @@ use crate::scale::Fp8Dtype;
 /// Decodes `codes` times `scale` into `out` (codes, output and a per-code scale all the
 /// same length) in `mode`, leaving the streamed stores' fence to `fence` (one per task:
 /// see [`Fence`]). Returns `false`, having written nothing, unless `level` is
-/// [`Level::Avx512`], `T` is f32 or bf16 (bf16 also needs AVX-512 BF16) and the lengths
-/// agree; the caller then runs the portable loop, which gives the same bits.
+/// [`Level::Avx512`] (bf16 output also needs AVX-512 BF16) and the lengths agree; the
+/// caller then runs the portable loop, which gives the same bits.
 #[inline(always)]
 pub(crate) fn decode_run<T: Element>(
     level: Level,
@@ -62,6 +63,11 @@ pub(crate) fn decode_run<T: Element>(
                 decode_run_bf16(dt, codes, scale, o, mode, fence)
             },
             _ => return false,
+        },
+        DType::F16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
+            // SAFETY: the CPU has AVX-512 F, BW and DQ (`Level::Avx512`).
+            Ok(o) => unsafe { decode_run_f16(dt, codes, scale, o, mode, fence) },
+            Err(_) => return false,
         },
         _ => return false,
     }
@@ -109,27 +115,78 @@ fn decode_one(dt: Fp8Dtype, code: u8, scale: f32) -> f32 {
     dt.decode_table()[usize::from(code)] * scale
 }
 
-/// [`decode_run`] into f32 after its checks: one loop per element type and scale source
-/// ([`f32_loop`], a function of its own for each), so that neither is tested per step
-/// (in a single loop LLVM kept both tests, two compares and branches per 16 codes).
-#[target_feature(enable = "avx512f,avx512bw,avx512dq")]
-fn decode_run_f32(
-    dt: Fp8Dtype,
-    codes: &[u8],
-    scale: Scales<'_>,
-    out: &mut [f32],
-    mode: StoreMode,
-    fence: &Fence,
-) {
-    use Fp8Dtype::{E4M3, E5M2};
-    let how = (mode, fence);
-    match (dt, scale) {
-        (E4M3, Scales::One(s)) => f32_loop::<false, false>(codes, s, &[], out, how),
-        (E5M2, Scales::One(s)) => f32_loop::<true, false>(codes, s, &[], out, how),
-        (E4M3, Scales::Each(s)) => f32_loop::<false, true>(codes, 0.0, s, out, how),
-        (E5M2, Scales::Each(s)) => f32_loop::<true, true>(codes, 0.0, s, out, how),
-    }
+/// The two functions of one output type: `$run`, [`decode_run`] into `$out` after its
+/// checks, picks one loop per element type and scale source (`$looped`, a function of
+/// its own for each variant of [`variant`]), so that neither is tested per step (in a
+/// single loop LLVM kept both tests, two compares and branches per 16 codes); the loop
+/// writes through `$steps`. Each pair carries its output's target features: a loop
+/// compiled with fewer than its writer's could not inline it.
+macro_rules! output_loops {
+    ($(#[$doc:meta])* $run:ident, $looped:ident, $out:ty, $features:literal, $steps:ident) => {
+        $(#[$doc])*
+        #[target_feature(enable = $features)]
+        fn $run(
+            dt: Fp8Dtype,
+            codes: &[u8],
+            scale: Scales<'_>,
+            out: &mut [$out],
+            mode: StoreMode,
+            fence: &Fence,
+        ) {
+            use Fp8Dtype::{E4M3, E5M2};
+            let how = (mode, fence);
+            match (dt, scale) {
+                (E4M3, Scales::One(s)) => $looped::<false, false>(codes, s, &[], out, how),
+                (E5M2, Scales::One(s)) => $looped::<true, false>(codes, s, &[], out, how),
+                (E4M3, Scales::Each(s)) => $looped::<false, true>(codes, 0.0, s, out, how),
+                (E5M2, Scales::Each(s)) => $looped::<true, true>(codes, 0.0, s, out, how),
+            }
+        }
+
+        /// The loop of one variant ([`variant`]).
+        #[target_feature(enable = $features)]
+        fn $looped<const E5M2: bool, const EACH: bool>(
+            codes: &[u8],
+            one: f32,
+            each: &[f32],
+            out: &mut [$out],
+            how: (StoreMode, &Fence),
+        ) {
+            let (dt, scale) = variant::<E5M2, EACH>(one, each);
+            $steps(
+                out,
+                how,
+                |j| step(dt, codes, scale, j),
+                |j| decode_one(dt, codes[j], scale.at(j)),
+            );
+        }
+    };
 }
+
+output_loops!(
+    /// [`decode_run`] into f32 after its checks.
+    decode_run_f32,
+    f32_loop,
+    f32,
+    "avx512f,avx512bw,avx512dq",
+    write_f32_steps
+);
+output_loops!(
+    /// [`decode_run`] into bf16 bits after its checks.
+    decode_run_bf16,
+    bf16_loop,
+    u16,
+    "avx512f,avx512bw,avx512dq,avx512bf16",
+    write_bf16_steps
+);
+output_loops!(
+    /// [`decode_run`] into f16 bits after its checks.
+    decode_run_f16,
+    f16_loop,
+    u16,
+    "avx512f,avx512bw,avx512dq",
+    write_f16_steps
+);
 
 /// The element type (E5M2 or E4M3) and the scales (`each`, or `one` for the run) as
 /// [`decode_run`] takes them.
@@ -149,63 +206,6 @@ fn variant<'a, const E5M2: bool, const EACH: bool>(
     )
 }
 
-/// The loop of [`decode_run_f32`] for one variant ([`variant`]).
-#[target_feature(enable = "avx512f,avx512bw,avx512dq")]
-fn f32_loop<const E5M2: bool, const EACH: bool>(
-    codes: &[u8],
-    one: f32,
-    each: &[f32],
-    out: &mut [f32],
-    how: (StoreMode, &Fence),
-) {
-    let (dt, scale) = variant::<E5M2, EACH>(one, each);
-    write_f32_steps(
-        out,
-        how,
-        |j| step(dt, codes, scale, j),
-        |j| decode_one(dt, codes[j], scale.at(j)),
-    );
-}
-
-/// [`decode_run`] into bf16 bits after its checks, one loop per variant, as
-/// [`decode_run_f32`].
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
-fn decode_run_bf16(
-    dt: Fp8Dtype,
-    codes: &[u8],
-    scale: Scales<'_>,
-    out: &mut [u16],
-    mode: StoreMode,
-    fence: &Fence,
-) {
-    use Fp8Dtype::{E4M3, E5M2};
-    let how = (mode, fence);
-    match (dt, scale) {
-        (E4M3, Scales::One(s)) => bf16_loop::<false, false>(codes, s, &[], out, how),
-        (E5M2, Scales::One(s)) => bf16_loop::<true, false>(codes, s, &[], out, how),
-        (E4M3, Scales::Each(s)) => bf16_loop::<false, true>(codes, 0.0, s, out, how),
-        (E5M2, Scales::Each(s)) => bf16_loop::<true, true>(codes, 0.0, s, out, how),
-    }
-}
-
-/// The loop of [`decode_run_bf16`] for one variant ([`variant`]).
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
-fn bf16_loop<const E5M2: bool, const EACH: bool>(
-    codes: &[u8],
-    one: f32,
-    each: &[f32],
-    out: &mut [u16],
-    how: (StoreMode, &Fence),
-) {
-    let (dt, scale) = variant::<E5M2, EACH>(one, each);
-    write_bf16_steps(
-        out,
-        how,
-        |j| step(dt, codes, scale, j),
-        |j| decode_one(dt, codes[j], scale.at(j)),
-    );
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,11 +214,11 @@ mod tests {
     use quant_core::stream::with_store_mode;
 
     /// Every code of both element types against `table[code] * scale`, exactly (NaN bits
-    /// included), into f32 and bf16, in both store modes, for run lengths with every
+    /// included), into f32, bf16 and f16, in both store modes, for run lengths with every
     /// tail and output starts at every 4-byte offset of a line, with one scale per code
     /// and one for the run. The scales include tiny ones, whose products are subnormal:
     /// the hardware bf16 narrowing would flush those, so their steps must take the
-    /// portable narrowing.
+    /// portable narrowing; and ones whose products are subnormal or overflow in f16.
     #[test]
     fn decode_run_equals_the_table() {
         if !Level::Avx512.is_supported() || !std::is_x86_feature_detected!("avx512bf16") {
@@ -228,11 +228,14 @@ mod tests {
         let n = 700;
         let codes: Vec<u8> = (0..n).map(|i| (i * 37 % 256) as u8).collect();
         let each: Vec<f32> = (0..n)
-            .map(|i| match i % 7 {
+            .map(|i| match i % 9 {
                 0 => 1e-40,
                 1 => 3.0e-39,
                 2 => 0.75,
                 3 => 2f32.powi(-126),
+                // Products subnormal and overflowing in f16.
+                4 => 1.0e-6,
+                5 => 300.0,
                 _ => 1.0 + i as f32 / 64.0,
             })
             .collect();
@@ -241,7 +244,7 @@ mod tests {
                 for at in 0..16 {
                     for len in [0, 1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 129, n - at] {
                         let c = &codes[at..at + len];
-                        let sources = [1e-40, 0.75, 3.5].map(Scales::One);
+                        let sources = [1e-40, 0.75, 3.5, 1.0e-6, 300.0].map(Scales::One);
                         for scale in [Scales::Each(&each[at..at + len])]
                             .into_iter()
                             .chain(sources)
@@ -258,6 +261,14 @@ mod tests {
                             let want_bf16: Vec<u32> =
                                 want.iter().map(|&w| u32::from(bf16_bits(w))).collect();
                             assert_eq!(got, want_bf16, "bf16 {case}");
+                            let got = run(dt, c, scale, mode, at, half::f16::ONE, |v| {
+                                v.to_bits().into()
+                            });
+                            let want_f16: Vec<u32> = want
+                                .iter()
+                                .map(|&w| u32::from(half::f16::from_f32(w).to_bits()))
+                                .collect();
+                            assert_eq!(got, want_f16, "f16 {case}");
                         }
                     }
                 }
@@ -301,23 +312,21 @@ mod tests {
         got
     }
 
-    /// Other levels, element types and mismatched lengths are declined, untouched.
+    /// Other levels and mismatched lengths are declined, untouched.
     #[test]
     fn declines_what_it_does_not_run() {
         fn runs<T: Element>(level: Level, codes: &[u8], scales: &[f32], out: &mut [T]) -> bool {
             let (each, how) = (Scales::Each(scales), (StoreMode::Cached, &Fence::new()));
             decode_run(level, Fp8Dtype::E4M3, codes, each, out, how)
         }
-        assert!(!runs(
-            Level::Avx512,
-            &[0; 4],
-            &[1.0; 4],
-            &mut [half::f16::ONE; 4]
-        ));
         let mut out = [0f32; 4];
         assert!(!runs(Level::Scalar, &[0; 4], &[1.0; 4], &mut out));
         assert!(!runs(Level::Avx512, &[0; 3], &[1.0; 4], &mut out));
         assert!(!runs(Level::Avx512, &[0; 4], &[1.0; 3], &mut out));
         assert_eq!(out, [0.0; 4]);
+        let mut h = [half::f16::ONE; 4];
+        assert!(!runs(Level::Avx2, &[0; 4], &[1.0; 4], &mut h));
+        assert!(!runs(Level::Avx512, &[0; 5], &[1.0; 4], &mut h));
+        assert_eq!(h, [half::f16::ONE; 4]);
     }
 }

@@ -25,7 +25,7 @@ use std::arch::x86_64::{
 use quant_core::bf16_narrow::x86::narrow16_int;
 use quant_core::codec::e2m1;
 use quant_core::simd::Level;
-use quant_core::stream::x86::{write_bf16_steps, write_f32_steps};
+use quant_core::stream::x86::{write_bf16_steps, write_f16_steps, write_f32_steps};
 use quant_core::stream::{Fence, StoreMode};
 use quant_core::{DType, Element};
 
@@ -198,8 +198,8 @@ pub(crate) enum Nibble {
 /// This fuses what the columnwise decoder otherwise does in two passes, the products
 /// into a scratch run and then [`quant_core::stream::write_f32`] of it, which kept the
 /// products' stores and reloads in the hot loop. Returns `false` (nothing written)
-/// unless the CPU has AVX-512 (and BF16 for bf16 output), `T` is f32 or bf16 and the
-/// three lengths agree; the caller then runs the two passes.
+/// unless the CPU has AVX-512 (and BF16 for bf16 output) and the three lengths agree;
+/// the caller then runs the two passes.
 #[inline(always)]
 pub(crate) fn decode_nibbles<T: Element>(
     codes: &[u8],
@@ -223,6 +223,11 @@ pub(crate) fn decode_nibbles<T: Element>(
                 nibbles_bf16(codes, nibble, f, o, mode, fence)
             },
             _ => return false,
+        },
+        DType::F16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
+            // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
+            Ok(o) => unsafe { nibbles_f16(codes, nibble, f, o, mode, fence) },
+            Err(_) => return false,
         },
         _ => return false,
     }
@@ -290,6 +295,25 @@ fn nibbles_bf16(
 ) {
     let table = decode_table();
     write_bf16_steps(
+        out,
+        (mode, fence),
+        |c| nibbles16(codes, nibble, f, c, table),
+        |c| nibble_one(codes, nibble, f, c),
+    );
+}
+
+/// [`decode_nibbles`] into f16 bits after its checks (narrowed in registers).
+#[target_feature(enable = "avx512f,avx512bw")]
+fn nibbles_f16(
+    codes: &[u8],
+    nibble: Nibble,
+    f: &[f32],
+    out: &mut [u16],
+    mode: StoreMode,
+    fence: &Fence,
+) {
+    let table = decode_table();
+    write_f16_steps(
         out,
         (mode, fence),
         |c| nibbles16(codes, nibble, f, c, table),
@@ -376,9 +400,10 @@ mod tests {
     }
 
     /// Every byte value, both nibbles, one factor per column drawn from the product's
-    /// corners (zero, subnormal, overflow, infinity, NaN), into f32 and bf16, in both
-    /// store modes, for runs with every tail and starting at every 4-byte offset of a
-    /// line: the portable product, narrowed by `bf16_bits`.
+    /// corners (zero, subnormal, overflow, infinity, NaN; for f16 also its subnormal and
+    /// overflowing products), into f32, bf16 and f16, in both store modes, for runs with
+    /// every tail and starting at every 4-byte offset of a line: the portable product,
+    /// narrowed by `bf16_bits` or `f16::from_f32`.
     #[test]
     fn decode_nibbles_equals_the_portable_product() {
         if !Level::Avx512.is_supported() || !std::is_x86_feature_detected!("avx512bf16") {
@@ -396,11 +421,13 @@ mod tests {
             1.0e38,
             f32::MAX,
             f32::INFINITY,
+            1.0e-6,
+            2.0e4,
         ];
         let f: Vec<f32> = (0..n)
-            .map(|i| match i % 11 {
-                8 => f32::NAN,
-                9 | 10 => 0.123_456_79 * (i as f32 + 1.0),
+            .map(|i| match i % 13 {
+                10 => f32::NAN,
+                11 | 12 => 0.123_456_79 * (i as f32 + 1.0),
                 j => corners[j],
             })
             .collect();
@@ -433,11 +460,18 @@ mod tests {
                             let b = quant_core::dtype::bf16_bits(b);
                             assert_eq!(a.to_bits(), b, "bf16 {case}: column {i}");
                         }
+                        let out: &mut [half::f16] = bytemuck::cast_slice_mut(buf.as_mut_slice());
+                        let out = &mut out[at..at + len];
+                        assert!(decode_nibbles(c, nibble, fc, out, (mode, &Fence::new())));
+                        for (i, (a, &b)) in out.iter().zip(w).enumerate() {
+                            let b = half::f16::from_f32(b).to_bits();
+                            assert_eq!(a.to_bits(), b, "f16 {case}: column {i}");
+                        }
                     }
                 }
             }
         }
-        // Lengths that disagree and f16 output are declined.
+        // Lengths that disagree are declined.
         let fence = Fence::new();
         let store = (StoreMode::Cached, &fence);
         assert!(!decode_nibbles(
@@ -451,15 +485,7 @@ mod tests {
             &codes[..7],
             Nibble::Low,
             &f[..8],
-            &mut [0f32; 8],
-            store
-        ));
-        let mut h = [half::f16::ZERO; 8];
-        assert!(!decode_nibbles(
-            &codes[..8],
-            Nibble::Low,
-            &f[..8],
-            &mut h,
+            &mut [half::f16::ZERO; 8],
             store
         ));
     }

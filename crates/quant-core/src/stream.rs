@@ -159,7 +159,7 @@ impl Drop for Fence {
 
 /// Writes the f32 values `src` into `dst` (the same length) as `T`, rounded to nearest
 /// even where `T` is narrower ([`Element::narrow_slice`]). In [`StoreMode::Streaming`],
-/// with `level` at [`Level::Avx512`] and `T` f32 or bf16 (bf16 also needs AVX-512 BF16),
+/// with `level` at [`Level::Avx512`] (bf16 output also needs AVX-512 BF16),
 /// the whole lines of `dst` are written with streaming stores through an
 /// [`x86::LineWriter`] that leaves its fence to `fence`; otherwise with ordinary stores.
 /// The bytes are the same either way.
@@ -205,6 +205,12 @@ pub fn write_f32<T: Element>(
         {
             // SAFETY: as above, and the CPU has AVX-512 BF16 (checked).
             return unsafe { x86::write_bf16(src, d, fence) };
+        }
+        if T::DTYPE == DType::F16
+            && let Ok(d) = bytemuck::try_cast_slice_mut::<T, u16>(dst)
+        {
+            // SAFETY: as above.
+            return unsafe { x86::write_f16(src, d, fence) };
         }
     }
     let _ = (level, mode, fence);
@@ -284,8 +290,10 @@ pub fn line_chunks<T>(
 #[cfg(target_arch = "x86_64")]
 pub mod x86 {
     use std::arch::x86_64::{
-        __m512, __m512i, _mm_sfence, _mm512_castps_si512, _mm512_loadu_ps, _mm512_loadu_si512,
-        _mm512_permutex2var_epi16, _mm512_setzero_si512, _mm512_storeu_si512, _mm512_stream_si512,
+        __m512, __m512i, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT, _mm_sfence,
+        _mm512_castps_si512, _mm512_castsi256_si512, _mm512_cvtps_ph, _mm512_inserti64x4,
+        _mm512_loadu_ps, _mm512_loadu_si512, _mm512_permutex2var_epi16, _mm512_setzero_si512,
+        _mm512_storeu_si512, _mm512_stream_si512,
     };
 
     use super::{Fence, StoreMode};
@@ -458,6 +466,21 @@ pub mod x86 {
         );
     }
 
+    /// [`super::write_f32`] into f16 bits, narrowed in registers and streamed.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) fn write_f16(src: &[f32], dst: &mut [u16], fence: &Fence) {
+        write_f16_steps(
+            dst,
+            (StoreMode::Streaming, fence),
+            |j| {
+                let s = &src[j..j + 16];
+                // SAFETY: `s` is 16 f32 (one unaligned 512-bit load).
+                unsafe { _mm512_loadu_ps(s.as_ptr()) }
+            },
+            |j| src[j],
+        );
+    }
+
     /// Fills `out` through a [`LineWriter`] in `mode` (its fence left to `fence`): the
     /// values `j .. j + 16` from `step(j)` for every whole 16 of them, the rest one by
     /// one from `one(j)`. The shared loop of the decoders that compute a run of f32
@@ -517,6 +540,38 @@ pub mod x86 {
         }
     }
 
+    /// [`write_f32_steps`] into f16 bits: 32 values per step, `step(j)` and
+    /// `step(j + 16)` narrowed by `vcvtps2ph` (round to nearest even; subnormal results
+    /// kept, NaN quieted), the rest by `f16::from_f32(one(j))`: the bits of
+    /// [`crate::Element::narrow_slice`] for f16 throughout, which narrows with the same
+    /// instruction (or `half`'s equal software rounding without F16C).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and BW (code compiled with them calls it safely).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub fn write_f16_steps(
+        out: &mut [u16],
+        (mode, fence): (StoreMode, &Fence),
+        step: impl Fn(usize) -> __m512,
+        one: impl Fn(usize) -> f32,
+    ) {
+        const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        let main = out.len() / 32 * 32;
+        let (head, tail) = out.split_at_mut(main);
+        {
+            let mut w = LineWriter::fenced_by(fence, mode, bytemuck::cast_slice_mut(head));
+            for j in (0..main).step_by(32) {
+                let lo = _mm512_cvtps_ph::<NEAREST>(step(j));
+                let hi = _mm512_cvtps_ph::<NEAREST>(step(j + 16));
+                w.push(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi));
+            }
+        }
+        for (j, o) in (main..).zip(tail) {
+            *o = half::f16::from_f32(one(j)).to_bits();
+        }
+    }
+
     impl Drop for LineWriter<'_> {
         fn drop(&mut self) {
             if self.cut == Cut::Plain {
@@ -553,6 +608,10 @@ mod tests {
                 0 => f32::from_bits(0x0001_8000),
                 1 => f32::NAN,
                 2 => 1.0 + f32::EPSILON * 65536.0,
+                // f16's corners: a subnormal result, a tie, overflow to infinity.
+                3 if i % 4 == 0 => 3.0e-6,
+                3 if i % 4 == 1 => 1.0 + 1.0 / 2048.0,
+                3 => 65520.0,
                 _ => f32::from_bits(rng.next_u32()),
             })
             .collect();
