@@ -24,7 +24,9 @@
 //! [`crate::sr`]), the Hadamard sums in index order, 4over6 candidates and tree sums.
 
 use half::bf16;
-use quant_core::block_max::{NanRule, block_abs_max, block_abs_max_bf16, column_abs_max_bf16};
+use quant_core::block_max::{
+    NanRule, block_abs_max, block_abs_max_bf16, block_abs_max_f16, column_abs_max_bf16,
+};
 use quant_core::codec::{e2m1, e4m3};
 use quant_core::cpu::{amax_f32, fmax_nan_loses};
 use quant_core::dtype::f32_from_bf16_bits;
@@ -672,9 +674,9 @@ fn rowwise_span<T: Element>(
     let maxima = tiles.is_none();
     let run = if let Some(b) = encoder_bits(p, xs) {
         if maxima {
-            block_abs_max_bf16(p.level, b, NanRule::Ignore, &mut bits[..nb]);
+            b.block_abs_max(p.level, &mut bits[..nb]);
         }
-        Run::Bf16(b)
+        b.run()
     } else {
         let Some(w) = bytemuck::try_cast_slice::<T, f32>(xs)
             .ok()
@@ -706,12 +708,13 @@ fn rowwise_span<T: Element>(
 }
 
 /// Whether the AVX-512 encoder ([`crate::x86_encode`]) takes runs of `T` as they are:
-/// f32 or bf16 input at [`Level::Avx512`], VBMI present. [`rowwise_span`] runs only
-/// then (it also checks the lengths), and [`encoder_bits`] reads bf16 as bits only then.
+/// f32, bf16 or f16 input at [`Level::Avx512`], VBMI present. [`rowwise_span`] runs
+/// only then (it also checks the lengths), and [`encoder_bits`] reads 16-bit input as
+/// bits only then.
 #[inline(always)]
 fn span_encoder<T: Element>(p: &Params<'_>) -> bool {
     #[cfg(target_arch = "x86_64")]
-    return matches!(T::DTYPE, DType::F32 | DType::BF16)
+    return matches!(T::DTYPE, DType::F32 | DType::BF16 | DType::F16)
         && p.level == Level::Avx512
         && crate::x86_encode::supported();
     #[cfg(not(target_arch = "x86_64"))]
@@ -814,7 +817,7 @@ fn rowwise_2d_only<T: Element>(
 
 /// The 16x16 tile amaxes of one group span (`rows(rr)`: row `rr`'s `cw` values) into
 /// `tiles` (f32 patterns of NaN-ignoring magnitude maxima): each row's block maxima, as
-/// [`rowwise_run`] takes them (bf16 from its bits), folded over the 16 rows.
+/// [`rowwise_run`] takes them (16-bit input from its bits), folded over the 16 rows.
 #[inline(always)]
 fn span_tiles<'a, T: Element>(
     level: Level,
@@ -829,6 +832,8 @@ fn span_tiles<'a, T: Element>(
         let row = &mut row[..tiles.len()];
         if let Some(bits) = quant_core::dtype::bf16_slice_bits(xs) {
             block_abs_max_bf16(level, bits, NanRule::Ignore, row);
+        } else if let Some(bits) = quant_core::dtype::f16_slice_bits(xs) {
+            block_abs_max_f16(level, bits, NanRule::Ignore, row);
         } else if let (DType::F32, Ok(w)) = (T::DTYPE, bytemuck::try_cast_slice::<T, f32>(xs)) {
             block_abs_max(level, w, NanRule::Ignore, row);
         } else {
@@ -895,7 +900,7 @@ fn rowwise_run<T: Element>(
         None => {
             let mut bits = [0u32; NB];
             match bits16 {
-                Some(b) => block_abs_max_bf16(p.level, b, NanRule::Ignore, &mut bits[..nb]),
+                Some(b) => b.block_abs_max(p.level, &mut bits[..nb]),
                 None => block_abs_max(p.level, w, NanRule::Ignore, &mut bits[..nb]),
             }
             bits.map(f32::from_bits)
@@ -907,15 +912,11 @@ fn rowwise_run<T: Element>(
     match (p.seed, bits16) {
         #[cfg(target_arch = "x86_64")]
         (None, Some(b)) => {
-            if !crate::x86_encode::encode_run_rn(Run::Bf16(b), &enc[..nb], out) {
+            if !crate::x86_encode::encode_run_rn(b.run(), &enc[..nb], out) {
                 // Not reached while `encoder_bits` checks what the encoder needs; if it
                 // were, the bits are widened block by block, exactly.
-                for ((o, v), &e) in out
-                    .chunks_exact_mut(BLOCK / 2)
-                    .zip(b.chunks_exact(BLOCK))
-                    .zip(&enc)
-                {
-                    encode_pack_rn(&widen_bf16_block(v), e, o);
+                for (i, (o, &e)) in out.chunks_exact_mut(BLOCK / 2).zip(&enc).enumerate() {
+                    encode_pack_rn(&b.widen_block(i), e, o);
                 }
             }
         }
@@ -940,7 +941,7 @@ fn rowwise_run<T: Element>(
             {
                 use crate::x86_encode::{Run, encode_run_sr};
                 let run = match bits16 {
-                    Some(b) => Some(Run::Bf16(b)),
+                    Some(b) => Some(b.run()),
                     None if p.level == Level::Avx512 => Some(Run::F32(w)),
                     None => None,
                 };
@@ -956,7 +957,7 @@ fn rowwise_run<T: Element>(
             {
                 match bits16 {
                     // Not reached while `encoder_bits` checks what the encoder needs.
-                    Some(h) => encode_pack_sr(&widen_bf16_block(&h[b * BLOCK..]), e, rb, o),
+                    Some(h) => encode_pack_sr(&h.widen_block(b), e, rb, o),
                     None => encode_pack_sr(&w[b * BLOCK..(b + 1) * BLOCK], e, rb, o),
                 }
             }
@@ -965,21 +966,66 @@ fn rowwise_run<T: Element>(
     sdb
 }
 
-/// The first block of `bits` (bf16 patterns, at least [`BLOCK`]) widened exactly: the
-/// fallback of a run the AVX-512 encoders refuse.
-#[inline(always)]
-fn widen_bf16_block(bits: &[u16]) -> [f32; BLOCK] {
-    std::array::from_fn(|j| f32_from_bf16_bits(bits[j]))
+/// A run of 16-bit input read as its bits by the AVX-512 encoder ([`encoder_bits`]):
+/// its block maxima come from the bits and its values are widened in registers, so the
+/// run skips the widening copy.
+#[derive(Clone, Copy)]
+enum Bits<'a> {
+    Bf16(&'a [u16]),
+    F16(&'a [u16]),
 }
 
-/// The bf16 bits of `xs` when the AVX-512 encoder takes them directly (nearest or
-/// stochastic rounding, [`Level::Avx512`] dispatched, VBMI present): the run then skips
-/// the widening copy, its block maxima and codes reading the bits.
+impl<'a> Bits<'a> {
+    /// The block maxima (f32 magnitude patterns, NaN ignored) of the run's blocks.
+    #[inline(always)]
+    fn block_abs_max(self, level: Level, out: &mut [u32]) {
+        match self {
+            Bits::Bf16(b) => block_abs_max_bf16(level, b, NanRule::Ignore, out),
+            Bits::F16(b) => block_abs_max_f16(level, b, NanRule::Ignore, out),
+        }
+    }
+
+    /// Block `b` widened exactly: the fallback of a run the AVX-512 encoders refuse.
+    #[inline(always)]
+    fn widen_block(self, b: usize) -> [f32; BLOCK] {
+        let mut w = [0f32; BLOCK];
+        match self {
+            Bits::Bf16(h) => {
+                for (w, &v) in w.iter_mut().zip(&h[b * BLOCK..(b + 1) * BLOCK]) {
+                    *w = f32_from_bf16_bits(v);
+                }
+            }
+            Bits::F16(h) => {
+                for (w, &v) in w.iter_mut().zip(&h[b * BLOCK..(b + 1) * BLOCK]) {
+                    *w = half::f16::from_bits(v).to_f32();
+                }
+            }
+        }
+        w
+    }
+
+    /// The run as the AVX-512 encoder takes it.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn run(self) -> Run<'a> {
+        match self {
+            Bits::Bf16(b) => Run::Bf16(b),
+            Bits::F16(b) => Run::F16(b),
+        }
+    }
+}
+
+/// The bits of `xs` when the AVX-512 encoder takes them directly (bf16 or f16 input,
+/// nearest or stochastic rounding, [`Level::Avx512`] dispatched, VBMI present): the
+/// run then skips the widening copy, its block maxima and codes reading the bits.
 #[inline(always)]
-fn encoder_bits<'a, T: Element>(p: &Params<'_>, xs: &'a [T]) -> Option<&'a [u16]> {
-    span_encoder::<T>(p)
-        .then(|| quant_core::dtype::bf16_slice_bits(xs))
-        .flatten()
+fn encoder_bits<'a, T: Element>(p: &Params<'_>, xs: &'a [T]) -> Option<Bits<'a>> {
+    if !span_encoder::<T>(p) {
+        return None;
+    }
+    quant_core::dtype::bf16_slice_bits(xs)
+        .map(Bits::Bf16)
+        .or_else(|| quant_core::dtype::f16_slice_bits(xs).map(Bits::F16))
 }
 
 /// 4over6 rowwise: the scalar candidate functions of [`crate::kernel`], block by block.

@@ -15,30 +15,33 @@ use std::arch::x86_64::{
     __m128i, __m256i, __m512, __m512i, _mm_loadu_si128, _mm_storel_epi64, _mm_storeu_si128,
     _mm256_loadu_si256, _mm256_storeu_si256, _mm512_and_si512, _mm512_castps_si512,
     _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmple_epu32_mask, _mm512_cvtepi32_epi8,
-    _mm512_cvtepi32_ps, _mm512_cvtepi64_epi8, _mm512_cvtepu8_epi32, _mm512_fmadd_ps,
-    _mm512_loadu_ps, _mm512_loadu_si512, _mm512_mask_blend_epi8, _mm512_mask_blend_epi32,
-    _mm512_mask_ternarylogic_epi32, _mm512_max_epu32, _mm512_min_epu32, _mm512_mul_ps,
-    _mm512_or_si512, _mm512_permutex2var_epi8, _mm512_permutex2var_epi32, _mm512_permutexvar_epi32,
-    _mm512_set1_epi32, _mm512_set1_ps, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srli_epi64,
-    _mm512_srlv_epi32, _mm512_sub_epi32, _mm512_test_epi32_mask,
+    _mm512_cvtepi32_ps, _mm512_cvtepi64_epi8, _mm512_cvtepu8_epi32, _mm512_cvtph_ps,
+    _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_loadu_si512, _mm512_mask_blend_epi8,
+    _mm512_mask_blend_epi32, _mm512_mask_ternarylogic_epi32, _mm512_max_epu32, _mm512_min_epu32,
+    _mm512_mul_ps, _mm512_or_si512, _mm512_permutex2var_epi8, _mm512_permutex2var_epi32,
+    _mm512_permutexvar_epi32, _mm512_set1_epi32, _mm512_set1_ps, _mm512_slli_epi32,
+    _mm512_srli_epi32, _mm512_srli_epi64, _mm512_srlv_epi32, _mm512_sub_epi32,
+    _mm512_test_epi32_mask,
 };
 
 use quant_core::simd::Level;
 
 use crate::scale::BLOCK;
 
-/// A run of input values: f32, or bf16 as bits (widened in the register).
+/// A run of input values: f32, or bf16 or f16 as bits (widened in the register).
 #[derive(Clone, Copy)]
 pub(crate) enum Run<'a> {
     F32(&'a [f32]),
     Bf16(&'a [u16]),
+    /// Rowwise runs only ([`encode_run`]); the pair encoders decline it.
+    F16(&'a [u16]),
 }
 
 impl Run<'_> {
     fn len(&self) -> usize {
         match self {
             Run::F32(w) => w.len(),
-            Run::Bf16(w) => w.len(),
+            Run::Bf16(w) | Run::F16(w) => w.len(),
         }
     }
 }
@@ -86,6 +89,8 @@ pub(crate) fn encode_run(
         Run::F32(w) => unsafe { encode_f32(w, enc, rnd, out, ahead) },
         // SAFETY: as above.
         Run::Bf16(w) => unsafe { encode_bf16(w, enc, rnd, out, ahead) },
+        // SAFETY: as above.
+        Run::F16(w) => unsafe { encode_f16(w, enc, rnd, out, ahead) },
     }
     true
 }
@@ -292,6 +297,24 @@ fn encode_bf16(w: &[u16], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u
     encode_with(
         #[inline(always)]
         |b| widen_bf16(&w[b * BLOCK..(b + 1) * BLOCK]),
+        enc,
+        rnd,
+        out,
+        ahead,
+    )
+}
+
+/// [`encode_run`] of f16 bits after its checks, each block widened exactly in the
+/// register (`vcvtph2ps`): the values `f16::to_f32` gives the portable loop.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+fn encode_f16(w: &[u16], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8], ahead: &[u8]) {
+    encode_with(
+        #[inline(always)]
+        |b| {
+            let v = &w[b * BLOCK..(b + 1) * BLOCK];
+            // SAFETY: `v` is 16 u16 (one unaligned 256-bit load).
+            _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(v.as_ptr().cast::<__m256i>()) })
+        },
         enc,
         rnd,
         out,
@@ -702,6 +725,35 @@ mod tests {
             assert!(encode_run_rn(Run::Bf16(&hi), &enc, &mut out));
             assert_eq!(out, portable(&wide, &enc), "multiplier {e}");
         }
+    }
+
+    #[test]
+    fn encode_run_sweeps_every_f16_value() {
+        if !supported() {
+            eprintln!("no AVX-512 VBMI: skipped");
+            return;
+        }
+        // All 65536 f16 patterns, under three encode multipliers, both roundings.
+        let h: Vec<u16> = (0..=u16::MAX).collect();
+        let wide: Vec<f32> = h
+            .iter()
+            .map(|&b| half::f16::from_bits(b).to_f32())
+            .collect();
+        let mut rng = XorShift32::new(5);
+        let rnd: Vec<[u8; BLOCK]> = (0..h.len() / BLOCK)
+            .map(|_| std::array::from_fn(|_| rng.next_u32() as u8))
+            .collect();
+        for e in [1.0f32, 0.75, 3.0e-3] {
+            let enc = vec![e; h.len() / BLOCK];
+            let mut out = vec![0u8; h.len() / 2];
+            assert!(encode_run_rn(Run::F16(&h), &enc, &mut out));
+            assert_eq!(out, portable(&wide, &enc), "multiplier {e}");
+            assert!(encode_run_sr(Run::F16(&h), &enc, &rnd, &mut out));
+            assert_eq!(out, portable_sr(&wide, &enc, &rnd), "SR, multiplier {e}");
+        }
+        // The pair encoders take f32 and bf16 rows only.
+        let f16s = Run::F16(&h[..BLOCK]);
+        assert!(!encode_pairs_rn(f16s, f16s, &[1.0; BLOCK], &mut [0; BLOCK]));
     }
 
     /// The portable stochastic-rounding bytes: TE's rule, then the exact encoding of its

@@ -147,6 +147,48 @@ pub fn block_abs_max_bf16(level: Level, xs: &[u16], nan: NanRule, out: &mut [u32
     }
 }
 
+/// [`block_abs_max`] of f16 values given as their bits (`xs[i]` is `f16::to_bits`):
+/// the keys [`block_abs_max`] gives the widened values. At [`Level::Avx512`], with
+/// blocks a multiple of 16 values, each vector of 16 is widened in the register
+/// (`vcvtph2ps`, exact) and sixteen blocks fold together as in [`block_abs_max`]; the
+/// rest, and other levels, widen value by value with `half`.
+///
+/// Under [`NanRule::Propagate`] a block holding a NaN yields a NaN pattern, as it does
+/// for f32 input; which NaN's pattern may differ between the two routes where the CPU's
+/// widening and `half`'s quiet a signalling NaN differently.
+///
+/// ```
+/// use half::f16;
+/// use quant_core::block_max::{NanRule, block_abs_max_f16};
+/// use quant_core::simd;
+///
+/// let xs: Vec<u16> = (0..64).map(|i| f16::from_f32(i as f32 - 40.0).to_bits()).collect();
+/// let mut out = [0u32; 2];
+/// block_abs_max_f16(simd::level(), &xs, NanRule::Ignore, &mut out);
+/// assert_eq!(out.map(f32::from_bits), [40.0, 23.0]);
+/// ```
+///
+/// Panics if `xs.len()` is not a multiple of `out.len()` (as [`block_abs_max`]).
+#[inline(always)]
+pub fn block_abs_max_f16(level: Level, xs: &[u16], nan: NanRule, out: &mut [u32]) {
+    let Some(n) = block_len("block_abs_max_f16", xs.len(), out) else {
+        return;
+    };
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 && Level::Avx512.is_supported() && n.is_multiple_of(x86::LANES) {
+        // SAFETY: the CPU has AVX-512 F (checked just above); `xs` holds `out.len()`
+        // blocks of `n` values, `n` a nonzero multiple of 16 (checked above).
+        unsafe { x86::block_abs_max_f16(xs, n, nan, out) };
+        return;
+    }
+    let _ = level;
+    for (o, b) in out.iter_mut().zip(xs.chunks_exact(n)) {
+        *o = b
+            .iter()
+            .fold(0, |m, &v| m.max(nan.key(half::f16::from_bits(v).to_f32())));
+    }
+}
+
 /// Folds one row of bf16 bits into running per-column keys: `acc[j] = max(acc[j],
 /// key16(xs[j]))`, where `key16` is [`NanRule::key`]'s 16-bit half (the magnitude bits,
 /// NaN -> 0 under [`NanRule::Ignore`]). Column blocks (MXFP8's and FP8 1x128's
@@ -212,7 +254,7 @@ fn block_len(what: &str, values: usize, out: &mut [u32]) -> Option<usize> {
 mod x86 {
     use std::arch::x86_64::{
         __m512i, _mm256_loadu_si256, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps,
-        _mm512_castsi512_si256, _mm512_cmple_epu16_mask, _mm512_cvtepu16_epi32,
+        _mm512_castsi512_si256, _mm512_cmple_epu16_mask, _mm512_cvtepu16_epi32, _mm512_cvtph_ps,
         _mm512_extracti64x4_epi64, _mm512_loadu_ps, _mm512_loadu_si512, _mm512_mask_max_epu16,
         _mm512_maskz_mov_epi16, _mm512_max_epu16, _mm512_max_epu32, _mm512_max_ps,
         _mm512_permutex2var_epi16, _mm512_permutex2var_epi32, _mm512_reduce_max_epu32,
@@ -531,6 +573,70 @@ mod x86 {
         }
     }
 
+    /// [`super::block_abs_max_f16`] with AVX-512.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F; `xs.len() == out.len() * n`, `n` a nonzero
+    /// multiple of 16.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn block_abs_max_f16(xs: &[u16], n: usize, nan: NanRule, out: &mut [u32]) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            match n {
+                16 => groups_f16::<16>(xs, nan, out),
+                32 => groups_f16::<32>(xs, nan, out),
+                128 => groups_f16::<128>(xs, nan, out),
+                _ => groups_f16::<0>(xs, nan, out),
+            }
+        }
+    }
+
+    /// [`block_abs_max_f16`] for blocks of `N` values (`0`: of `xs.len() / out.len()`).
+    ///
+    /// # Safety
+    /// As [`block_abs_max_f16`]'s.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn groups_f16<const N: usize>(xs: &[u16], nan: NanRule, out: &mut [u32]) {
+        let n = if N > 0 { N } else { xs.len() / out.len() };
+        debug_assert_eq!(xs.len(), out.len() * n);
+        fold_blocks(
+            out,
+            #[inline(always)]
+            // SAFETY: block `b < out.len()` is `b*n .. b*n + n`, inside `xs`
+            // (`xs.len() == out.len() * n`).
+            |b| unsafe { lanes_max_f16(xs.as_ptr().add(b * n), n, nan) },
+        );
+    }
+
+    /// [`lanes_max`] of `n` f16 values from `p`, each vector of 16 widened exactly
+    /// (`vcvtph2ps`) before it is keyed.
+    ///
+    /// # Safety
+    /// `p .. p + n` must be readable; `n` a multiple of 16.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn lanes_max_f16(p: *const u16, n: usize, nan: NanRule) -> __m512i {
+        let abs = _mm512_set1_epi32(0x7FFF_FFFF);
+        let mut acc = _mm512_setzero_si512();
+        for j in 0..n / LANES {
+            // SAFETY: `16 * j + 16 <= n` and `p .. p + n` is readable (one unaligned
+            // 256-bit load of 16 f16).
+            let h = unsafe { _mm256_loadu_si256(p.add(LANES * j).cast()) };
+            let mag = _mm512_and_si512(_mm512_castps_si512(_mm512_cvtph_ps(h)), abs);
+            acc = match nan {
+                // As in `lanes_max`: `vmaxps` keeps the accumulator against a NaN.
+                NanRule::Ignore => _mm512_castps_si512(_mm512_max_ps(
+                    _mm512_castsi512_ps(mag),
+                    _mm512_castsi512_ps(acc),
+                )),
+                NanRule::Propagate => _mm512_max_epu32(mag, acc),
+            };
+        }
+        acc
+    }
+
     /// Block `b`'s maxima of bf16 keys, folded to 16 u32 lanes holding f32 key patterns
     /// (`n` values from `p`).
     ///
@@ -757,6 +863,46 @@ mod tests {
                         let mut out = vec![7u32; blocks];
                         simd::dispatch(level, || block_abs_max_bf16(level, &bits, nan, &mut out));
                         assert_eq!(out, want, "{level}, {blocks} blocks of {n}, {nan:?}");
+                    });
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f16_bits_give_the_keys_of_the_widened_values() {
+        // Every f16 pattern (NaNs of both signs and all payloads, infinities, zeros,
+        // subnormals), shuffled so that each block mixes them.
+        let mut rng = XorShift32::new(11);
+        let mut all: Vec<u16> = (0..=u16::MAX).collect();
+        for i in (1..all.len()).rev() {
+            all.swap(i, rng.next_u32() as usize % (i + 1));
+        }
+        for n in [0, 1, 16, 32, 48, 128] {
+            for blocks in [1, 2, 15, 16, 17, 33, 95] {
+                for nan in [NanRule::Ignore, NanRule::Propagate] {
+                    let at = (n * blocks * 7) % (all.len() - n * blocks);
+                    let bits = &all[at..at + n * blocks];
+                    let wide: Vec<f32> = bits
+                        .iter()
+                        .map(|&b| half::f16::from_bits(b).to_f32())
+                        .collect();
+                    let want = if n == 0 {
+                        vec![0; blocks]
+                    } else {
+                        sequential(&wide, n, nan)
+                    };
+                    simd::for_each_supported_level(|level| {
+                        let mut out = vec![7u32; blocks];
+                        simd::dispatch(level, || block_abs_max_f16(level, bits, nan, &mut out));
+                        for (b, (&got, &want)) in out.iter().zip(&want).enumerate() {
+                            let case = format!("{level}, block {b} of {blocks} x {n}, {nan:?}");
+                            if want > INF_BITS {
+                                assert!(got > INF_BITS, "{case}: {got:#x} is not NaN");
+                            } else {
+                                assert_eq!(got, want, "{case}");
+                            }
+                        }
                     });
                 }
             }

@@ -320,6 +320,24 @@ pub fn bf16_slice_bits<T: Element>(xs: &[T]) -> Option<&[u16]> {
     }
 }
 
+/// The bit patterns of `xs` when it is an f16 slice (`T` is `half::f16`), else `None`:
+/// [`bf16_slice_bits`]' twin, for kernels that widen f16 in registers.
+///
+/// ```
+/// use half::f16;
+/// let xs = [f16::from_f32(1.0), f16::from_f32(-2.0)];
+/// assert_eq!(quant_core::dtype::f16_slice_bits(&xs), Some(&[0x3C00u16, 0xC000][..]));
+/// assert_eq!(quant_core::dtype::f16_slice_bits(&[half::bf16::ONE]), None);
+/// ```
+#[inline(always)]
+pub fn f16_slice_bits<T: Element>(xs: &[T]) -> Option<&[u16]> {
+    if T::DTYPE == DType::F16 {
+        bytemuck::try_cast_slice::<T, u16>(xs).ok()
+    } else {
+        None
+    }
+}
+
 /// [`bf16_slice_bits`] for output: the bit patterns of a mutable bf16 slice.
 ///
 /// ```
