@@ -148,10 +148,12 @@ pub fn block_abs_max_bf16(level: Level, xs: &[u16], nan: NanRule, out: &mut [u32
 }
 
 /// [`block_abs_max`] of f16 values given as their bits (`xs[i]` is `f16::to_bits`):
-/// the keys [`block_abs_max`] gives the widened values. At [`Level::Avx512`], with
-/// blocks a multiple of 16 values, each vector of 16 is widened in the register
-/// (`vcvtph2ps`, exact) and sixteen blocks fold together as in [`block_abs_max`]; the
-/// rest, and other levels, widen value by value with `half`.
+/// the keys [`block_abs_max`] gives the widened values. At [`Level::Avx512`], blocks of
+/// 16 (NVFP4's) fold 32 at a time on their 16-bit magnitudes as
+/// [`block_abs_max_bf16`]'s do, the maxima widened at the end (`vcvtph2ps`, exact);
+/// other blocks of a multiple of 16 values, and the last `< 32` blocks of 16, widen
+/// each vector of 16 in the register and fold sixteen blocks together as
+/// [`block_abs_max`] does. Other levels widen value by value with `half`.
 ///
 /// Under [`NanRule::Propagate`] a block holding a NaN yields a NaN pattern, as it does
 /// for f32 input; which NaN's pattern may differ between the two routes where the CPU's
@@ -176,8 +178,9 @@ pub fn block_abs_max_f16(level: Level, xs: &[u16], nan: NanRule, out: &mut [u32]
     };
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx512 && Level::Avx512.is_supported() && n.is_multiple_of(x86::LANES) {
-        // SAFETY: the CPU has AVX-512 F (checked just above); `xs` holds `out.len()`
-        // blocks of `n` values, `n` a nonzero multiple of 16 (checked above).
+        // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512`, checked just above);
+        // `xs` holds `out.len()` blocks of `n` values, `n` a nonzero multiple of 16
+        // (checked above).
         unsafe { x86::block_abs_max_f16(xs, n, nan, out) };
         return;
     }
@@ -345,20 +348,21 @@ mod x86 {
         }
     }
 
-    /// The 16-bit keys of the 32 bf16 values at `p`: magnitudes, NaN 0 under
-    /// [`NanRule::Ignore`].
+    /// The 16-bit keys of the 32 bf16 values at `p` (f16 values where `F16`):
+    /// magnitudes, NaN (above the format's infinity) 0 under [`NanRule::Ignore`].
     ///
     /// # Safety
     /// `p .. p + 32` must be readable; the CPU has AVX-512 BW.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn keys16(p: *const u16, nan: NanRule) -> __m512i {
+    unsafe fn keys16<const F16: bool>(p: *const u16, nan: NanRule) -> __m512i {
         // SAFETY: `p .. p + 32` is readable (the contract).
         let x = unsafe { _mm512_loadu_si512(p.cast()) };
         let mag = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
+        let inf = if F16 { 0x7C00 } else { 0x7F80 };
         match nan {
             NanRule::Ignore => {
-                _mm512_maskz_mov_epi16(_mm512_cmple_epu16_mask(mag, _mm512_set1_epi16(0x7F80)), mag)
+                _mm512_maskz_mov_epi16(_mm512_cmple_epu16_mask(mag, _mm512_set1_epi16(inf)), mag)
             }
             NanRule::Propagate => mag,
         }
@@ -374,9 +378,9 @@ mod x86 {
     unsafe fn block16(p: *const u16, b: usize, n: usize, nan: NanRule) -> __m512i {
         // SAFETY: every read lies in block `b` (the contract).
         unsafe {
-            let mut acc = keys16(p.add(b * n), nan);
+            let mut acc = keys16::<false>(p.add(b * n), nan);
             for j in 1..n / LANES16 {
-                acc = _mm512_max_epu16(acc, keys16(p.add(b * n + LANES16 * j), nan));
+                acc = _mm512_max_epu16(acc, keys16::<false>(p.add(b * n + LANES16 * j), nan));
             }
             acc
         }
@@ -422,13 +426,19 @@ mod x86 {
     /// A magnitude is the high half of its widened f32 pattern, so the 16-bit order is
     /// the f32 key order; NaN is dropped (key 0) under [`NanRule::Ignore`] and kept
     /// (above infinity) otherwise, as [`lanes_max_bf16_16`] and [`lanes_max_bf16`] do.
+    /// With `F16` the values are f16 (`n` must be 16): the order of their magnitudes is
+    /// their value order too, and the maxima widen exactly by `vcvtph2ps`.
     ///
     /// # Safety
     /// `p .. p + 32n` must be readable; `n` is 16 or a multiple of 32; the CPU has
     /// AVX-512 BW.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn fold32_bf16<const N: usize>(p: *const u16, n: usize, nan: NanRule) -> [__m512i; 2] {
+    unsafe fn fold32_bf16<const N: usize, const F16: bool>(
+        p: *const u16,
+        n: usize,
+        nan: NanRule,
+    ) -> [__m512i; 2] {
         let n = if N > 0 { N } else { n };
         // SAFETY: each index array is 32 i16 (one unaligned 512-bit load).
         let (lo, hi) = unsafe {
@@ -443,7 +453,7 @@ mod x86 {
             // each call reads: `32i .. 32i + 32`, or blocks `2i` and `2i + 1`.
             *v = unsafe {
                 if n == LANES {
-                    keys16(p.add(LANES16 * i), nan)
+                    keys16::<F16>(p.add(LANES16 * i), nan)
                 } else {
                     let (a, b) = (block16(p, 2 * i, n, nan), block16(p, 2 * i + 1, n, nan));
                     pair_max16(a, b, lo, hi)
@@ -453,7 +463,12 @@ mod x86 {
         for (live, level) in LEVELS16.into_iter().enumerate() {
             fold_level16(&mut v, (LANES16 / 2) >> live, level);
         }
-        let widen = |h| _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
+        // The maxima as f32 key patterns: a bf16 magnitude is the high half of its
+        // widened pattern; an f16 one widens exactly by `vcvtph2ps` (a NaN stays a NaN).
+        let widen = |h| match F16 {
+            false => _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)),
+            true => _mm512_castps_si512(_mm512_cvtph_ps(h)),
+        };
         [
             widen(_mm512_castsi512_si256(v[0])),
             widen(_mm512_extracti64x4_epi64::<1>(v[0])),
@@ -576,11 +591,31 @@ mod x86 {
     /// [`super::block_abs_max_f16`] with AVX-512.
     ///
     /// # Safety
-    /// The CPU must have AVX-512 F; `xs.len() == out.len() * n`, `n` a nonzero
+    /// The CPU must have AVX-512 F and BW; `xs.len() == out.len() * n`, `n` a nonzero
     /// multiple of 16.
     #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) unsafe fn block_abs_max_f16(xs: &[u16], n: usize, nan: NanRule, out: &mut [u32]) {
+        if n == LANES {
+            // NVFP4's 16-value blocks: 32 at a time on their 16-bit magnitudes, as
+            // [`block_abs_max_bf16`] folds them (half the operations of widening each
+            // block first), the rest widened.
+            let mut groups = out.chunks_exact_mut(LANES16);
+            for (g, o) in (&mut groups).enumerate() {
+                // SAFETY: blocks `32g .. 32g + 32` are values `512g .. 512g + 512`,
+                // inside `xs`; the CPU has AVX-512 F and BW (the caller's contract).
+                let keys =
+                    unsafe { fold32_bf16::<16, true>(xs[g * LANES16 * n..].as_ptr(), n, nan) };
+                for (h, k) in o.chunks_exact_mut(LANES).zip(keys) {
+                    // SAFETY: `h` is 16 u32 (one unaligned 512-bit store).
+                    unsafe { _mm512_storeu_si512(h.as_mut_ptr().cast(), k) };
+                }
+            }
+            let rest = groups.into_remainder();
+            let tail = &xs[xs.len() - rest.len() * n..];
+            // SAFETY: `tail` holds the `rest.len()` remaining blocks of 16.
+            return unsafe { groups_f16::<16>(tail, nan, rest) };
+        }
         // SAFETY: the caller's contract, passed on.
         unsafe {
             match n {
@@ -711,10 +746,10 @@ mod x86 {
             // 16-value blocks measured x0.76.
             let keys = unsafe {
                 match n {
-                    16 => fold32_bf16::<16>(at, n, nan),
-                    32 => fold32_bf16::<32>(at, n, nan),
-                    128 => fold32_bf16::<128>(at, n, nan),
-                    _ => fold32_bf16::<0>(at, n, nan),
+                    16 => fold32_bf16::<16, false>(at, n, nan),
+                    32 => fold32_bf16::<32, false>(at, n, nan),
+                    128 => fold32_bf16::<128, false>(at, n, nan),
+                    _ => fold32_bf16::<0, false>(at, n, nan),
                 }
             };
             for (h, k) in o.chunks_exact_mut(LANES).zip(keys) {
