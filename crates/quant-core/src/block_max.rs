@@ -542,24 +542,34 @@ mod x86 {
     pub(super) unsafe fn block_abs_max(xs: &[f32], n: usize, nan: NanRule, out: &mut [u32]) {
         // The block lengths of the formats (NVFP4, MXFP8, FP8 1x128) get loops of a
         // constant trip count; a one-vector block then has no loop at all.
+        let lanes = |p, n| {
+            // SAFETY: `by_blocks` passes blocks `p .. p + n` inside `xs`.
+            unsafe { lanes_max(p, n, nan) }
+        };
         // SAFETY: the caller's contract, passed on.
         unsafe {
             match n {
-                16 => groups::<16>(xs, nan, out),
-                32 => groups::<32>(xs, nan, out),
-                128 => groups::<128>(xs, nan, out),
-                _ => groups::<0>(xs, nan, out),
+                16 => by_blocks::<16, _>(xs, out, lanes),
+                32 => by_blocks::<32, _>(xs, out, lanes),
+                128 => by_blocks::<128, _>(xs, out, lanes),
+                _ => by_blocks::<0, _>(xs, out, lanes),
             }
         }
     }
 
-    /// [`block_abs_max`] for blocks of `N` values (`0`: of `xs.len() / out.len()`).
+    /// [`block_abs_max`] (f32 `xs`, `lanes` [`lanes_max`]) or [`block_abs_max_f16`]
+    /// (f16 bits, [`lanes_max_f16`]) for blocks of `N` values (`0`: of `xs.len() /
+    /// out.len()`): each block's 16 lane maxima from `lanes(start, n)`, folded.
     ///
     /// # Safety
-    /// As [`block_abs_max`]'s.
+    /// As [`block_abs_max`]'s; `lanes(p, n)` may read `p .. p + n`.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn groups<const N: usize>(xs: &[f32], nan: NanRule, out: &mut [u32]) {
+    unsafe fn by_blocks<const N: usize, E>(
+        xs: &[E],
+        out: &mut [u32],
+        lanes: impl Fn(*const E, usize) -> __m512i,
+    ) {
         let n = if N > 0 { N } else { xs.len() / out.len() };
         debug_assert_eq!(xs.len(), out.len() * n);
         fold_blocks(
@@ -567,7 +577,7 @@ mod x86 {
             #[inline(always)]
             // SAFETY: block `b < out.len()` is `b*n .. b*n + n`, inside `xs`
             // (`xs.len() == out.len() * n`).
-            |b| unsafe { lanes_max(xs.as_ptr().add(b * n), n, nan) },
+            |b| lanes(unsafe { xs.as_ptr().add(b * n) }, n),
         );
     }
 
@@ -593,9 +603,17 @@ mod x86 {
     /// # Safety
     /// The CPU must have AVX-512 F and BW; `xs.len() == out.len() * n`, `n` a nonzero
     /// multiple of 16.
+    ///
+    /// Compiled with AVX-512 F alone, as [`by_blocks`] is, so that the `lanes` closure
+    /// made here inlines into it (a closure carries its function's features, and a
+    /// function with fewer cannot inline it); the BW fold of 32 blocks is one call each.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw")]
+    #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn block_abs_max_f16(xs: &[u16], n: usize, nan: NanRule, out: &mut [u32]) {
+        let lanes = |p, n| {
+            // SAFETY: `by_blocks` passes blocks `p .. p + n` inside `xs`.
+            unsafe { lanes_max_f16(p, n, nan) }
+        };
         if n == LANES {
             // NVFP4's 16-value blocks: 32 at a time on their 16-bit magnitudes, as
             // [`block_abs_max_bf16`] folds them (half the operations of widening each
@@ -614,35 +632,16 @@ mod x86 {
             let rest = groups.into_remainder();
             let tail = &xs[xs.len() - rest.len() * n..];
             // SAFETY: `tail` holds the `rest.len()` remaining blocks of 16.
-            return unsafe { groups_f16::<16>(tail, nan, rest) };
+            return unsafe { by_blocks::<16, _>(tail, rest, lanes) };
         }
         // SAFETY: the caller's contract, passed on.
         unsafe {
             match n {
-                16 => groups_f16::<16>(xs, nan, out),
-                32 => groups_f16::<32>(xs, nan, out),
-                128 => groups_f16::<128>(xs, nan, out),
-                _ => groups_f16::<0>(xs, nan, out),
+                32 => by_blocks::<32, _>(xs, out, lanes),
+                128 => by_blocks::<128, _>(xs, out, lanes),
+                _ => by_blocks::<0, _>(xs, out, lanes),
             }
         }
-    }
-
-    /// [`block_abs_max_f16`] for blocks of `N` values (`0`: of `xs.len() / out.len()`).
-    ///
-    /// # Safety
-    /// As [`block_abs_max_f16`]'s.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn groups_f16<const N: usize>(xs: &[u16], nan: NanRule, out: &mut [u32]) {
-        let n = if N > 0 { N } else { xs.len() / out.len() };
-        debug_assert_eq!(xs.len(), out.len() * n);
-        fold_blocks(
-            out,
-            #[inline(always)]
-            // SAFETY: block `b < out.len()` is `b*n .. b*n + n`, inside `xs`
-            // (`xs.len() == out.len() * n`).
-            |b| unsafe { lanes_max_f16(xs.as_ptr().add(b * n), n, nan) },
-        );
     }
 
     /// [`lanes_max`] of `n` f16 values from `p`, each vector of 16 widened exactly
