@@ -264,62 +264,53 @@ fn nibble_one(codes: &[u8], nibble: Nibble, f: &[f32], c: usize) -> f32 {
     e2m1::decode_fast(code) * f[c]
 }
 
-/// [`decode_nibbles`] into f32 after its checks.
-#[target_feature(enable = "avx512f,avx512bw")]
-fn nibbles_f32(
-    codes: &[u8],
-    nibble: Nibble,
-    f: &[f32],
-    out: &mut [f32],
-    mode: StoreMode,
-    fence: &Fence,
-) {
-    let table = decode_table();
-    write_f32_steps(
-        out,
-        (mode, fence),
-        |c| nibbles16(codes, nibble, f, c, table),
-        |c| nibble_one(codes, nibble, f, c),
-    );
+/// One function of [`decode_nibbles`] per output type, after its checks: `$name` writes
+/// `$out` through `$steps` and carries that writer's target features (a function with
+/// fewer could not inline it, nor the step closures made in it).
+macro_rules! nibble_writer {
+    ($(#[$doc:meta])* $name:ident, $out:ty, $features:literal, $steps:ident) => {
+        $(#[$doc])*
+        #[target_feature(enable = $features)]
+        fn $name(
+            codes: &[u8],
+            nibble: Nibble,
+            f: &[f32],
+            out: &mut [$out],
+            mode: StoreMode,
+            fence: &Fence,
+        ) {
+            let table = decode_table();
+            $steps(
+                out,
+                (mode, fence),
+                |c| nibbles16(codes, nibble, f, c, table),
+                |c| nibble_one(codes, nibble, f, c),
+            );
+        }
+    };
 }
 
-/// [`decode_nibbles`] into bf16 bits after its checks (narrowed in registers).
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
-fn nibbles_bf16(
-    codes: &[u8],
-    nibble: Nibble,
-    f: &[f32],
-    out: &mut [u16],
-    mode: StoreMode,
-    fence: &Fence,
-) {
-    let table = decode_table();
-    write_bf16_steps(
-        out,
-        (mode, fence),
-        |c| nibbles16(codes, nibble, f, c, table),
-        |c| nibble_one(codes, nibble, f, c),
-    );
-}
-
-/// [`decode_nibbles`] into f16 bits after its checks (narrowed in registers).
-#[target_feature(enable = "avx512f,avx512bw")]
-fn nibbles_f16(
-    codes: &[u8],
-    nibble: Nibble,
-    f: &[f32],
-    out: &mut [u16],
-    mode: StoreMode,
-    fence: &Fence,
-) {
-    let table = decode_table();
-    write_f16_steps(
-        out,
-        (mode, fence),
-        |c| nibbles16(codes, nibble, f, c, table),
-        |c| nibble_one(codes, nibble, f, c),
-    );
-}
+nibble_writer!(
+    /// [`decode_nibbles`] into f32 after its checks.
+    nibbles_f32,
+    f32,
+    "avx512f,avx512bw",
+    write_f32_steps
+);
+nibble_writer!(
+    /// [`decode_nibbles`] into bf16 bits after its checks (narrowed in registers).
+    nibbles_bf16,
+    u16,
+    "avx512f,avx512bw,avx512dq,avx512bf16",
+    write_bf16_steps
+);
+nibble_writer!(
+    /// [`decode_nibbles`] into f16 bits after its checks (narrowed in registers).
+    nibbles_f16,
+    u16,
+    "avx512f,avx512bw",
+    write_f16_steps
+);
 
 #[cfg(test)]
 mod tests {

@@ -256,13 +256,13 @@ fn block_len(what: &str, values: usize, out: &mut [u32]) -> Option<usize> {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::{
-        __m512i, _mm256_loadu_si256, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi512_ps,
-        _mm512_castsi512_si256, _mm512_cmple_epu16_mask, _mm512_cvtepu16_epi32, _mm512_cvtph_ps,
-        _mm512_extracti64x4_epi64, _mm512_loadu_ps, _mm512_loadu_si512, _mm512_mask_max_epu16,
-        _mm512_maskz_mov_epi16, _mm512_max_epu16, _mm512_max_epu32, _mm512_max_ps,
-        _mm512_permutex2var_epi16, _mm512_permutex2var_epi32, _mm512_reduce_max_epu32,
-        _mm512_set1_epi16, _mm512_set1_epi32, _mm512_setzero_ps, _mm512_setzero_si512,
-        _mm512_slli_epi32, _mm512_storeu_si512,
+        __m512, __m512i, _mm256_loadu_si256, _mm512_and_si512, _mm512_castps_si512,
+        _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmple_epu16_mask,
+        _mm512_cvtepu16_epi32, _mm512_cvtph_ps, _mm512_extracti64x4_epi64, _mm512_loadu_ps,
+        _mm512_loadu_si512, _mm512_mask_max_epu16, _mm512_maskz_mov_epi16, _mm512_max_epu16,
+        _mm512_max_epu32, _mm512_max_ps, _mm512_permutex2var_epi16, _mm512_permutex2var_epi32,
+        _mm512_reduce_max_epu32, _mm512_set1_epi16, _mm512_set1_epi32, _mm512_setzero_ps,
+        _mm512_setzero_si512, _mm512_slli_epi32, _mm512_storeu_si512,
     };
 
     use super::NanRule;
@@ -482,25 +482,32 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn lanes_max(p: *const f32, n: usize, nan: NanRule) -> __m512i {
+        // SAFETY: `16 * j + 16 <= n` (`lanes_keyed` asks for `j < n / 16`) and
+        // `p .. p + n` is readable (the contract).
+        lanes_keyed(n, nan, |j| unsafe { _mm512_loadu_ps(p.add(LANES * j)) })
+    }
+
+    /// The 16 lane maxima of the keys of `n / 16` vectors, vector `j` from `load(j)`
+    /// (f32 values): [`lanes_max`] and [`lanes_max_f16`], which differ in their loads.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn lanes_keyed(n: usize, nan: NanRule, load: impl Fn(usize) -> __m512) -> __m512i {
         let abs = _mm512_set1_epi32(0x7FFF_FFFF);
+        let mag = |j| _mm512_and_si512(_mm512_castps_si512(load(j)), abs);
         match nan {
             NanRule::Ignore => {
                 // `vmaxps` returns its second operand when either is NaN, so a NaN
                 // value never replaces the (never NaN) accumulator.
                 let mut acc = _mm512_setzero_ps();
                 for j in 0..n / LANES {
-                    // SAFETY: `16 * j + 16 <= n` and `p .. p + n` is readable.
-                    let x = _mm512_castps_si512(unsafe { _mm512_loadu_ps(p.add(LANES * j)) });
-                    acc = _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(x, abs)), acc);
+                    acc = _mm512_max_ps(_mm512_castsi512_ps(mag(j)), acc);
                 }
                 _mm512_castps_si512(acc)
             }
             NanRule::Propagate => {
                 let mut acc = _mm512_setzero_si512();
                 for j in 0..n / LANES {
-                    // SAFETY: as above.
-                    let x = unsafe { _mm512_loadu_si512(p.add(LANES * j).cast()) };
-                    acc = _mm512_max_epu32(_mm512_and_si512(x, abs), acc);
+                    acc = _mm512_max_epu32(mag(j), acc);
                 }
                 acc
             }
@@ -606,7 +613,7 @@ mod x86 {
     ///
     /// Compiled with AVX-512 F alone, as [`by_blocks`] is, so that the `lanes` closure
     /// made here inlines into it (a closure carries its function's features, and a
-    /// function with fewer cannot inline it); the BW fold of 32 blocks is one call each.
+    /// function with fewer cannot inline it); the BW fold of 32-block groups is one call.
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn block_abs_max_f16(xs: &[u16], n: usize, nan: NanRule, out: &mut [u32]) {
@@ -618,18 +625,9 @@ mod x86 {
             // NVFP4's 16-value blocks: 32 at a time on their 16-bit magnitudes, as
             // [`block_abs_max_bf16`] folds them (half the operations of widening each
             // block first), the rest widened.
-            let mut groups = out.chunks_exact_mut(LANES16);
-            for (g, o) in (&mut groups).enumerate() {
-                // SAFETY: blocks `32g .. 32g + 32` are values `512g .. 512g + 512`,
-                // inside `xs`; the CPU has AVX-512 F and BW (the caller's contract).
-                let keys =
-                    unsafe { fold32_bf16::<16, true>(xs[g * LANES16 * n..].as_ptr(), n, nan) };
-                for (h, k) in o.chunks_exact_mut(LANES).zip(keys) {
-                    // SAFETY: `h` is 16 u32 (one unaligned 512-bit store).
-                    unsafe { _mm512_storeu_si512(h.as_mut_ptr().cast(), k) };
-                }
-            }
-            let rest = groups.into_remainder();
+            // SAFETY: the caller's contract (AVX-512 F and BW, `xs` holds `out.len()`
+            // blocks of 16).
+            let rest = unsafe { fold32_groups::<16, true>(xs, n, nan, out) };
             let tail = &xs[xs.len() - rest.len() * n..];
             // SAFETY: `tail` holds the `rest.len()` remaining blocks of 16.
             return unsafe { by_blocks::<16, _>(tail, rest, lanes) };
@@ -652,23 +650,11 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn lanes_max_f16(p: *const u16, n: usize, nan: NanRule) -> __m512i {
-        let abs = _mm512_set1_epi32(0x7FFF_FFFF);
-        let mut acc = _mm512_setzero_si512();
-        for j in 0..n / LANES {
+        lanes_keyed(n, nan, |j| {
             // SAFETY: `16 * j + 16 <= n` and `p .. p + n` is readable (one unaligned
             // 256-bit load of 16 f16).
-            let h = unsafe { _mm256_loadu_si256(p.add(LANES * j).cast()) };
-            let mag = _mm512_and_si512(_mm512_castps_si512(_mm512_cvtph_ps(h)), abs);
-            acc = match nan {
-                // As in `lanes_max`: `vmaxps` keeps the accumulator against a NaN.
-                NanRule::Ignore => _mm512_castps_si512(_mm512_max_ps(
-                    _mm512_castsi512_ps(mag),
-                    _mm512_castsi512_ps(acc),
-                )),
-                NanRule::Propagate => _mm512_max_epu32(mag, acc),
-            };
-        }
-        acc
+            _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(p.add(LANES * j).cast()) })
+        })
     }
 
     /// Block `b`'s maxima of bf16 keys, folded to 16 u32 lanes holding f32 key patterns
@@ -725,6 +711,34 @@ mod x86 {
         }
     }
 
+    /// Writes the keys of every whole group of 32 blocks of `n` values of `xs` (bf16, or
+    /// f16 where `F16`) into `out`, [`fold32_bf16`]`::<N, F16>` per group, and returns
+    /// the blocks left over (fewer than 32).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and BW; `xs.len() == out.len() * n`, `n` 16 or (not
+    /// `F16`) a nonzero multiple of 32.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn fold32_groups<'o, const N: usize, const F16: bool>(
+        xs: &[u16],
+        n: usize,
+        nan: NanRule,
+        out: &'o mut [u32],
+    ) -> &'o mut [u32] {
+        let mut groups = out.chunks_exact_mut(LANES16);
+        for (g, o) in (&mut groups).enumerate() {
+            // SAFETY: blocks `32g .. 32g + 32` are values `32gn .. 32gn + 32n`, inside
+            // `xs`; `n` fits `fold32_bf16` and the CPU has AVX-512 BW (the contract).
+            let keys = unsafe { fold32_bf16::<N, F16>(xs[g * LANES16 * n..].as_ptr(), n, nan) };
+            for (h, k) in o.chunks_exact_mut(LANES).zip(keys) {
+                // SAFETY: `h` is 16 u32 (one unaligned 512-bit store).
+                unsafe { _mm512_storeu_si512(h.as_mut_ptr().cast(), k) };
+            }
+        }
+        groups.into_remainder()
+    }
+
     /// [`super::block_abs_max_bf16`] with AVX-512.
     ///
     /// # Safety
@@ -735,28 +749,17 @@ mod x86 {
     pub(super) unsafe fn block_abs_max_bf16(xs: &[u16], n: usize, nan: NanRule, out: &mut [u32]) {
         debug_assert_eq!(xs.len(), out.len() * n);
         debug_assert!(n == LANES || n.is_multiple_of(2 * LANES));
-        let mut groups = out.chunks_exact_mut(LANES16);
-        for (g, o) in (&mut groups).enumerate() {
-            let at = xs[g * LANES16 * n..].as_ptr();
-            // SAFETY: blocks `32g .. 32g + 32` are values `32gn .. 32gn + 32n`, inside
-            // `xs`; `n` is 16 or a multiple of 32 and the CPU has AVX-512 BW (the
-            // caller's contract). The block lengths of the formats (NVFP4, MXFP8, FP8
-            // 1x128) get a constant one: with `n` read at run time, NVFP4's fold of
-            // 16-value blocks measured x0.76.
-            let keys = unsafe {
-                match n {
-                    16 => fold32_bf16::<16, false>(at, n, nan),
-                    32 => fold32_bf16::<32, false>(at, n, nan),
-                    128 => fold32_bf16::<128, false>(at, n, nan),
-                    _ => fold32_bf16::<0, false>(at, n, nan),
-                }
-            };
-            for (h, k) in o.chunks_exact_mut(LANES).zip(keys) {
-                // SAFETY: `h` is 16 u32 (one unaligned 512-bit store).
-                unsafe { _mm512_storeu_si512(h.as_mut_ptr().cast(), k) };
+        // SAFETY: the caller's contract, passed on. The block lengths of the formats
+        // (NVFP4, MXFP8, FP8 1x128) get a constant one: with `n` read at run time,
+        // NVFP4's fold of 16-value blocks measured x0.76.
+        let mut rest = unsafe {
+            match n {
+                16 => fold32_groups::<16, false>(xs, n, nan, out),
+                32 => fold32_groups::<32, false>(xs, n, nan, out),
+                128 => fold32_groups::<128, false>(xs, n, nan, out),
+                _ => fold32_groups::<0, false>(xs, n, nan, out),
             }
-        }
-        let mut rest = groups.into_remainder();
+        };
         if n != LANES && rest.len() >= LANES {
             let at = xs[xs.len() - rest.len() * n..].as_ptr();
             // SAFETY: the first 16 blocks of the rest lie in `xs` from `at`; `n` is a

@@ -454,31 +454,24 @@ pub mod x86 {
     /// [`super::write_f32`] into bf16 bits, narrowed in registers and streamed.
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
     pub(super) fn write_bf16(src: &[f32], dst: &mut [u16], fence: &Fence) {
-        write_bf16_steps(
-            dst,
-            (StoreMode::Streaming, fence),
-            |j| {
-                let s = &src[j..j + 16];
-                // SAFETY: `s` is 16 f32 (one unaligned 512-bit load).
-                unsafe { _mm512_loadu_ps(s.as_ptr()) }
-            },
-            |j| src[j],
-        );
+        let how = (StoreMode::Streaming, fence);
+        write_bf16_steps(dst, how, |j| load16(src, j), |j| src[j]);
     }
 
     /// [`super::write_f32`] into f16 bits, narrowed in registers and streamed.
     #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) fn write_f16(src: &[f32], dst: &mut [u16], fence: &Fence) {
-        write_f16_steps(
-            dst,
-            (StoreMode::Streaming, fence),
-            |j| {
-                let s = &src[j..j + 16];
-                // SAFETY: `s` is 16 f32 (one unaligned 512-bit load).
-                unsafe { _mm512_loadu_ps(s.as_ptr()) }
-            },
-            |j| src[j],
-        );
+        let how = (StoreMode::Streaming, fence);
+        write_f16_steps(dst, how, |j| load16(src, j), |j| src[j]);
+    }
+
+    /// `src[j .. j + 16]` in a register: the step of the narrowing writes of a run.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn load16(src: &[f32], j: usize) -> __m512 {
+        let s = &src[j..j + 16];
+        // SAFETY: `s` is 16 f32 (one unaligned 512-bit load).
+        unsafe { _mm512_loadu_ps(s.as_ptr()) }
     }
 
     /// Fills `out` through a [`LineWriter`] in `mode` (its fence left to `fence`): the
