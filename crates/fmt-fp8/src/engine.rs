@@ -20,16 +20,18 @@
 //! bf16 input is not widened where the 16-bit routes apply: 1x128 columnwise maxima are
 //! folded on the bits ([`column_abs_max_bf16`]), and under power-of-two scales at AVX-512
 //! the codes come from [`pow2`]'s encoders (one exponent per tile or tensor, or per
-//! column through [`LaneExps`]).
+//! column through [`LaneExps`]). f16 input takes the rowwise ones (block maxima on the
+//! bits, [`pow2::encode_blocks`]); its columnwise blocks are still widened.
 //!
 //! One case needs no slab: 1x128 with rowwise output only. Each row is then walked whole,
 //! sixteen blocks at a time, their amaxes taken together by
 //! [`quant_core::block_max::block_abs_max`] (`rowwise_1d`).
 
 use quant_core::Element;
-use quant_core::block_max::{NanRule, block_abs_max, block_abs_max_bf16, column_abs_max_bf16};
+use quant_core::block_max::{NanRule, block_abs_max, block_abs_max_bits, column_abs_max_bf16};
 use quant_core::codec::pow2::{self, LaneExps};
 use quant_core::cpu::LaneAmax;
+use quant_core::dtype::Bits16;
 use quant_core::simd::Level;
 use quant_core::stream::{Fence, StoreMode};
 use quant_core::strips::Strip;
@@ -142,9 +144,9 @@ impl Scratch {
 /// at a time. The span is widened once, the amaxes of its whole blocks come from one
 /// [`block_abs_max`] fold (a ragged last block folds alone), then every block is
 /// encoded with its scale. Nothing is shared between rows, so there is no chunk to
-/// keep in L2 and no second pass. bf16 input at AVX-512 is not widened: its maxima come
-/// from the bits, and under power-of-two scales its whole blocks are encoded in 16-bit
-/// lanes ([`pow2::encode_blocks`]).
+/// keep in L2 and no second pass. bf16 and f16 input at AVX-512 is not widened: its
+/// maxima come from the bits, and under power-of-two scales its whole blocks are encoded
+/// in 16-bit lanes ([`pow2::encode_blocks`]).
 ///
 /// Same results as the slab walk's `amax_encode_block`: `block_abs_max` under
 /// [`NanRule::Ignore`] is `fmaxf` folded from 0, and the encoder is the same.
@@ -185,9 +187,10 @@ fn rowwise_1d<T: Element>(
             for (s, &key) in scales.iter_mut().zip(&keys) {
                 *s = scale_of(f32::from_bits(key));
             }
-            // Power-of-two scales (the default) on bf16 bits: the whole blocks in 16-bit
-            // lanes. Otherwise, and for a ragged last block, each value as f32: bf16 bits
-            // widened in registers, other input from the span widened for the maxima.
+            // Power-of-two scales (the default) on bf16 or f16 bits: the whole blocks in
+            // 16-bit lanes. Otherwise, and for a ragged last block, each value as f32:
+            // bf16 bits widened in registers, f16 widened per block, other input from the
+            // span widened for the maxima.
             let fast = matches!(read, SpanRead::Bits(_))
                 && Pow2Plan::per_block(level, &scales[..whole]).is_some_and(|p| {
                     p.encode(level, dt, &xs[..whole * BLOCK], &mut os[..whole * BLOCK])
@@ -195,9 +198,14 @@ fn rowwise_1d<T: Element>(
             let done = if fast { whole * BLOCK } else { 0 };
             let blocks = os[done..].chunks_mut(BLOCK).zip(&scales[done / BLOCK..]);
             match read {
-                SpanRead::Bits(bits) => {
+                SpanRead::Bits(Bits16::Bf16(bits)) => {
                     for ((o, &s), v) in blocks.zip(bits[done..].chunks(BLOCK)) {
                         encode_bf16_bits(dt, v, Scales::One(s), o);
+                    }
+                }
+                SpanRead::Bits(Bits16::F16(_)) => {
+                    for ((o, &s), v) in blocks.zip(xs[done..].chunks(BLOCK)) {
+                        encode_scaled(dt, v, s, o, &mut scratch.wide);
                     }
                 }
                 SpanRead::Wide(w) => {
@@ -223,15 +231,15 @@ fn rowwise_1d<T: Element>(
 
 /// How [`span_maxima`] read a span, which its encoder then reads the same way.
 enum SpanRead<'a> {
-    /// bf16 at AVX-512, as bit patterns (nothing widened).
-    Bits(&'a [u16]),
+    /// bf16 or f16 at AVX-512, as bit patterns (nothing widened).
+    Bits(Bits16<'a>),
     /// Widened into the caller's span (f32 input in place).
     Wide(&'a [f32]),
 }
 
 /// The amax keys (f32 magnitude bits, NaN ignored) of the 128-value blocks of `xs` (at
-/// most [`STEP`] blocks, a ragged last one included) into `keys`. bf16 at AVX-512 is read
-/// as bits; other input is widened into `span` first. Returns the input as read.
+/// most [`STEP`] blocks, a ragged last one included) into `keys`. bf16 and f16 at
+/// AVX-512 are read as bits; f32 is read in place. Returns the input as read.
 #[inline(always)]
 fn span_maxima<'a, T: Element>(
     level: Level,
@@ -240,11 +248,11 @@ fn span_maxima<'a, T: Element>(
     keys: &mut [u32; STEP],
 ) -> SpanRead<'a> {
     let whole = xs.len() / BLOCK;
-    if let Some(b) = quant_core::dtype::bf16_slice_bits(xs).filter(|_| level == Level::Avx512) {
-        let (head, tail) = b.split_at(whole * BLOCK);
-        block_abs_max_bf16(level, head, NanRule::Ignore, &mut keys[..whole]);
+    if let Some(b) = Bits16::of(xs).filter(|_| level == Level::Avx512) {
+        let (head, tail) = (b.slice(..whole * BLOCK), b.slice(whole * BLOCK..));
+        block_abs_max_bits(level, head, NanRule::Ignore, &mut keys[..whole]);
         if !tail.is_empty() {
-            block_abs_max_bf16(level, tail, NanRule::Ignore, &mut keys[whole..=whole]);
+            block_abs_max_bits(level, tail, NanRule::Ignore, &mut keys[whole..=whole]);
         }
         return SpanRead::Bits(b);
     }
@@ -417,10 +425,10 @@ impl Pow2Plan {
     }
 
     /// Encodes one row's run of the chunk; `false` (nothing written) unless `xr` is
-    /// bf16 and the encoder takes every exponent.
+    /// bf16 or f16 and the encoder takes every exponent.
     #[inline(always)]
     fn encode<T: Element>(&self, level: Level, dt: Fp8Dtype, xr: &[T], out: &mut [u8]) -> bool {
-        quant_core::dtype::bf16_slice_bits(xr).is_some_and(|bits| {
+        Bits16::of(xr).is_some_and(|bits| {
             pow2::encode_blocks(
                 level,
                 dt.pow2_codec(),
@@ -434,14 +442,14 @@ impl Pow2Plan {
     }
 }
 
-/// One row's run of 1x128 blocks (whole blocks only) of bf16 input at AVX-512 in
-/// 16-bit lanes: the block maxima on the bits ([`block_abs_max_bf16`]), the scales
+/// One row's run of 1x128 blocks (whole blocks only) of bf16 or f16 input at AVX-512 in
+/// 16-bit lanes: the block maxima on the bits ([`block_abs_max_bits`]), the scales
 /// into `scales`, and the codes from [`pow2::encode_blocks`] when every scale is a power
 /// of two the encoder takes. The same scales and codes as `amax_encode_block` (a
 /// NaN-ignoring max from 0, the same encoder). `false`, with `out` untouched, where it
 /// does not apply; the caller then takes the f32 route, which rewrites every scale.
 #[inline(always)]
-fn one_d_bf16<T: Element>(
+fn one_d_bits<T: Element>(
     level: Level,
     dt: Fp8Dtype,
     scale_of: impl Fn(f32) -> f32,
@@ -449,7 +457,7 @@ fn one_d_bf16<T: Element>(
     out: &mut [u8],
     scales: &mut [f32; CHUNK / BLOCK],
 ) -> bool {
-    let Some(bits) = quant_core::dtype::bf16_slice_bits(xr) else {
+    let Some(bits) = Bits16::of(xr) else {
         return false;
     };
     if level != Level::Avx512 || !bits.len().is_multiple_of(BLOCK) {
@@ -457,7 +465,7 @@ fn one_d_bf16<T: Element>(
     }
     let nb = bits.len() / BLOCK;
     let mut keys = [0u32; CHUNK / BLOCK];
-    block_abs_max_bf16(level, bits, NanRule::Ignore, &mut keys[..nb]);
+    block_abs_max_bits(level, bits, NanRule::Ignore, &mut keys[..nb]);
     for (s, &key) in scales.iter_mut().zip(&keys[..nb]) {
         *s = scale_of(f32::from_bits(key));
     }
@@ -565,7 +573,7 @@ pub(crate) fn run_slab<T: Element>(
             }
             _ => true,
         };
-        // Power-of-two scales with bf16 input at AVX-512: a row's run of the chunk is
+        // Power-of-two scales with 16-bit input at AVX-512: a row's run of the chunk is
         // encoded in 16-bit lanes (one exponent per tile, or one for the tensor).
         let plan = Pow2Plan::new(level, mode, &tile_scale[..nb], cw);
         let pow2_encode =
@@ -618,7 +626,7 @@ pub(crate) fn run_slab<T: Element>(
                             encode_scaled(dt, b, s, o, wide);
                         }
                     }
-                    Mode::OneD if one_d_bf16(level, dt, &scale_of, xr, out, &mut row_scale[r]) => {}
+                    Mode::OneD if one_d_bits(level, dt, &scale_of, xr, out, &mut row_scale[r]) => {}
                     Mode::OneD => {
                         for ((o, b), s) in out
                             .chunks_mut(BLOCK)

@@ -3,9 +3,10 @@
 //! permutation applied afterwards (TE's unfused `nvte_swizzle_scaling_factors` path),
 //! so one well-tested function owns the swizzle.
 
-use quant_core::block_max::{block_abs_max, block_abs_max_bf16, column_abs_max_bf16};
+use quant_core::block_max::{block_abs_max, block_abs_max_bits, column_abs_max_bf16};
 use quant_core::codec::pow2::{self, LaneExps};
 use quant_core::codec::{e4m3, e5m2};
+use quant_core::dtype::Bits16;
 use quant_core::simd::Level;
 use quant_core::strips::{Strip, column_strips};
 use quant_core::{Element, narrowed, simd, widened};
@@ -314,10 +315,11 @@ fn rowwise_only<T: Element>(
 /// [`span_blocks`] blocks at a time, in three passes over an L1-resident span: every block's
 /// key max (folded together, [`block_abs_max`]), then every block's code
 /// and multiplier, then the encode. Separating the passes keeps the per-block scalar
-/// work (the E8M0 code) out of the vector loops, and f32 input is read in place (bf16 is
-/// widened once per span, into `span`, instead of once per block into a stack array the
-/// encoder then re-reads with wider loads). bf16 input at AVX-512 is not widened at all
-/// ([`span_bf16_pow2`]), and its maxima run a span ahead of its encode ([`Ahead`]).
+/// work (the E8M0 code) out of the vector loops, and f32 input is read in place (16-bit
+/// input is widened once per span, into `span`, instead of once per block into a stack
+/// array the encoder then re-reads with wider loads). bf16 and f16 input at AVX-512 is
+/// not widened at all ([`span_bits_pow2`]), and its maxima run a span ahead of its
+/// encode ([`Ahead`]).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn row_run<T: Element>(
@@ -340,7 +342,13 @@ fn row_run<T: Element>(
         let fast = match ahead.as_mut() {
             Some(a) => {
                 let keys = a.advance(si + 1);
-                span_bf16_pow2(cfg, &a.bits[si * run..][..xs.len()], &keys, &mut codes, os)
+                span_bits_pow2(
+                    cfg,
+                    a.bits.slice(si * run..si * run + xs.len()),
+                    &keys,
+                    &mut codes,
+                    os,
+                )
             }
             None => false,
         };
@@ -383,15 +391,15 @@ fn row_run<T: Element>(
     }
 }
 
-/// The block maxima of a bf16 row's spans, one span ahead of the encode: the maxima of
+/// The block maxima of a bf16 or f16 row's spans, one span ahead of the encode: the maxima of
 /// span `s + 1` are taken before span `s` is encoded, so that their loads and their
 /// fold (a long dependency chain) overlap that encode instead of waiting for it to
 /// retire and then holding up the next span's codes (on Zen 4, a third of the
 /// driver's samples sat on those waits).
 struct Ahead<'a> {
     cfg: Cfg,
-    /// The row's bf16 bit patterns.
-    bits: &'a [u16],
+    /// The row's bit patterns.
+    bits: Bits16<'a>,
     /// Values per span.
     run: usize,
     /// The maxima of the span [`Ahead::advance`] returns next.
@@ -399,14 +407,14 @@ struct Ahead<'a> {
 }
 
 impl<'a> Ahead<'a> {
-    /// `Some` where [`span_bf16_pow2`] may encode the row (bf16 input at AVX-512), with
+    /// `Some` where [`span_bits_pow2`] may encode the row (bf16 or f16 input at AVX-512), with
     /// the first span's maxima taken.
     #[inline(always)]
     fn new<T: Element>(cfg: Cfg, xr: &'a [T], run: usize) -> Option<Ahead<'a>> {
         if cfg.level != Level::Avx512 {
             return None;
         }
-        let bits = quant_core::dtype::bf16_slice_bits(xr)?;
+        let bits = Bits16::of(xr)?;
         let mut a = Ahead {
             cfg,
             bits,
@@ -420,12 +428,13 @@ impl<'a> Ahead<'a> {
     /// Span `s`'s maxima into `keys` (nothing past the row's end).
     #[inline(always)]
     fn take(&mut self, s: usize) {
-        let Some(rest) = self.bits.get(s * self.run..).filter(|r| !r.is_empty()) else {
+        let from = s * self.run;
+        if from >= self.bits.len() {
             return;
-        };
-        let span = &rest[..self.run.min(rest.len())];
+        }
+        let span = self.bits.slice(from..self.bits.len().min(from + self.run));
         let rule = self.cfg.rule.nan_rule();
-        block_abs_max_bf16(
+        block_abs_max_bits(
             self.cfg.level,
             span,
             rule,
@@ -442,17 +451,17 @@ impl<'a> Ahead<'a> {
     }
 }
 
-/// One span of [`rowwise_only`] straight from bf16 bits, where the CPU has AVX-512, given
-/// its block maxima (`keys`, from [`block_abs_max_bf16`] on the 16-bit keys): the encode
-/// in 16-bit lanes ([`pow2::encode_blocks`]: an E8M0 scale only moves the exponent, so no
-/// f32 value is formed). The same codes as the f32 route, bit for bit (both are tested
-/// against it). Returns `false`, leaving `codes` and `out` to the f32 route, for a span
-/// with a block scale below 2^-119 (E4M3; 2^-111 for E5M2), where the 16-bit encoder is
-/// not exact.
+/// One span of [`rowwise_only`] straight from bf16 or f16 bits, where the CPU has
+/// AVX-512, given its block maxima (`keys`, from [`block_abs_max_bits`] on the 16-bit
+/// keys): the encode in 16-bit lanes ([`pow2::encode_blocks`]: an E8M0 scale only moves
+/// the exponent, so no f32 value is formed from bf16). The same codes as the f32 route,
+/// bit for bit (both are tested against it). Returns `false`, leaving `codes` and `out`
+/// to the f32 route, for a span with a block scale the encoder does not take: below
+/// 2^-119 (E4M3; 2^-111 for E5M2) for bf16, `2^127` (code `0xFE`) or NaN for f16.
 #[inline(always)]
-fn span_bf16_pow2(
+fn span_bits_pow2(
     cfg: Cfg,
-    bits: &[u16],
+    bits: Bits16<'_>,
     keys: &[u32; STEP],
     codes: &mut [u8; STEP],
     out: &mut [u8],

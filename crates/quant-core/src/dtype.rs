@@ -338,6 +338,71 @@ pub fn f16_slice_bits<T: Element>(xs: &[T]) -> Option<&[u16]> {
     }
 }
 
+/// A 16-bit float slice as its bit patterns, tagged with its format: what the kernels
+/// that read bf16 or f16 input without widening it take ([`crate::codec::pow2`],
+/// [`crate::block_max::block_abs_max_bits`]). One value carries both the bits and how to
+/// read them, so a caller matches the element type once.
+///
+/// ```
+/// use half::{bf16, f16};
+/// use quant_core::dtype::Bits16;
+/// let xs = [f16::from_f32(1.0), f16::from_f32(-2.0)];
+/// assert_eq!(Bits16::of(&xs), Some(Bits16::F16(&[0x3C00, 0xC000])));
+/// assert_eq!(Bits16::of(&[bf16::ONE]).map(Bits16::bits), Some(&[0x3F80u16][..]));
+/// assert_eq!(Bits16::of(&[1.0f32]), None);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bits16<'a> {
+    /// `bf16::to_bits` of each value.
+    Bf16(&'a [u16]),
+    /// `f16::to_bits` of each value.
+    F16(&'a [u16]),
+}
+
+impl<'a> Bits16<'a> {
+    /// The bits of `xs` when `T` is bf16 or f16, else `None`.
+    #[inline(always)]
+    pub fn of<T: Element>(xs: &'a [T]) -> Option<Bits16<'a>> {
+        bf16_slice_bits(xs)
+            .map(Bits16::Bf16)
+            .or_else(|| f16_slice_bits(xs).map(Bits16::F16))
+    }
+
+    /// The bit patterns, whichever the format.
+    #[inline(always)]
+    pub fn bits(self) -> &'a [u16] {
+        match self {
+            Bits16::Bf16(b) | Bits16::F16(b) => b,
+        }
+    }
+
+    /// Values held.
+    #[inline(always)]
+    pub fn len(self) -> usize {
+        self.bits().len()
+    }
+
+    /// Whether no value is held.
+    #[inline(always)]
+    pub fn is_empty(self) -> bool {
+        self.bits().is_empty()
+    }
+
+    /// The values in `range`, in the same format (panics out of bounds, as slicing).
+    ///
+    /// ```
+    /// use quant_core::dtype::Bits16;
+    /// assert_eq!(Bits16::F16(&[1, 2, 3]).slice(1..), Bits16::F16(&[2, 3]));
+    /// ```
+    #[inline(always)]
+    pub fn slice(self, range: impl std::slice::SliceIndex<[u16], Output = [u16]>) -> Bits16<'a> {
+        match self {
+            Bits16::Bf16(b) => Bits16::Bf16(&b[range]),
+            Bits16::F16(b) => Bits16::F16(&b[range]),
+        }
+    }
+}
+
 /// [`bf16_slice_bits`] for output: the bit patterns of a mutable bf16 slice.
 ///
 /// ```

@@ -255,13 +255,14 @@ fn streamed_stores_write_the_same_bytes() {
 }
 
 /// bf16 blocks at the edges of the 16-bit power-of-two encoder
-/// (`quant_core::codec::pow2`, used by MXFP8 and by FP8 with power-of-two scales): block maxima from bf16 subnormals (the scales whose
-/// exponent is outside the encoder's exact range, where the span takes the f32 route)
-/// up to values near `f32::MAX`, each block a spread of magnitudes below its max with
-/// both signs, zeros of both signs and the odd NaN and infinity. Every level must give
-/// the scalar level's bytes, for both element types, both MXFP8 scale rules and both
-/// `-0.0` treatments (K a multiple of 128 flushes it, K = 96 does not), and for FP8
-/// 1x128 (whole and ragged blocks), 128x128 and per-tensor.
+/// (`quant_core::codec::pow2`, used by MXFP8 and by FP8 with power-of-two scales): block
+/// maxima from bf16 subnormals (the scales whose exponent is outside the encoder's exact
+/// range, where the span takes the f32 route) up to values near `f32::MAX`, each block a
+/// spread of magnitudes below its max with both signs, zeros of both signs and the odd
+/// NaN and infinity. Every level must give the scalar level's bytes, for both element
+/// types, both MXFP8 scale rules and both `-0.0` treatments (K a multiple of 128 flushes
+/// it, K = 96 does not), and for FP8 1x128 (whole and ragged blocks), 128x128 and
+/// per-tensor.
 #[test]
 fn bf16_power_of_two_encoder_edges_are_level_independent() {
     let tiny = f32::from_bits(1 << 16); // the smallest bf16 subnormal, 2^-133
@@ -273,6 +274,31 @@ fn bf16_power_of_two_encoder_edges_are_level_independent() {
             _ => 3.0e38 / (1 << (i - 56)) as f32,
         })
         .collect();
+    power_of_two_encoder_edges(DType::BF16, &maxima);
+}
+
+/// [`bf16_power_of_two_encoder_edges_are_level_independent`] for f16 input, whose
+/// encoder (`Fp8::encode_f16`) rounds in place only chunks of normal f16 inputs with
+/// normal codes: block maxima from the smallest f16 subnormal (scales up to `2^33`,
+/// under which f16 subnormals below the max reach normal codes) through every binade to
+/// 65504, and past it (infinity after the narrowing).
+#[test]
+fn f16_power_of_two_encoder_edges_are_level_independent() {
+    let maxima: Vec<f32> = (0..64)
+        .map(|i| match i {
+            0..=9 => 2f32.powi(-24 + i),
+            10..=40 => 2f32.powi(-15 + (i - 10)) * 1.37,
+            41..=55 => 2f32.powi(-14 + (i - 41) * 2) * 1.9,
+            56..=61 => 65504.0 / (1 << (i - 56)) as f32,
+            _ => 1.0e6,
+        })
+        .collect();
+    power_of_two_encoder_edges(DType::F16, &maxima);
+}
+
+/// The body of the power-of-two encoder edge tests: blocks of 32 values under each of
+/// `maxima` in turn, narrowed to `dtype`.
+fn power_of_two_encoder_edges(dtype: DType, maxima: &[f32]) {
     for &k in &[96usize, 256] {
         let m = (maxima.len() * 32 / k + 1).next_multiple_of(32);
         let mut rng = XorShift64::new(0x9E37_79B9_7F4A_7C15);
@@ -296,14 +322,14 @@ fn bf16_power_of_two_encoder_edges_are_level_independent() {
             .collect();
         let x = HostTensor::f32(&v, &[m, k])
             .unwrap()
-            .to_dtype(DType::BF16)
+            .to_dtype(dtype)
             .unwrap();
         // The same runs down the columns (`[k, m]`, column `c` is run `c` of `v`), for
         // the columnwise blocks (MXFP8 32x1, FP8 1x128's 128x1; 96 rows: a ragged one).
         let vt: Vec<f32> = (0..k * m).map(|i| v[(i % m) * k + i / m]).collect();
         let xt = HostTensor::f32(&vt, &[k, m])
             .unwrap()
-            .to_dtype(DType::BF16)
+            .to_dtype(dtype)
             .unwrap();
         for (usage, x, [m, k]) in [
             (Usage::ROWWISE, &x, [m, k]),
@@ -327,7 +353,7 @@ fn bf16_power_of_two_encoder_edges_are_level_independent() {
                 simd::for_each_supported_level(|level| {
                     let got = bytes(&*q.quantize(x).unwrap());
                     assert_same(
-                        &format!("{spec} [{m}, {k}] bf16 {usage} at {level}"),
+                        &format!("{spec} [{m}, {k}] {dtype} {usage} at {level}"),
                         &got,
                         &want,
                     );

@@ -32,6 +32,9 @@
 //! range with an unnormalized significand: callers take the f32 route there (a block
 //! whose amax is tiny).
 //!
+//! f16 input has its own kernel ([`Fp8::encode_f16`]): the same in-place rounding where
+//! a chunk allows it, the f32 route itself in registers where not.
+//!
 //! ```
 //! use quant_core::codec::{e4m3, pow2::Fp8};
 //! let x = half::bf16::from_f32(-3.3);
@@ -41,7 +44,10 @@
 #![allow(unsafe_code)]
 
 use crate::codec::{e4m3, e5m2};
+use crate::dtype::Bits16;
 use crate::simd::Level;
+
+mod f16;
 
 /// An FP8 element type as the bf16 encoder sees it: mantissa bits, exponent bias and the
 /// largest finite code.
@@ -235,18 +241,21 @@ fn runs_fit(
 }
 
 /// `dst[i] = fp8.encode(src[i], ks[i / block], plus_zero)` with AVX-512, 32 values per
-/// step. Returns `false` and writes nothing unless `level` is [`Level::Avx512`] and the
-/// CPU has it, `block` is a nonzero multiple of 32, `src` and `dst` hold `ks.len()`
-/// blocks, and every `k` satisfies [`Fp8::pow2_exact`]; the caller then takes its f32
-/// route. `#[inline(always)]`: call it from a [`crate::simd::dispatch`]ed kernel.
+/// step ([`Fp8::encode`] for bf16 `src`, [`Fp8::encode_f16`] for f16). Returns `false`
+/// and writes nothing unless `level` is [`Level::Avx512`] and the CPU has it, `block` is
+/// a nonzero multiple of 32, `src` and `dst` hold `ks.len()` blocks, and every `k`
+/// satisfies [`Fp8::pow2_exact`] (bf16) or [`Fp8::pow2_exact_f16`] (f16); the caller then
+/// takes its f32 route. `#[inline(always)]`: call it from a [`crate::simd::dispatch`]ed
+/// kernel.
 ///
 /// ```
 /// use quant_core::codec::pow2::{Fp8, encode_blocks};
+/// use quant_core::dtype::Bits16;
 /// use quant_core::simd;
 /// let src: Vec<u16> = (0..64u16).map(|i| half::bf16::from_f32(i as f32 - 30.0).to_bits()).collect();
 /// let ks = [-2, 3];
 /// let mut dst = [0u8; 64];
-/// if encode_blocks(simd::level(), Fp8::E4M3, &src, 32, &ks, false, &mut dst) {
+/// if encode_blocks(simd::level(), Fp8::E4M3, Bits16::Bf16(&src), 32, &ks, false, &mut dst) {
 ///     for (i, (&d, &s)) in dst.iter().zip(&src).enumerate() {
 ///         assert_eq!(d, Fp8::E4M3.encode(s, ks[i / 32], false));
 ///     }
@@ -256,22 +265,31 @@ fn runs_fit(
 pub fn encode_blocks(
     level: Level,
     fp8: Fp8,
-    src: &[u16],
+    src: Bits16<'_>,
     block: usize,
     ks: &[i32],
     plus_zero: bool,
     dst: &mut [u8],
 ) -> bool {
-    if !runs_fit(level, src.len(), dst.len(), block, ks, |k| {
-        fp8.pow2_exact(k)
-    }) {
+    let fits = match src {
+        Bits16::Bf16(b) => runs_fit(level, b.len(), dst.len(), block, ks, |k| fp8.pow2_exact(k)),
+        Bits16::F16(b) => runs_fit(level, b.len(), dst.len(), block, ks, |k| {
+            fp8.pow2_exact_f16(k)
+        }),
+    };
+    if !fits {
         return false;
     }
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both); the
-        // lengths and exponents were checked above.
-        unsafe { x86::encode_blocks(fp8, src, block, ks, plus_zero, dst) };
+        // lengths and exponents were checked above, against the range of `src`'s kernel.
+        unsafe {
+            match src {
+                Bits16::Bf16(b) => x86::encode_blocks(fp8, b, block, ks, plus_zero, dst),
+                Bits16::F16(b) => f16::x86::encode_blocks(fp8, b, block, ks, plus_zero, dst),
+            }
+        };
         true
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -475,7 +493,7 @@ mod x86 {
         dst: &mut [u8],
     ) {
         let c = Consts::new(fp8);
-        let mut blocks = Blocks::new(fp8, ks, block / 32);
+        let mut blocks = Blocks::new(ks, block / 32, |k| Block::new(fp8, k));
         store_codes(src.len() / 32, dst, |j| {
             let blk = blocks.next();
             // SAFETY: `32 * j + 32 <= src.len()` (`store_codes` asks for chunks below
@@ -524,7 +542,11 @@ mod x86 {
     /// lanes, one `vpermq` restores the order.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    fn store_codes(chunks: usize, dst: &mut [u8], mut codes: impl FnMut(usize) -> __m512i) {
+    pub(super) fn store_codes(
+        chunks: usize,
+        dst: &mut [u8],
+        mut codes: impl FnMut(usize) -> __m512i,
+    ) {
         assert!(dst.len() >= 32 * chunks, "store_codes: short destination");
         let order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
         for p in 0..chunks / 2 {
@@ -686,36 +708,35 @@ mod x86 {
 
     /// The blocks of a call, chunk by chunk: a countdown finds where the next block
     /// starts (a division per chunk, `j * 32 / block`, costs more than the chunk's
-    /// encode when blocks are 32 values).
-    struct Blocks<'a> {
-        fp8: Fp8,
+    /// encode when blocks are 32 values). `make(k)` builds a block's constants (bf16's
+    /// [`Block`], or the f16 kernel's).
+    pub(super) struct Blocks<'a, B, F> {
         ks: std::slice::Iter<'a, i32>,
         per_block: usize,
         left: usize,
-        blk: Block,
+        blk: B,
+        make: F,
     }
 
-    impl<'a> Blocks<'a> {
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw")]
-        fn new(fp8: Fp8, ks: &'a [i32], per_block: usize) -> Blocks<'a> {
+    impl<'a, B, F: FnMut(i32) -> B> Blocks<'a, B, F> {
+        #[inline(always)]
+        pub(super) fn new(ks: &'a [i32], per_block: usize, mut make: F) -> Blocks<'a, B, F> {
             Blocks {
-                fp8,
                 ks: ks.iter(),
                 per_block,
                 left: 0,
-                blk: Block::new(fp8, 0),
+                blk: make(0),
+                make,
             }
         }
 
         /// The constants of the next chunk's block.
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw")]
-        fn next(&mut self) -> &Block {
+        #[inline(always)]
+        pub(super) fn next(&mut self) -> &B {
             if self.left == 0 {
                 // The caller takes `ks.len() * per_block` chunks at most.
                 let k = self.ks.next().copied().unwrap_or(0);
-                self.blk = Block::new(self.fp8, k);
+                self.blk = (self.make)(k);
                 self.left = self.per_block;
             }
             self.left -= 1;
@@ -874,7 +895,7 @@ mod tests {
                     assert!(p2::encode_blocks(
                         level,
                         fp8,
-                        &src,
+                        Bits16::Bf16(&src),
                         src.len(),
                         &ks,
                         plus_zero,
@@ -892,7 +913,15 @@ mod tests {
                 .map(|b| -127 + (b as i32 * 7) % (254 - fp8.bias))
                 .collect();
             let mut dst = vec![0u8; src.len()];
-            assert!(p2::encode_blocks(level, fp8, src, 32, &ks, false, &mut dst));
+            assert!(p2::encode_blocks(
+                level,
+                fp8,
+                Bits16::Bf16(src),
+                32,
+                &ks,
+                false,
+                &mut dst
+            ));
             for (i, (&s, &d)) in src.iter().zip(&dst).enumerate() {
                 assert_eq!(d, fp8.encode(s, ks[i / 32], false));
             }
@@ -1019,7 +1048,7 @@ mod tests {
         assert!(!encode_blocks(
             lvl,
             Fp8::E4M3,
-            &src,
+            Bits16::Bf16(&src),
             16,
             &[0; 4],
             false,
@@ -1028,7 +1057,7 @@ mod tests {
         assert!(!encode_blocks(
             lvl,
             Fp8::E4M3,
-            &src,
+            Bits16::Bf16(&src),
             32,
             &[0; 3],
             false,
@@ -1037,7 +1066,7 @@ mod tests {
         assert!(!encode_blocks(
             lvl,
             Fp8::E4M3,
-            &src,
+            Bits16::Bf16(&src),
             32,
             &[0, 120],
             false,
@@ -1046,7 +1075,7 @@ mod tests {
         assert!(!encode_blocks(
             Level::Scalar,
             Fp8::E4M3,
-            &src,
+            Bits16::Bf16(&src),
             32,
             &[0, 0],
             false,
