@@ -783,7 +783,12 @@ mod x86 {
 
     /// [`Fp8::encode`] on 32 lanes, any input, codes in u16 lanes; `k` holds each lane's
     /// exponent.
-    #[inline(never)]
+    ///
+    /// Inlined, though rarely taken: as a call it clobbered every vector register, so the
+    /// loop around it kept its constants on the stack and reloaded them each chunk.
+    /// Inlined, the row encodes ran x1.06-1.13 faster (FP8 1x128 and 128x128, MXFP8, bf16
+    /// rowwise and columnwise, on Zen 4).
+    #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     fn encode32_general(c: &Consts, k: __m512i, x: __m512i, plus_zero: bool) -> __m512i {
         // `k` is within -127..=126-BIAS, so both fit an i16 with room to spare.
