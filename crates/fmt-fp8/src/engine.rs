@@ -28,7 +28,9 @@
 //! [`quant_core::block_max::block_abs_max`] (`rowwise_1d`).
 
 use quant_core::Element;
-use quant_core::block_max::{NanRule, block_abs_max, block_abs_max_bits, column_abs_max_bf16};
+use quant_core::block_max::{
+    NanRule, block_abs_max, block_abs_max_bits, column_abs_max_bits, column_key,
+};
 use quant_core::codec::pow2::{self, LaneExps};
 use quant_core::cpu::LaneAmax;
 use quant_core::dtype::Bits16;
@@ -539,16 +541,17 @@ pub(crate) fn run_slab<T: Element>(
             }
             Mode::OneD if job.col.is_some() => {
                 let scales = &mut col_scale[..cw];
-                if let Some(bits) = quant_core::dtype::bf16_slice_bits(x) {
-                    // bf16: the column maxima on the bits, nothing widened.
+                if let Some(bits) = Bits16::of(x) {
+                    // bf16 and f16: the column maxima on the bits, nothing widened.
                     let keys = &mut col_key[..cw];
                     keys.fill(0);
                     for r in 0..rows {
                         prefetch(r);
-                        column_abs_max_bf16(&bits[r * k + c0..][..cw], NanRule::Ignore, keys);
+                        let run = bits.slice(r * k + c0..r * k + c0 + cw);
+                        column_abs_max_bits(run, NanRule::Ignore, keys);
                     }
                     for (s, &key) in scales.iter_mut().zip(keys.iter()) {
-                        *s = scale_of(quant_core::dtype::f32_from_bf16_bits(key));
+                        *s = scale_of(f32::from_bits(column_key(bits, key)));
                     }
                 } else {
                     scales.fill(0.0);
@@ -560,14 +563,19 @@ pub(crate) fn run_slab<T: Element>(
                         *a = scale_of(*a);
                     }
                 }
-                // Power-of-two column scales (the default) at AVX-512: bf16 rows are
-                // encoded in 16-bit lanes, one exponent per column.
-                col_lanes = level == Level::Avx512 && T::DTYPE == quant_core::DType::BF16 && {
+                // Power-of-two column scales (the default) at AVX-512: bf16 and f16 rows
+                // are encoded in 16-bit lanes, one exponent per column.
+                col_lanes = level == Level::Avx512 && {
                     let mut ks = [0i32; CHUNK];
                     for (e, &s) in ks.iter_mut().zip(scales.iter()) {
                         *e = pow2_exponent(s);
                     }
-                    scratch.lanes.set(dt.pow2_codec(), &ks[..cw])
+                    let (lanes, fp8) = (&mut scratch.lanes, dt.pow2_codec());
+                    match Bits16::of(x) {
+                        Some(Bits16::Bf16(_)) => lanes.set(fp8, &ks[..cw]),
+                        Some(Bits16::F16(_)) => lanes.set_f16(fp8, &ks[..cw]),
+                        None => false,
+                    }
                 };
                 false
             }
@@ -654,7 +662,7 @@ pub(crate) fn run_slab<T: Element>(
                     }
                     Mode::OneD
                         if col_lanes
-                            && quant_core::dtype::bf16_slice_bits(xr)
+                            && Bits16::of(xr)
                                 .is_some_and(|b| scratch.lanes.encode(level, b, false, cr)) => {}
                     Mode::OneD => encode_cols(dt, xr, &col_scale[..cw], cr, wide),
                 }

@@ -3,7 +3,7 @@
 //! permutation applied afterwards (TE's unfused `nvte_swizzle_scaling_factors` path),
 //! so one well-tested function owns the swizzle.
 
-use quant_core::block_max::{block_abs_max, block_abs_max_bits, column_abs_max_bf16};
+use quant_core::block_max::{block_abs_max, block_abs_max_bits, column_abs_max_bits, column_key};
 use quant_core::codec::pow2::{self, LaneExps};
 use quant_core::codec::{e4m3, e5m2};
 use quant_core::dtype::Bits16;
@@ -158,7 +158,7 @@ struct Scratch {
     cols: ChunkCols,
     /// One row's span, widened ([`row_run`]).
     span: Box<[f32; STEP * BLOCK]>,
-    /// A chunk's column exponents ([`group_bf16`]).
+    /// A chunk's column exponents ([`group_bits`]).
     lanes: LaneExps,
 }
 
@@ -181,9 +181,9 @@ struct ChunkCols {
     mult: Vec<f32>,
     /// Column E8M0 codes.
     code: Vec<u8>,
-    /// Column amax keys on bf16 bits ([`group_bf16`]).
+    /// Column amax keys on 16-bit magnitudes ([`group_bits`]).
     key16: Vec<u16>,
-    /// Column multiplier exponents ([`group_bf16`]).
+    /// Column multiplier exponents ([`group_bits`]).
     exp: Vec<i32>,
     /// Tile multipliers and codes (2-D).
     tile_mult: Vec<f32>,
@@ -510,7 +510,7 @@ fn slab<T: Element>(
         for c0 in (0..k).step_by(chunk) {
             let cw = chunk.min(k - c0);
             let nb = cw / BLOCK;
-            let fast = !two_d && group_bf16(cfg, layout, [k, rstride], [g, c0, cw], job, scratch);
+            let fast = !two_d && group_bits(cfg, layout, [k, rstride], [g, c0, cw], job, scratch);
             let ChunkCols {
                 key: col_key,
                 mult: col_mult,
@@ -649,16 +649,16 @@ fn write_col_codes(cs: &mut ColScales<'_>, [g, cstride, c0]: [usize; 3], codes: 
     }
 }
 
-/// One 32-row group's chunk (`cw` columns from `c0`) of bf16 input at AVX-512, 1x32
-/// blocks, without widening it: the column maxima folded on the bits
-/// ([`column_abs_max_bf16`]), the columnwise codes from the per-column exponents in
+/// One 32-row group's chunk (`cw` columns from `c0`) of bf16 or f16 input at AVX-512,
+/// 1x32 blocks, without widening it: the column maxima folded on the bits
+/// ([`column_abs_max_bits`]), the columnwise codes from the per-column exponents in
 /// 16-bit lanes ([`LaneExps`]), and the rowwise blocks (when asked for) by
 /// [`row_run`], which takes its own 16-bit route. The column codes go to `col_code`;
 /// the caller writes them out. Returns `false`, with nothing written, for other input
 /// or levels and where a column's scale is outside the encoder's exact range (a
 /// column block whose amax is tiny): the caller then takes the f32 route.
 #[inline(always)]
-fn group_bf16<T: Element>(
+fn group_bits<T: Element>(
     cfg: Cfg,
     layout: ScaleLayout,
     [k, rstride]: [usize; 2],
@@ -666,15 +666,14 @@ fn group_bf16<T: Element>(
     job: &mut SlabJob<'_, T>,
     scratch: &mut Scratch,
 ) -> bool {
-    let (Some(bits), Some((cd, _))) = (quant_core::dtype::bf16_slice_bits(job.x), &mut job.col)
-    else {
+    let (Some(bits), Some((cd, _))) = (Bits16::of(job.x), &mut job.col) else {
         return false;
     };
     if cfg.level != Level::Avx512 || !Level::Avx512.is_supported() {
         return false;
     }
     let rows = g * BLOCK..(g + 1) * BLOCK;
-    let run = |i: usize| &bits[i * k + c0..][..cw];
+    let run = |i: usize| bits.slice(i * k + c0..i * k + c0 + cw);
     let ChunkCols {
         code: col_code,
         key16: keys,
@@ -684,15 +683,19 @@ fn group_bf16<T: Element>(
     let keys = &mut keys[..cw];
     keys.fill(0);
     for i in rows.clone() {
-        column_abs_max_bf16(run(i), cfg.rule.nan_rule(), keys);
+        column_abs_max_bits(run(i), cfg.rule.nan_rule(), keys);
     }
     for ((c, e), &key) in col_code.iter_mut().zip(ks.iter_mut()).zip(keys.iter()) {
-        *c = cfg.code(u32::from(key) << 16);
+        *c = cfg.code(column_key(bits, key));
         // The multiplier is 2^(127 - code) ([`multiplier`]).
         *e = 127 - i32::from(*c);
     }
     let lanes = &mut scratch.lanes;
-    if !lanes.set(cfg.dtype.pow2_codec(), &ks[..cw]) {
+    let set = match bits {
+        Bits16::Bf16(_) => lanes.set(cfg.dtype.pow2_codec(), &ks[..cw]),
+        Bits16::F16(_) => lanes.set_f16(cfg.dtype.pow2_codec(), &ks[..cw]),
+    };
+    if !set {
         return false;
     }
     for i in rows {
@@ -702,7 +705,7 @@ fn group_bf16<T: Element>(
         let encoded = lanes.encode(cfg.level, run(i), cfg.plus_zero, out);
         assert!(
             encoded,
-            "group_bf16: the lane encoder refused a checked row"
+            "group_bits: the lane encoder refused a checked row"
         );
         if let Some((rd, rs)) = job.row.as_mut() {
             let out = &mut rd[i * k + c0..][..cw];

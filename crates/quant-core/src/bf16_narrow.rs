@@ -40,9 +40,10 @@ pub(crate) fn narrow(src: &[f32], dst: &mut [u16]) -> bool {
 pub mod x86 {
     use std::arch::x86_64::{
         __m256i, __m512, __m512i, _mm512_add_epi32, _mm512_and_si512, _mm512_castps_si512,
-        _mm512_cmpgt_epu32_mask, _mm512_cvtepi32_epi16, _mm512_cvtne2ps_pbh,
-        _mm512_fpclass_ps_mask, _mm512_loadu_ps, _mm512_mask_blend_epi32, _mm512_or_si512,
-        _mm512_set1_epi32, _mm512_srli_epi32, _mm512_storeu_si512,
+        _mm512_castsi256_si512, _mm512_cmpgt_epu32_mask, _mm512_cvtepi32_epi16,
+        _mm512_cvtne2ps_pbh, _mm512_fpclass_ps_mask, _mm512_inserti64x4, _mm512_loadu_ps,
+        _mm512_mask_blend_epi32, _mm512_or_si512, _mm512_set1_epi32, _mm512_srli_epi32,
+        _mm512_storeu_si512,
     };
 
     use crate::dtype::bf16_bits;
@@ -94,17 +95,14 @@ pub mod x86 {
         }
     }
 
-    /// The subnormal path of [`narrow32_exact`]: each value by [`bf16_bits`].
-    #[cold]
-    #[inline(never)]
-    #[target_feature(enable = "avx512f")]
+    /// The subnormal path of [`narrow32_exact`]: both halves by [`narrow16_int`] (the
+    /// bits of [`bf16_bits`]). Inlined, in registers: as a call (it once narrowed each
+    /// value through memory, `#[cold]`) it clobbered every vector register, and the loops
+    /// around it kept their constants on the stack, reloading them every step.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
     fn narrow32_each(lo: __m512, hi: __m512) -> __m512i {
-        // SAFETY: two 512-bit vectors are 32 f32 of plain data, and 32 u16 are one
-        // vector's 64 bytes; every bit pattern is valid for each.
-        let xs: [f32; 32] = unsafe { std::mem::transmute([lo, hi]) };
-        let bits: [u16; 32] = xs.map(bf16_bits);
-        // SAFETY: as above.
-        unsafe { std::mem::transmute::<[u16; 32], __m512i>(bits) }
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(narrow16_int(lo)), narrow16_int(hi))
     }
 
     /// 16 values narrowed to bf16 bit patterns by integer operations, lane `i` holding

@@ -343,19 +343,21 @@ pub fn decode_blocks(
 /// block scales (FP8 1x128 columnwise blocks, MXFP8 columnwise blocks), whose rows are
 /// encoded one after another under the same column exponents.
 ///
-/// [`LaneExps::set`] turns the exponents into the vector kernel's per-lane constants once;
-/// [`LaneExps::encode`] then encodes any number of rows with them:
-/// `dst[j] = fp8.encode(src[j], ks[j], plus_zero)` ([`Fp8::encode`]).
+/// [`LaneExps::set`] (bf16 rows) or [`LaneExps::set_f16`] (f16 rows) turns the exponents
+/// into the vector kernel's per-lane constants once; [`LaneExps::encode`] then encodes
+/// any number of rows with them: `dst[j] = fp8.encode(src[j], ks[j], plus_zero)`
+/// ([`Fp8::encode`], or [`Fp8::encode_f16`]).
 ///
 /// ```
 /// use quant_core::codec::pow2::{Fp8, LaneExps};
+/// use quant_core::dtype::Bits16;
 /// use quant_core::simd;
 /// let ks: Vec<i32> = (0..64).map(|j| j % 9 - 4).collect();
 /// let mut lanes = LaneExps::new();
 /// assert!(lanes.set(Fp8::E4M3, &ks));
 /// let row: Vec<u16> = (0..64u16).map(|i| half::bf16::from_f32(i as f32 - 30.0).to_bits()).collect();
 /// let mut codes = [0u8; 64];
-/// if lanes.encode(simd::level(), &row, false, &mut codes) {
+/// if lanes.encode(simd::level(), Bits16::Bf16(&row), false, &mut codes) {
 ///     for j in 0..64 {
 ///         assert_eq!(codes[j], Fp8::E4M3.encode(row[j], ks[j], false));
 ///     }
@@ -364,10 +366,12 @@ pub fn decode_blocks(
 #[derive(Clone, Debug)]
 pub struct LaneExps {
     fp8: Fp8,
-    /// Per 32-lane vector, four rows of 32 lanes: `normal_from`, `normal_span`, `rebias`
-    /// and `k` (the kernel's block constants, module docs), next to each other so one
-    /// vector's constants share a few cache lines.
+    /// bf16 rows: per 32-lane vector, four rows of 32 lanes: `normal_from`,
+    /// `normal_span`, `rebias` and `k` (the kernel's block constants, module docs), next
+    /// to each other so one vector's constants share a few cache lines.
     consts: Vec<[[u16; 32]; 4]>,
+    /// f16 rows: the f16 kernel's constants per 32-lane vector. One of the two is empty.
+    f16: Vec<f16::Lanes>,
 }
 
 impl Default for LaneExps {
@@ -382,19 +386,17 @@ impl LaneExps {
         LaneExps {
             fp8: Fp8::E4M3,
             consts: Vec::new(),
+            f16: Vec::new(),
         }
     }
 
-    /// Sets one exponent per lane (reusing the allocation). `false`, leaving no lanes,
-    /// unless `ks.len()` is a nonzero multiple of 32 and every `k` satisfies
-    /// [`Fp8::pow2_exact`]; the caller then takes its f32 route.
+    /// Sets one exponent per lane for bf16 rows (reusing the allocation). `false`,
+    /// leaving no lanes, unless `ks.len()` is a nonzero multiple of 32 and every `k`
+    /// satisfies [`Fp8::pow2_exact`]; the caller then takes its f32 route.
     pub fn set(&mut self, fp8: Fp8, ks: &[i32]) -> bool {
         self.consts.clear();
-        let fit = !ks.is_empty()
-            && ks.len().is_multiple_of(32)
-            // A fold, not `all`: no early exit, so it vectorizes.
-            && ks.iter().fold(true, |ok, &k| ok & fp8.pow2_exact(k));
-        if !fit {
+        self.f16.clear();
+        if !lanes_fit(ks, |k| fp8.pow2_exact(k)) {
             return false;
         }
         self.fp8 = fp8;
@@ -410,23 +412,62 @@ impl LaneExps {
         true
     }
 
+    /// [`LaneExps::set`] for f16 rows: every `k` must satisfy [`Fp8::pow2_exact_f16`].
+    ///
+    /// ```
+    /// use quant_core::codec::pow2::{Fp8, LaneExps};
+    /// use quant_core::dtype::Bits16;
+    /// use quant_core::simd;
+    /// let ks: Vec<i32> = (0..32).map(|j| j - 4).collect();
+    /// let mut lanes = LaneExps::new();
+    /// assert!(lanes.set_f16(Fp8::E5M2, &ks));
+    /// let row: Vec<u16> = (0..32).map(|i| half::f16::from_f32(i as f32 * 1e-6).to_bits()).collect();
+    /// let mut codes = [0u8; 32];
+    /// if lanes.encode(simd::level(), Bits16::F16(&row), false, &mut codes) {
+    ///     for j in 0..32 {
+    ///         assert_eq!(codes[j], Fp8::E5M2.encode_f16(row[j], ks[j], false));
+    ///     }
+    /// }
+    /// // Rows of the other format are refused.
+    /// assert!(!lanes.encode(simd::level(), Bits16::Bf16(&row), false, &mut codes));
+    /// ```
+    pub fn set_f16(&mut self, fp8: Fp8, ks: &[i32]) -> bool {
+        self.consts.clear();
+        self.f16.clear();
+        if !lanes_fit(ks, |k| fp8.pow2_exact_f16(k)) {
+            return false;
+        }
+        self.fp8 = fp8;
+        self.f16.extend(
+            ks.chunks_exact(32)
+                .filter_map(|v| v.try_into().ok())
+                .map(|v| f16::Lanes::new(fp8, v)),
+        );
+        true
+    }
+
     /// Lanes set (0 before the first successful [`LaneExps::set`]).
     pub fn len(&self) -> usize {
-        32 * self.consts.len()
+        32 * (self.consts.len() + self.f16.len())
     }
 
     /// Whether no lanes are set.
     pub fn is_empty(&self) -> bool {
-        self.consts.is_empty()
+        self.len() == 0
     }
 
     /// `dst[j] = fp8.encode(src[j], ks[j], plus_zero)` for one row, with AVX-512. Returns
-    /// `false` and writes nothing unless `level` is [`Level::Avx512`] and the CPU has it
-    /// and `src` and `dst` both hold [`LaneExps::len`] values (at least one).
-    /// `#[inline(always)]`: call it from a [`crate::simd::dispatch`]ed kernel.
+    /// `false` and writes nothing unless `level` is [`Level::Avx512`] and the CPU has it,
+    /// the lanes were set for `src`'s format, and `src` and `dst` both hold
+    /// [`LaneExps::len`] values (at least one). `#[inline(always)]`: call it from a
+    /// [`crate::simd::dispatch`]ed kernel.
     #[inline(always)]
-    pub fn encode(&self, level: Level, src: &[u16], plus_zero: bool, dst: &mut [u8]) -> bool {
-        if self.is_empty()
+    pub fn encode(&self, level: Level, src: Bits16<'_>, plus_zero: bool, dst: &mut [u8]) -> bool {
+        let set_for_src = match src {
+            Bits16::Bf16(_) => !self.consts.is_empty(),
+            Bits16::F16(_) => !self.f16.is_empty(),
+        };
+        if !set_for_src
             || src.len() != self.len()
             || dst.len() != self.len()
             || level != Level::Avx512
@@ -437,8 +478,16 @@ impl LaneExps {
         #[cfg(target_arch = "x86_64")]
         {
             // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both); both
-            // lengths equal the lanes set, whose exponents `set` checked.
-            unsafe { x86::encode_lanes(self.fp8, &self.consts, src, plus_zero, dst) };
+            // lengths equal the lanes set for `src`'s format, whose exponents `set` or
+            // `set_f16` checked.
+            unsafe {
+                match src {
+                    Bits16::Bf16(b) => x86::encode_lanes(self.fp8, &self.consts, b, plus_zero, dst),
+                    Bits16::F16(b) => {
+                        f16::x86::encode_lanes(self.fp8, &self.f16, b, plus_zero, dst)
+                    }
+                }
+            };
             true
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -447,6 +496,14 @@ impl LaneExps {
             false
         }
     }
+}
+
+/// Whether `ks` can be a lane set: a nonzero multiple of 32 exponents, each `exact`.
+fn lanes_fit(ks: &[i32], exact: impl Fn(i32) -> bool) -> bool {
+    !ks.is_empty()
+        && ks.len().is_multiple_of(32)
+        // A fold, not `all`: no early exit, so it vectorizes.
+        && ks.iter().fold(true, |ok, &k| ok & exact(k))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -951,7 +1008,7 @@ mod tests {
                     assert_eq!(lanes.len(), 96);
                     for row in src.chunks_exact(96) {
                         let mut dst = [0u8; 96];
-                        if !lanes.encode(level, row, plus_zero, &mut dst) {
+                        if !lanes.encode(level, Bits16::Bf16(row), plus_zero, &mut dst) {
                             assert_ne!(level, Level::Avx512);
                             eprintln!("skipped: this CPU has no AVX-512");
                             return;
@@ -969,7 +1026,7 @@ mod tests {
     fn lanes_refuse_what_they_cannot_do() {
         let mut lanes = LaneExps::new();
         let mut dst = [0u8; 64];
-        assert!(!lanes.encode(Level::Avx512, &[0; 64], false, &mut dst));
+        assert!(!lanes.encode(Level::Avx512, Bits16::Bf16(&[0; 64]), false, &mut dst));
         // Not a multiple of 32 lanes, or an exponent outside the exact range.
         assert!(!lanes.set(Fp8::E4M3, &[0; 48]));
         assert!(!lanes.set(Fp8::E4M3, &[]));
@@ -979,9 +1036,11 @@ mod tests {
         assert!(lanes.is_empty());
         assert!(lanes.set(Fp8::E4M3, &[0; 64]));
         // Rows of another length, or a level without the kernel.
-        assert!(!lanes.encode(Level::Avx512, &[0; 32], false, &mut dst[..32]));
-        assert!(!lanes.encode(Level::Avx512, &[0; 64], false, &mut dst[..32]));
-        assert!(!lanes.encode(Level::Scalar, &[0; 64], false, &mut dst));
+        assert!(!lanes.encode(Level::Avx512, Bits16::Bf16(&[0; 32]), false, &mut dst[..32]));
+        assert!(!lanes.encode(Level::Avx512, Bits16::Bf16(&[0; 64]), false, &mut dst[..32]));
+        assert!(!lanes.encode(Level::Scalar, Bits16::Bf16(&[0; 64]), false, &mut dst));
+        // Rows of the format the lanes were not set for.
+        assert!(!lanes.encode(Level::Avx512, Bits16::F16(&[0; 64]), false, &mut dst));
         assert!(dst.iter().all(|&d| d == 0));
     }
 

@@ -81,21 +81,58 @@ impl Fp8 {
     /// `(15 - BIAS - k) << MBITS`, negative for large `k` (within `i16` for every exact
     /// `k`).
     #[inline(always)]
-    const fn block_consts_f16(self, k: i32) -> [i16; 3] {
+    fn block_consts_f16(self, k: i32) -> [i16; 3] {
         let off = 15 - self.bias - k;
         // Exponents of the normalized form run from -9 (the smallest subnormal) to 30.
-        let from = if off + 1 < -9 {
-            -9
-        } else if off + 1 > 31 {
-            31
-        } else {
-            off + 1
-        };
+        let from = (off + 1).clamp(-9, 31) << 10;
         [
-            (from << 10) as i16,
-            (0x7C00 - (from << 10)) as i16,
+            from as i16,
+            (0x7C00 - from) as i16,
             (off << self.mbits) as i16,
         ]
+    }
+}
+
+/// The f16 kernel's constants for 32 lanes, one exponent each
+/// ([`super::LaneExps::set_f16`]): [`Fp8::block_consts_f16`] per lane, the f32 route's
+/// multipliers, and whether any lane normalizes subnormals.
+#[derive(Clone, Debug)]
+pub(super) struct Lanes {
+    consts: [[i16; 32]; 3],
+    mult: [f32; 32],
+    lift: bool,
+}
+
+impl Lanes {
+    /// The constants of the 32 exponents `ks` (each satisfying [`Fp8::pow2_exact_f16`]).
+    ///
+    /// One pass over fixed-size arrays of the branchless [`Fp8::block_consts_f16`],
+    /// which vectorizes: the set comes once per 32 rows of an MXFP8 columnwise quantize,
+    /// and lane by lane it took a tenth of that quantize.
+    pub(super) fn new(fp8: Fp8, ks: &[i32; 32]) -> Lanes {
+        let mut l = Lanes {
+            consts: [[0; 32]; 3],
+            mult: [0.0; 32],
+            lift: false,
+        };
+        for (j, &k) in ks.iter().enumerate() {
+            let [from, span, rebias] = fp8.block_consts_f16(k);
+            l.consts[0][j] = from;
+            l.consts[1][j] = span;
+            l.consts[2][j] = rebias;
+            l.mult[j] = f32::from_bits(((k + 127) as u32) << 23);
+        }
+        l.lift = ks.iter().fold(false, |any, &k| any | fp8.lifts(k));
+        l
+    }
+}
+
+impl Fp8 {
+    /// Whether under `2^k` an f16 subnormal can have a normal code (`k >= 16 - BIAS`):
+    /// the fast route then normalizes subnormal inputs.
+    #[inline(always)]
+    const fn lifts(self, k: i32) -> bool {
+        k >= 16 - self.bias
     }
 }
 
@@ -106,17 +143,18 @@ pub(super) mod x86 {
         _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi256_si512,
         _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmpgt_epu32_mask,
         _mm512_cmplt_epu16_mask, _mm512_cmplt_epu32_mask, _mm512_cvtepi32_epi16, _mm512_cvtph_ps,
-        _mm512_extracti64x4_epi64, _mm512_inserti64x4, _mm512_loadu_si512, _mm512_mask_blend_epi32,
-        _mm512_mask_cmpge_epu16_mask, _mm512_mask_mov_epi32, _mm512_mask_permutexvar_epi16,
-        _mm512_maskz_mov_epi16, _mm512_maskz_permutexvar_epi16, _mm512_maskz_sub_epi16,
-        _mm512_min_epi16, _mm512_min_epu32, _mm512_mul_ps, _mm512_set1_epi16, _mm512_set1_epi32,
-        _mm512_set1_ps, _mm512_slli_epi16, _mm512_sllv_epi16, _mm512_sra_epi16, _mm512_srl_epi16,
-        _mm512_srl_epi32, _mm512_srli_epi16, _mm512_srli_epi32, _mm512_sub_epi16, _mm512_sub_epi32,
-        _mm512_ternarylogic_epi32, _mm512_test_epi16_mask, _mm512_testn_epi16_mask,
+        _mm512_extracti64x4_epi64, _mm512_inserti64x4, _mm512_loadu_ps, _mm512_loadu_si512,
+        _mm512_mask_blend_epi32, _mm512_mask_cmpge_epu16_mask, _mm512_mask_mov_epi32,
+        _mm512_mask_permutexvar_epi16, _mm512_maskz_mov_epi16, _mm512_maskz_permutexvar_epi16,
+        _mm512_maskz_sub_epi16, _mm512_min_epi16, _mm512_min_epu32, _mm512_mul_ps,
+        _mm512_set1_epi16, _mm512_set1_epi32, _mm512_set1_ps, _mm512_slli_epi16, _mm512_sllv_epi16,
+        _mm512_sra_epi16, _mm512_srl_epi16, _mm512_srl_epi32, _mm512_srli_epi16, _mm512_srli_epi32,
+        _mm512_sub_epi16, _mm512_sub_epi32, _mm512_ternarylogic_epi32, _mm512_test_epi16_mask,
+        _mm512_testn_epi16_mask,
     };
 
     use super::super::x86::{Blocks, store_codes};
-    use super::Fp8;
+    use super::{Fp8, Lanes};
 
     /// [`super::super::encode_blocks`] for f16 bits, after its checks.
     ///
@@ -146,6 +184,48 @@ pub(super) mod x86 {
                 // `src.len() / 32`); one unaligned 512-bit load.
                 let x = unsafe { _mm512_loadu_si512(src.as_ptr().add(32 * j).cast()) };
                 encode32(&c, blk, x, plus_zero)
+            },
+        );
+    }
+
+    /// [`super::super::LaneExps::encode`] of f16 rows, after its checks.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and BW; `src.len() == dst.len() == 32 * lanes.len()`;
+    /// `lanes` was made for `fp8`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(in crate::codec::pow2) unsafe fn encode_lanes(
+        fp8: Fp8,
+        lanes: &[Lanes],
+        src: &[u16],
+        plus_zero: bool,
+        dst: &mut [u8],
+    ) {
+        let c = Consts::new(fp8);
+        store_codes(
+            src.len() / 32,
+            dst,
+            #[inline(always)]
+            |j| {
+                let l = &lanes[j];
+                // SAFETY: each row of `l.consts` is 32 i16 and `l.mult` 32 f32 (unaligned
+                // 512-bit loads); `32 * j + 32 <= src.len()` as in `encode_blocks`.
+                let (blk, x) = unsafe {
+                    let at = |r: usize| _mm512_loadu_si512(l.consts[r].as_ptr().cast());
+                    let blk = Block {
+                        normal_from: at(0),
+                        normal_span: at(1),
+                        rebias: at(2),
+                        mult: [
+                            _mm512_loadu_ps(l.mult.as_ptr()),
+                            _mm512_loadu_ps(l.mult.as_ptr().add(16)),
+                        ],
+                        lift: l.lift,
+                    };
+                    (blk, _mm512_loadu_si512(src.as_ptr().add(32 * j).cast()))
+                };
+                encode32(&c, &blk, x, plus_zero)
             },
         );
     }
@@ -213,8 +293,8 @@ pub(super) mod x86 {
         normal_span: __m512i,
         /// `(15 - BIAS - k) << MBITS`, subtracted from the rounded bits.
         rebias: __m512i,
-        /// `2^k`, the f32 route's multiplier.
-        mult: __m512,
+        /// `2^k`, the f32 route's multipliers of lanes 0..16 and 16..32.
+        mult: [__m512; 2],
         /// Whether an f16 subnormal can have a normal code (`k >= 16 - BIAS`).
         lift: bool,
     }
@@ -229,8 +309,8 @@ pub(super) mod x86 {
                 normal_span: _mm512_set1_epi16(normal_span),
                 rebias: _mm512_set1_epi16(rebias),
                 // `k` is within -126..=127: a normal f32.
-                mult: _mm512_set1_ps(f32::from_bits(((k + 127) as u32) << 23)),
-                lift: k >= 16 - fp8.bias,
+                mult: [_mm512_set1_ps(f32::from_bits(((k + 127) as u32) << 23)); 2],
+                lift: fp8.lifts(k),
             }
         }
     }
@@ -315,11 +395,11 @@ pub(super) mod x86 {
     /// bf16 kernel's general route is (its call spilled the loop's constants).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    fn encode32_f32(c: &Consts, mult: __m512, x: __m512i) -> __m512i {
+    fn encode32_f32(c: &Consts, mult: [__m512; 2], x: __m512i) -> __m512i {
         let lo = _mm512_cvtph_ps(_mm512_castsi512_si256(x));
         let hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(x));
-        let lo = _mm512_cvtepi32_epi16(encode16(c, _mm512_mul_ps(lo, mult)));
-        let hi = _mm512_cvtepi32_epi16(encode16(c, _mm512_mul_ps(hi, mult)));
+        let lo = _mm512_cvtepi32_epi16(encode16(c, _mm512_mul_ps(lo, mult[0])));
+        let hi = _mm512_cvtepi32_epi16(encode16(c, _mm512_mul_ps(hi, mult[1])));
         _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
     }
 
@@ -360,7 +440,7 @@ pub(super) mod x86 {
 #[cfg(test)]
 mod tests {
     use super::Fp8;
-    use crate::codec::pow2::encode_blocks;
+    use crate::codec::pow2::{LaneExps, encode_blocks};
     use crate::dtype::Bits16;
     use crate::simd::Level;
     use quantfmt_testkit::XorShift32;
@@ -433,6 +513,53 @@ mod tests {
     #[ignore = "every exponent: a few minutes in debug; run with --release --ignored"]
     fn vector_equals_the_f32_route_exhaustively() {
         check(&(-126..=127).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn lanes_equal_the_f32_route_on_every_input() {
+        let level = crate::simd::level();
+        if level != Level::Avx512 {
+            eprintln!("skipped: this CPU has no AVX-512");
+            return;
+        }
+        let src: Vec<u16> = (0..=u16::MAX).collect();
+        let exact: Vec<i32> = (-126..=127).collect();
+        for fp8 in [Fp8::E4M3, Fp8::E5M2] {
+            for plus_zero in [false, true] {
+                // 96 lanes (an odd number of vectors: the last one stored alone); each
+                // pass shifts which exponent a lane has, so every input meets many, and
+                // vectors mix lanes that lift subnormals with lanes that do not.
+                for pass in 0..9 {
+                    let ks: Vec<i32> = (0..96)
+                        .map(|j| exact[(j * 37 + pass * 11) % exact.len()])
+                        .collect();
+                    let mut lanes = LaneExps::new();
+                    assert!(lanes.set_f16(fp8, &ks));
+                    for row in src.chunks_exact(96) {
+                        let mut dst = [0u8; 96];
+                        assert!(lanes.encode(level, Bits16::F16(row), plus_zero, &mut dst));
+                        for ((&s, &d), &k) in row.iter().zip(&dst).zip(&ks) {
+                            let want = fp8.encode_f16(s, k, plus_zero);
+                            assert_eq!(d, want, "{fp8:?} {s:#06x} k {k}");
+                        }
+                    }
+                }
+                // Every lane under one exponent that lifts subnormals: whole rows of
+                // neighbouring patterns on the fast route.
+                let mut lanes = LaneExps::new();
+                assert!(lanes.set_f16(fp8, &[20; 64]));
+                for row in src.chunks_exact(64) {
+                    let mut dst = [0u8; 64];
+                    assert!(lanes.encode(level, Bits16::F16(row), plus_zero, &mut dst));
+                    for (&s, &d) in row.iter().zip(&dst) {
+                        assert_eq!(d, fp8.encode_f16(s, 20, plus_zero), "{fp8:?} {s:#06x}");
+                    }
+                }
+            }
+        }
+        let mut lanes = LaneExps::new();
+        assert!(!lanes.set_f16(Fp8::E4M3, &[-127; 32]));
+        assert!(lanes.is_empty());
     }
 
     #[test]
