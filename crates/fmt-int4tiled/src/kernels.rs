@@ -1,8 +1,14 @@
 //! Fast pack and dequantize: no division, no per-nibble loop.
 //!
-//! **Quantize.** torchao divides every element by the group's scale. Here a multiply by
-//! the scale's reciprocal stands in for the division, in one of three forms:
+//! **Quantize.** torchao divides every element by the group's scale. The two qparam
+//! paths ([`QParamsPath`]) take that division in two forms:
 //!
+//! * **f32 path (f32 and f16 input): the division itself.** `(x - min_val) / scale` in
+//!   f32 is the specification, and a vector division is cheap enough here: on Zen 4 the
+//!   quantize ran as fast with `vdivps` as with the multiply by the reciprocal it
+//!   replaced, and x1.36 faster from f16, whose short significands land quotients on
+//!   nibble boundaries so often that the multiply's exactness check (a quotient within
+//!   two ulps of a half-integer) sent most groups down a second, exact pass.
 //! * **bf16 path, f32 reciprocal.** `rb(t * r)` with `r = f32(1 / scale)` equals
 //!   `rb(t / scale)` wherever `r` is a normal f32 (`2^-126 <= scale < 2^126`). `t` and
 //!   the scale are bf16 values (8 significant bits), so the quotient `Q = t / scale` is
@@ -13,20 +19,9 @@
 //!   and the product) move it less than `2^-23`, so the bf16 rounding and the nibble are
 //!   the same. (Quotients below `2^-126` give nibble 0 either way.) A test checks every
 //!   bf16 numerator against a sweep of scales, and an ignored test checks all 2^31 pairs.
-//! * **f32 path, f32 reciprocal, checked.** `t` has 24 significant bits, so `t * r` can
-//!   differ from the IEEE quotient by up to two ulps (`2^-19` below 16). That changes a
-//!   nibble only when the quotient lies within that distance of a half-integer
-//!   boundary. Each quotient's distance from the nearest boundary comes for free from
-//!   the rounding to an integer. A group in which any quotient comes within `2^-16` of a
-//!   boundary is redone in the exact form below. For quotients spread evenly over
-//!   `[0, 15]` that is a `2^-15` chance per element, about one group of 128 in 250.
-//! * **Exact, for any scale.** `q = f32(f64(t) * f64(1 / scale))`: `t` has at most 24
-//!   significant bits and the scale 8, so a quotient that is not itself an f32 rounding
-//!   boundary (a 25-bit midpoint) lies at least `2^-34` (relative) away from every
-//!   boundary; no such quotient can be a midpoint (its odd part would need more bits
-//!   than `t` has); and the f64 product is within `2^-52` of the quotient. So it rounds
-//!   to the same f32 as the IEEE division (below 2^-126, where the f32 grid is coarser,
-//!   the nibble is 0 either way).
+//!   The multiply stays here because AVX-512 BF16 then rounds both products in one
+//!   instruction per 32 values ([`crate::x86`]). Other scales (and an infinite
+//!   `min_val`) take the division, the specification itself.
 //!
 //! `tests/simd_levels.rs` compares the kernels with the division on every bf16 value and
 //! on random f32 groups; this module's tests cover the boundary cases of each form.
@@ -58,20 +53,16 @@ use quant_core::{DType, Element, widened};
 use crate::format::Geometry;
 use crate::layout::{K_TILE, LANES, N_TILE};
 use crate::qparams::{
-    GroupParams, QParamsPath, group_params_batch, min_max, min_max_bf16, nibble_and_margin, rb,
-    to_nibble,
+    GroupParams, QParamsPath, group_params_batch, min_max, min_max_bf16, rb, to_nibble,
 };
 
-/// Nibbles of one group: `u = to_nibble(op((x - min_val) / scale))`, division-free.
+/// Nibbles of one group: `u = to_nibble(op((x - min_val) / scale))`.
 ///
-/// Where the scale's reciprocal is a normal f32 ([`f32_reciprocal`]) and `min_val` is
-/// finite, one f32 multiply by it stands in for the division (module docs: exact on the
-/// bf16 path, checked on the f32 path); otherwise, and for the rare f32 group that lands
-/// near a rounding boundary, the exact f64 product.
-///
-/// On the bf16 path with bf16 input, [`Level::Avx512`] and AVX-512 BF16 round in
-/// hardware ([`crate::x86::Bf16Nibbles`]) where the scale is at least 2^-100 (its
-/// subnormal flush then cannot change a nibble).
+/// The f32 path divides (module docs). On the bf16 path, where the scale's reciprocal
+/// is a normal f32 ([`f32_reciprocal`]) and `min_val` is finite, one f32 multiply by it
+/// stands in for the division (exact there, module docs); with bf16 input,
+/// [`Level::Avx512`] and AVX-512 BF16 round in hardware ([`crate::x86::Bf16Nibbles`])
+/// where the scale is at least 2^-100 (its subnormal flush then cannot change a nibble).
 #[inline(always)]
 fn group_nibbles<T: Element>(
     caps: Caps,
@@ -80,12 +71,12 @@ fn group_nibbles<T: Element>(
     p: &GroupParams,
     u: &mut [u8],
 ) {
-    let fast = if p.min_val.is_finite() {
+    let reciprocal = if p.min_val.is_finite() {
         f32_reciprocal(p.scale)
     } else {
         None
     };
-    match (path, fast) {
+    match (path, reciprocal) {
         (QParamsPath::Bf16, Some(r)) => {
             #[cfg(target_arch = "x86_64")]
             if let Some(hw) = caps.nibbles_bf16
@@ -100,18 +91,16 @@ fn group_nibbles<T: Element>(
                 *o = to_nibble(rb_no_nan(rb_no_nan(x.to_f32() - p.min_val) * r));
             }
         }
-        (QParamsPath::F32, Some(r)) => {
-            let mut near = false;
+        (QParamsPath::Bf16, None) => {
             for (o, &x) in u.iter_mut().zip(xs) {
-                let (nib, close) = nibble_and_margin((x.to_f32() - p.min_val) * r);
-                *o = nib;
-                near |= close;
-            }
-            if near {
-                group_nibbles_f64(path, xs, p, u);
+                *o = to_nibble(rb(rb(x.to_f32() - p.min_val) / p.scale));
             }
         }
-        _ => group_nibbles_f64(path, xs, p, u),
+        (QParamsPath::F32, _) => {
+            for (o, &x) in u.iter_mut().zip(xs) {
+                *o = to_nibble((x.to_f32() - p.min_val) / p.scale);
+            }
+        }
     }
 }
 
@@ -153,7 +142,7 @@ const MIN_HARDWARE_SCALE: f32 = f32::from_bits(27 << 23);
 /// [`rb`] of a value that is not NaN (infinities are fine): the rounding without the NaN
 /// select. On the fast path nothing is NaN: a group holding a NaN or an infinity has a
 /// NaN or infinite scale, and a huge eps can make `min_val` infinite; both take the
-/// exact path, so `x - min_val` is finite (or overflows to infinity) and so is every
+/// division, so `x - min_val` is finite (or overflows to infinity) and so is every
 /// product after it.
 #[inline(always)]
 fn rb_no_nan(x: f32) -> f32 {
@@ -169,26 +158,6 @@ fn f32_reciprocal(scale: f32) -> Option<f32> {
     (f32::MIN_POSITIVE..TWO_126)
         .contains(&scale)
         .then(|| 1.0 / scale)
-}
-
-/// The exact form of [`group_nibbles`], for any scale: `f32(f64(t) * f64(1/scale))` is
-/// the IEEE quotient (module docs).
-#[inline(always)]
-fn group_nibbles_f64<T: Element>(path: QParamsPath, xs: &[T], p: &GroupParams, u: &mut [u8]) {
-    let r = 1.0f64 / f64::from(p.scale);
-    match path {
-        QParamsPath::Bf16 => {
-            for (o, &x) in u.iter_mut().zip(xs) {
-                let t = rb(x.to_f32() - p.min_val);
-                *o = to_nibble(rb((f64::from(t) * r) as f32));
-            }
-        }
-        QParamsPath::F32 => {
-            for (o, &x) in u.iter_mut().zip(xs) {
-                *o = to_nibble((f64::from(x.to_f32() - p.min_val) * r) as f32);
-            }
-        }
-    }
 }
 
 /// The four words of one 32-nibble k block (`u`, values below 16; module docs).
@@ -598,7 +567,7 @@ fn round_odd_sum(p: f32, z: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qparams::{NEAR_HALF, group_params};
+    use crate::qparams::group_params;
     use quantfmt_testkit::XorShift64;
 
     /// Word `c`'s nibble `q < 4` is `u[8q + 2c]` and nibble `q + 4` is `u[8q + 2c + 1]`
@@ -665,12 +634,12 @@ mod tests {
         }
     }
 
-    /// f32 numerators within a few ulps of `h * scale` for every nibble boundary `h`: the
-    /// reciprocal alone rounds some of them to the wrong nibble; every such quotient is
-    /// flagged, and the group's nibbles equal the division's.
+    /// f32 numerators within a few ulps of `h * scale` for every nibble boundary `h`
+    /// (where a multiply by the reciprocal would round some to the wrong nibble): the
+    /// f32 path's nibbles equal the division's, at every level.
     #[test]
-    fn f32_quotients_near_a_boundary_take_the_exact_path() {
-        let mut wrong_without_fallback = 0;
+    fn f32_quotients_near_a_boundary_round_as_the_division() {
+        let mut wrong_by_reciprocal = 0;
         for s in fast_scales(211).filter(|s| (1e-30..1e30).contains(s)) {
             let r = f32_reciprocal(s).unwrap();
             let mut xs = Vec::new();
@@ -678,12 +647,7 @@ mod tests {
                 let t0 = h * s; // exact: 5 + 8 significant bits
                 for k in -4i32..=4 {
                     let t = f32::from_bits(t0.to_bits().wrapping_add_signed(k));
-                    let (fast, near) = nibble_and_margin(t * r);
-                    let exact = to_nibble(t / s);
-                    if fast != exact {
-                        wrong_without_fallback += 1;
-                        assert!(near, "t = {t:e}, scale = {s:e} not flagged");
-                    }
+                    wrong_by_reciprocal += usize::from(to_nibble(t * r) != to_nibble(t / s));
                     xs.push(t);
                 }
             }
@@ -692,18 +656,20 @@ mod tests {
                 min_val: 0.0,
                 ..GroupParams::default()
             };
-            let mut u = vec![0u8; xs.len()];
-            group_nibbles(Caps::new(Level::Scalar), QParamsPath::F32, &xs, &p, &mut u);
             let want: Vec<u8> = xs.iter().map(|&x| to_nibble(x / s)).collect();
-            assert_eq!(u, want, "scale = {s:e}");
+            simd::for_each_supported_level(|level| {
+                let mut u = vec![0xFFu8; xs.len()];
+                group_nibbles(Caps::new(level), QParamsPath::F32, &xs, &p, &mut u);
+                assert_eq!(u, want, "scale = {s:e} at {level}");
+            });
         }
         assert!(
-            wrong_without_fallback > 0,
-            "the sweep never needed the fallback"
+            wrong_by_reciprocal > 0,
+            "the sweep has no quotient that needs the division"
         );
     }
 
-    /// Every branch of [`group_nibbles`] (fast, fallback, exact) against the scalar
+    /// Every branch of [`group_nibbles`] (reciprocal, hardware, division) against the scalar
     /// specification, [`crate::qparams::quantize_group`]: eps from subnormal to huge
     /// (a reciprocal out of range; `scale * 8` overflowing into an infinite `min_val`),
     /// groups with NaN, infinities, zeros and spreads from tiny to near `f32::MAX`.
@@ -801,17 +767,6 @@ mod tests {
             taken > 200,
             "too few groups reached the hardware bound: {taken}"
         );
-    }
-
-    #[test]
-    fn margin_flags_only_near_half_integers() {
-        assert_eq!(nibble_and_margin(7.5), (8, true));
-        assert_eq!(nibble_and_margin(8.5), (8, true));
-        assert_eq!(nibble_and_margin(8.5 - 2.0 * NEAR_HALF), (8, false));
-        assert_eq!(nibble_and_margin(3.2), (3, false));
-        for q in [-1.0, -0.0, 0.0, 15.0, 15.5, 1e30, f32::INFINITY, f32::NAN] {
-            assert_eq!(nibble_and_margin(q), (to_nibble(q), false), "{q}");
-        }
     }
 
     #[test]

@@ -216,30 +216,12 @@ pub(crate) fn clamp_min(x: f32, eps: f32) -> f32 {
 /// the integer in the low mantissa bits.
 #[inline(always)]
 pub fn to_nibble(q: f32) -> u8 {
-    // The margin is dead code here and compiles away.
-    nibble_and_margin(q).0
-}
-
-/// How far (absolute) a quotient computed as `t * (1/scale)` may be from the IEEE `t /
-/// scale` below 16, with room to spare: both are within two f32 ulps (`2^-19` at most)
-/// of each other there, so only a quotient this close to a half-integer can round to
-/// another nibble (see `kernels`, which redoes such groups exactly).
-pub(crate) const NEAR_HALF: f32 = 1.0 / 65_536.0;
-
-/// [`to_nibble`] of `q`, and whether `q` lies within [`NEAR_HALF`] of a nibble boundary
-/// (a half-integer in `[0.5, 14.5]`), where a neighbouring quotient could round the
-/// other way. Outside `[0, 15]` the clamp decides the nibble and no boundary is near.
-#[inline(always)]
-pub(crate) fn nibble_and_margin(q: f32) -> (u8, bool) {
     const TWO23: f32 = 8_388_608.0;
     // Two selects in sequence, each the pattern of one `vmaxps` / `vminps` (a nested
     // select compiled to two compares, an add and a blend). NaN fails `q > 0`: 0.
     let a = if q > 0.0 { q } else { 0.0 };
     let c = if a < 15.0 { a } else { 15.0 };
-    let big = c + TWO23;
-    // `big - 2^23` is `c` rounded to an integer, and the difference from `c` is exact.
-    let off = c - (big - TWO23);
-    ((big.to_bits() & 0xF) as u8, off.abs() >= 0.5 - NEAR_HALF)
+    ((c + TWO23).to_bits() & 0xF) as u8
 }
 
 /// What quantizing the elements of one group needs: `u = to_nibble(op((x - min_val) / scale))`.

@@ -495,7 +495,7 @@ impl Bf16Nibbles {
     /// only scales of at least 2^-100 (`r <= 2^100`): a subnormal `t = x - min_val` then
     /// gives `|t * r| < 2^-26`, and a subnormal product is below 2^-126, both nibble 0
     /// whether flushed or not. Values are finite or infinite, never NaN (a group holding
-    /// NaN or infinity has a NaN or infinite scale and takes the exact path).
+    /// NaN or infinity has a NaN or infinite scale and takes the division).
     #[inline(always)]
     pub(crate) fn run(self, xs: &[u16], min_val: f32, r: f32, u: &mut [u8]) -> bool {
         if !(xs.len().is_multiple_of(32) && u.len() == xs.len()) {
