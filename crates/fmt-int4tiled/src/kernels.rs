@@ -44,7 +44,9 @@
 //! ([`crate::x86`]); lower levels look up tables kept in memory.
 
 use half::bf16;
-use quant_core::dtype::bf16_slice_bits;
+use quant_core::dtype::Bits16;
+#[cfg(target_arch = "x86_64")]
+use quant_core::dtype::{bf16_slice_bits, f16_slice_bits};
 use quant_core::simd::{self, Level};
 use quant_core::stream::{Fence, StoreMode, write_bytes};
 use quant_core::strips::Strip;
@@ -53,12 +55,13 @@ use quant_core::{DType, Element, widened};
 use crate::format::Geometry;
 use crate::layout::{K_TILE, LANES, N_TILE};
 use crate::qparams::{
-    GroupParams, QParamsPath, group_params_batch, min_max, min_max_bf16, rb, to_nibble,
+    GroupParams, QParamsPath, group_params_batch, min_max, min_max_bf16, min_max_f16, rb, to_nibble,
 };
 
 /// Nibbles of one group: `u = to_nibble(op((x - min_val) / scale))`.
 ///
-/// The f32 path divides (module docs). On the bf16 path, where the scale's reciprocal
+/// The f32 path divides (module docs), f16 input widened in registers at AVX-512
+/// ([`crate::x86::F16Nibbles`]). On the bf16 path, where the scale's reciprocal
 /// is a normal f32 ([`f32_reciprocal`]) and `min_val` is finite, one f32 multiply by it
 /// stands in for the division (exact there, module docs); with bf16 input,
 /// [`Level::Avx512`] and AVX-512 BF16 round in hardware ([`crate::x86::Bf16Nibbles`])
@@ -97,6 +100,13 @@ fn group_nibbles<T: Element>(
             }
         }
         (QParamsPath::F32, _) => {
+            #[cfg(target_arch = "x86_64")]
+            if let Some(hw) = caps.nibbles_f16
+                && let Some(bits) = f16_slice_bits(xs)
+                && hw.run(bits, p.min_val, p.scale, u)
+            {
+                return;
+            }
             for (o, &x) in u.iter_mut().zip(xs) {
                 *o = to_nibble((x.to_f32() - p.min_val) / p.scale);
             }
@@ -112,16 +122,30 @@ pub(crate) struct Caps {
     #[cfg(target_arch = "x86_64")]
     nibbles_bf16: Option<crate::x86::Bf16Nibbles>,
     #[cfg(target_arch = "x86_64")]
+    nibbles_f16: Option<crate::x86::F16Nibbles>,
+    #[cfg(target_arch = "x86_64")]
     packer: Option<crate::x86::Packer>,
 }
 
 impl Caps {
+    /// Whether f16 input has its own nibble kernel here (else it is widened first).
+    #[inline(always)]
+    fn reads_f16(&self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return self.nibbles_f16.is_some();
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
     /// The kernels of `level` that this CPU has.
     pub(crate) fn new(level: Level) -> Caps {
         #[cfg(target_arch = "x86_64")]
         return Caps {
             nibbles_bf16: (level == Level::Avx512)
                 .then(crate::x86::Bf16Nibbles::detect)
+                .flatten(),
+            nibbles_f16: (level == Level::Avx512)
+                .then(crate::x86::F16Nibbles::detect)
                 .flatten(),
             packer: (level == Level::Avx512)
                 .then(crate::x86::Packer::detect)
@@ -360,12 +384,20 @@ pub(crate) fn quantize_tile<T: Element>(
             let src = &x[n * geo.k + g0 * g..n * geo.k + (g0 + nb) * g];
             let (mut lo, mut hi) = ([0f32; BATCH], [0f32; BATCH]);
             // bf16 is read as it is: its extremes from the bits, its nibbles widened in
-            // registers. Other 16-bit input is widened once into the scratch.
-            let bits = bf16_slice_bits(src);
+            // registers; so is f16 where its nibble kernel runs. Otherwise 16-bit input
+            // is widened once into the scratch.
+            let bits = match Bits16::of(src) {
+                Some(Bits16::F16(_)) if !caps.reads_f16() => None,
+                b => b,
+            };
             let w: &[f32] = match bits {
                 Some(b) => {
-                    for (i, bg) in b.chunks_exact(g).enumerate() {
-                        (lo[i], hi[i]) = min_max_bf16(bg);
+                    let min_max_of = match b {
+                        Bits16::Bf16(_) => min_max_bf16,
+                        Bits16::F16(_) => min_max_f16,
+                    };
+                    for (i, bg) in b.bits().chunks_exact(g).enumerate() {
+                        (lo[i], hi[i]) = min_max_of(bg);
                     }
                     &[]
                 }

@@ -167,9 +167,33 @@ pub fn min_max(xs: &[f32]) -> (f32, f32) {
 /// ```
 #[inline(always)]
 pub fn min_max_bf16(bits: &[u16]) -> (f32, f32) {
+    min_max_bits::<0x7F80>(bits, quant_core::dtype::f32_from_bf16_bits)
+}
+
+/// [`min_max_bf16`] for f16 values given as bits: the same integer keys (f16 is
+/// sign-magnitude too), `+inf` at `0x7C00`.
+///
+/// ```
+/// use half::f16;
+/// use fmt_int4tiled::qparams::{min_max, min_max_f16};
+/// let xs = [1.5f32, -3.0, 6e-8, 65504.0];
+/// let bits: Vec<u16> = xs.iter().map(|&x| f16::from_f32(x).to_bits()).collect();
+/// let wide: Vec<f32> = bits.iter().map(|&b| f16::from_bits(b).to_f32()).collect();
+/// assert_eq!(min_max_f16(&bits), min_max(&wide));
+/// ```
+#[inline(always)]
+pub fn min_max_f16(bits: &[u16]) -> (f32, f32) {
+    min_max_bits::<0x7C00>(bits, |b| half::f16::from_bits(b).to_f32())
+}
+
+/// The fold of [`min_max_bf16`] and [`min_max_f16`]: `POS_INF` is the format's `+inf`
+/// pattern, `widen` its exact conversion to f32 (called twice per call, on the
+/// extremes).
+#[inline(always)]
+fn min_max_bits<const POS_INF: i16>(bits: &[u16], widen: impl Fn(u16) -> f32) -> (f32, f32) {
     const L: usize = 32;
-    const POS_INF: i16 = 0x7F80;
-    const NEG_INF: i16 = (0xFF80u16 ^ 0x7FFF) as i16;
+    let neg_inf = (POS_INF as u16 | 0x8000) ^ 0x7FFF;
+    let neg_inf = neg_inf as i16;
     let key = |b: u16| (b ^ (((b as i16) >> 15) as u16 & 0x7FFF)) as i16;
     let mut mn = [i16::MAX; L];
     let mut mx = [i16::MIN; L];
@@ -191,14 +215,11 @@ pub fn min_max_bf16(bits: &[u16]) -> (f32, f32) {
     if bits.is_empty() {
         return min_max(&[]);
     }
-    if hi > POS_INF || lo < NEG_INF {
+    if hi > POS_INF || lo < neg_inf {
         return (f32::NAN, f32::NAN);
     }
     // The key map is its own inverse.
-    let value = |k: i16| {
-        let b = k as u16;
-        quant_core::dtype::f32_from_bf16_bits(b ^ (((k >> 15) as u16) & 0x7FFF))
-    };
+    let value = |k: i16| widen(k as u16 ^ (((k >> 15) as u16) & 0x7FFF));
     (value(lo), value(hi))
 }
 
@@ -358,36 +379,49 @@ mod tests {
     }
 
     #[test]
-    fn min_max_bf16_equals_min_max_of_the_widened_values() {
-        let mut st = XorShift64::new(0x9E37_79B9_7F4A_7C15);
-        let mut next = move || st.next_u64();
-        let specials = [
-            0x7FC0u16, 0xFFC1, 0x7F80, 0xFF80, 0x0000, 0x8000, 0x0001, 0x8001, 0x7F7F, 0xFF7F,
+    fn min_max_bits_equal_min_max_of_the_widened_values() {
+        type Format = (fn(&[u16]) -> (f32, f32), fn(u16) -> f32, [u16; 10]);
+        let formats: [Format; 2] = [
+            (
+                min_max_bf16,
+                |b| f32::from_bits(u32::from(b) << 16),
+                [
+                    0x7FC0, 0xFFC1, 0x7F80, 0xFF80, 0x0000, 0x8000, 0x0001, 0x8001, 0x7F7F, 0xFF7F,
+                ],
+            ),
+            (
+                min_max_f16,
+                |b| half::f16::from_bits(b).to_f32(),
+                [
+                    0x7E00, 0xFC01, 0x7C00, 0xFC00, 0x0000, 0x8000, 0x0001, 0x8001, 0x7BFF, 0xFBFF,
+                ],
+            ),
         ];
-        for len in [0usize, 1, 5, 31, 32, 33, 64, 128, 200] {
-            for round in 0..300 {
-                let bits: Vec<u16> = (0..len)
-                    .map(|i| {
-                        let r = next();
-                        if (round % 3 == 0 && i % 17 == 3) || r % 61 == 0 {
-                            specials[(r >> 20) as usize % specials.len()]
-                        } else {
-                            (r >> 8) as u16
-                        }
-                    })
-                    .collect();
-                let wide: Vec<f32> = bits
-                    .iter()
-                    .map(|&b| f32::from_bits(u32::from(b) << 16))
-                    .collect();
-                let (a, b) = min_max_bf16(&bits);
-                let (c, d) = min_max(&wide);
-                // Equal as values (NaN with NaN); a zero extreme's sign may differ.
-                let same = |x: f32, y: f32| (x.is_nan() && y.is_nan()) || x == y;
-                assert!(
-                    same(a, c) && same(b, d),
-                    "{bits:04x?}: ({a}, {b}) vs ({c}, {d})"
-                );
+        for (min_max_of, widen, specials) in formats {
+            let mut st = XorShift64::new(0x9E37_79B9_7F4A_7C15);
+            let mut next = move || st.next_u64();
+            for len in [0usize, 1, 5, 31, 32, 33, 64, 128, 200] {
+                for round in 0..300 {
+                    let bits: Vec<u16> = (0..len)
+                        .map(|i| {
+                            let r = next();
+                            if (round % 3 == 0 && i % 17 == 3) || r % 61 == 0 {
+                                specials[(r >> 20) as usize % specials.len()]
+                            } else {
+                                (r >> 8) as u16
+                            }
+                        })
+                        .collect();
+                    let wide: Vec<f32> = bits.iter().map(|&b| widen(b)).collect();
+                    let (a, b) = min_max_of(&bits);
+                    let (c, d) = min_max(&wide);
+                    // Equal as values (NaN with NaN); a zero extreme's sign may differ.
+                    let same = |x: f32, y: f32| (x.is_nan() && y.is_nan()) || x == y;
+                    assert!(
+                        same(a, c) && same(b, d),
+                        "{bits:04x?}: ({a}, {b}) vs ({c}, {d})"
+                    );
+                }
             }
         }
     }

@@ -26,16 +26,17 @@
 
 use std::arch::x86_64::{
     __m256i, __m512, __m512i, _CMP_GT_OQ, _CMP_NEQ_UQ, _MM_FROUND_NO_EXC,
-    _MM_FROUND_TO_NEAREST_INT, _MM_HINT_T1, _mm_prefetch, _mm256_loadu_si256, _mm256_storeu_si256,
-    _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi256_si512,
-    _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmp_ps_mask, _mm512_cmplt_epi32_mask,
-    _mm512_cvtepu8_epi16, _mm512_cvtepu16_epi32, _mm512_cvtne2ps_pbh, _mm512_cvtps_ph,
+    _MM_FROUND_TO_NEAREST_INT, _MM_HINT_T1, _mm_prefetch, _mm_storeu_si128, _mm256_loadu_si256,
+    _mm256_storeu_si256, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512,
+    _mm512_castsi256_si512, _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmp_ps_mask,
+    _mm512_cmplt_epi32_mask, _mm512_cvtepi32_epi8, _mm512_cvtepu8_epi16, _mm512_cvtepu16_epi32,
+    _mm512_cvtne2ps_pbh, _mm512_cvtph_ps, _mm512_cvtps_ph, _mm512_div_ps,
     _mm512_extracti64x4_epi64, _mm512_inserti64x4, _mm512_loadu_si512, _mm512_mask_add_epi32,
     _mm512_mask_blend_epi32, _mm512_mask_mov_epi32, _mm512_mask_storeu_epi32,
-    _mm512_maskz_loadu_epi8, _mm512_maskz_loadu_epi32, _mm512_max_epi16, _mm512_min_epi16,
-    _mm512_mul_ps, _mm512_or_si512, _mm512_permutex2var_epi8, _mm512_permutexvar_epi16,
-    _mm512_permutexvar_epi32, _mm512_set1_epi16, _mm512_set1_epi32, _mm512_set1_ps,
-    _mm512_setr_epi32, _mm512_setr_ps, _mm512_setzero_ps, _mm512_setzero_si512,
+    _mm512_maskz_loadu_epi8, _mm512_maskz_loadu_epi32, _mm512_max_epi16, _mm512_max_ps,
+    _mm512_min_epi16, _mm512_min_ps, _mm512_mul_ps, _mm512_or_si512, _mm512_permutex2var_epi8,
+    _mm512_permutexvar_epi16, _mm512_permutexvar_epi32, _mm512_set1_epi16, _mm512_set1_epi32,
+    _mm512_set1_ps, _mm512_setr_epi32, _mm512_setr_ps, _mm512_setzero_ps, _mm512_setzero_si512,
     _mm512_shuffle_i32x4, _mm512_slli_epi16, _mm512_sllv_epi32, _mm512_srlv_epi32, _mm512_sub_ps,
     _mm512_testn_epi32_mask, _mm512_unpackhi_epi16, _mm512_unpacklo_epi16,
 };
@@ -508,6 +509,56 @@ impl Bf16Nibbles {
     }
 }
 
+/// `u[i] = to_nibble((x[i] - min_val) / scale)` for a group of f16 bit patterns (the f32
+/// path of `kernels::group_nibbles`), 16 values per step: widened by `vcvtph2ps`
+/// (exact), the subtraction and the IEEE division in f32 lanes, then `qparams::to_nibble`
+/// as two clamps (`vmaxps` against 0 sends NaN and `-0` to `+0`, as its selects do) and
+/// the 2^23 addition, whose low byte `vpmovdb` stores.
+#[target_feature(enable = "avx512f")]
+fn nibbles_f16(xs: &[u16], min_val: f32, scale: f32, u: &mut [u8]) {
+    let mn = _mm512_set1_ps(min_val);
+    let sc = _mm512_set1_ps(scale);
+    let zero = _mm512_setzero_ps();
+    let fifteen = _mm512_set1_ps(15.0);
+    let magic = _mm512_set1_ps(8_388_608.0); // 2^23
+    for (x, o) in xs.chunks_exact(16).zip(u.chunks_exact_mut(16)) {
+        // SAFETY: `x` is 16 u16 (one unaligned 256-bit load).
+        let v = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(x.as_ptr().cast()) });
+        let q = _mm512_div_ps(_mm512_sub_ps(v, mn), sc);
+        // `vmaxps` returns its second operand when either is NaN or both are zeros.
+        let c = _mm512_min_ps(_mm512_max_ps(q, zero), fifteen);
+        let n = _mm512_cvtepi32_epi8(_mm512_castps_si512(_mm512_add_ps(c, magic)));
+        // SAFETY: `o` is 16 bytes (one unaligned 128-bit store).
+        unsafe { _mm_storeu_si128(o.as_mut_ptr().cast(), n) };
+    }
+}
+
+/// Proof that this CPU runs [`nibbles_f16`] (AVX-512 F), found once per quantize task
+/// like [`Bf16Nibbles`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct F16Nibbles(());
+
+impl F16Nibbles {
+    /// The proof, where the CPU has AVX-512 ([`Level::Avx512`]).
+    pub(crate) fn detect() -> Option<F16Nibbles> {
+        Level::Avx512.is_supported().then_some(F16Nibbles(()))
+    }
+
+    /// `u[i] = to_nibble((x[i] - min_val) / scale)` for f16 bit patterns `xs`, the f32
+    /// path's nibbles for any `min_val` and `scale` (the division is the specification).
+    /// Returns `false` (nothing written) unless `xs` and `u` have the same length, a
+    /// multiple of 16.
+    #[inline(always)]
+    pub(crate) fn run(self, xs: &[u16], min_val: f32, scale: f32, u: &mut [u8]) -> bool {
+        if !(xs.len().is_multiple_of(16) && u.len() == xs.len()) {
+            return false;
+        }
+        // SAFETY: the CPU has AVX-512 F (`self` exists only where `detect` found it).
+        unsafe { nibbles_f16(xs, min_val, scale, u) };
+        true
+    }
+}
+
 /// Which AVX-512 packer this CPU runs, found once by [`Packer::detect`] and held by the
 /// quantize task (like [`Bf16Nibbles`]) rather than probed for every row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -632,6 +683,52 @@ mod tests {
     use super::*;
     use half::bf16;
     use quantfmt_testkit::XorShift64;
+
+    /// [`F16Nibbles::run`] against `to_nibble((x - min_val) / scale)` on every f16
+    /// pattern (NaN, infinities, zeros, subnormals), under qparams from an ordinary
+    /// group's through boundary-exact quotients to subnormal, infinite and NaN scales
+    /// and infinite offsets.
+    #[test]
+    fn f16_nibbles_equal_the_division_on_every_input() {
+        use crate::qparams::to_nibble;
+        let Some(hw) = F16Nibbles::detect() else {
+            eprintln!("note: no AVX-512 on this CPU: skipped");
+            return;
+        };
+        let xs: Vec<u16> = (0..=u16::MAX).collect();
+        let wide: Vec<f32> = xs
+            .iter()
+            .map(|&b| half::f16::from_bits(b).to_f32())
+            .collect();
+        let mut u = vec![0xFFu8; xs.len()];
+        let cases = [
+            (-2.0f32, 4.0 / 15.0),
+            (-7.5 * 0.25, 0.25),
+            (0.0, 1.0),
+            (-8.0 * 2.0f32.powi(-20), 2.0f32.powi(-20)),
+            (-1e-3, 1e-45),
+            (0.0, f32::MIN_POSITIVE),
+            (-65504.0, 65504.0 * 2.0 / 15.0),
+            (f32::NEG_INFINITY, 1.0),
+            (f32::INFINITY, 1.0),
+            (0.5, f32::INFINITY),
+            (0.5, f32::NAN),
+            (f32::NAN, 1.0),
+            (-0.0, 3.0),
+        ];
+        for (min_val, scale) in cases {
+            assert!(hw.run(&xs, min_val, scale, &mut u));
+            for ((&b, &x), &got) in xs.iter().zip(&wide).zip(&u) {
+                let want = to_nibble((x - min_val) / scale);
+                assert_eq!(got, want, "{b:#06x}, min {min_val:e}, scale {scale:e}");
+            }
+        }
+        // Lengths that are not whole steps are refused, with nothing written.
+        u.fill(0xFF);
+        assert!(!hw.run(&xs[..24], 0.0, 1.0, &mut u[..24]));
+        assert!(!hw.run(&xs[..32], 0.0, 1.0, &mut u[..16]));
+        assert!(u.iter().all(|&b| b == 0xFF));
+    }
 
     /// Both AVX-512 packers against the portable one, word for word, for every
     /// `inner_k_tiles` (`half` 1, 2, 4), each row of the n-tile and rows of one to five
