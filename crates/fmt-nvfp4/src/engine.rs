@@ -25,11 +25,11 @@
 
 use half::bf16;
 use quant_core::block_max::{
-    NanRule, block_abs_max, block_abs_max_bf16, block_abs_max_f16, column_abs_max_bf16,
+    NanRule, block_abs_max, block_abs_max_bf16, block_abs_max_f16, column_abs_max_bits, column_key,
 };
 use quant_core::codec::{e2m1, e4m3};
 use quant_core::cpu::{amax_f32, fmax_nan_loses};
-use quant_core::dtype::f32_from_bf16_bits;
+use quant_core::dtype::{Bits16, f32_from_bf16_bits};
 use quant_core::simd::Level;
 use quant_core::stream::{Fence, StoreMode, write_bytes};
 use quant_core::strips::{Strip, column_strips};
@@ -442,18 +442,24 @@ fn slab<T: Element>(
         rowwise_2d_only(p, k, rstride, job.i0, x, rd, rs, s);
         return;
     }
-    // The 1-D columnwise-only recipe on bf16 or f32: straight from the input, nothing
-    // widened.
+    // The 1-D columnwise-only recipe on f32, bf16 or (at AVX-512) f16: straight from
+    // the input, nothing widened.
     let direct = job.row.is_none() && !p.two_d && !p.rht && p.four_over_six.is_none();
-    if let (Some(slab), Some(col)) = (Slab::of(x).filter(|_| direct), job.col.as_mut()) {
+    let slab = Slab::of(x, p.level).filter(|_| direct);
+    if let (Some(slab), Some(col)) = (slab, job.col.as_mut()) {
         for c0 in (0..k).step_by(CHUNK) {
             let cw = CHUNK.min(k - c0);
             // One call per variant, so that each inlined copy sees its variant as a
             // constant (one call with `slab` ran bf16 2-3 % slower).
             match slab {
                 Slab::F32(w) => columnwise_chunk_direct(p, k, job.i0, c0, cw, Slab::F32(w), col, s),
-                Slab::Bf16(b) => {
-                    columnwise_chunk_direct(p, k, job.i0, c0, cw, Slab::Bf16(b), col, s)
+                Slab::Bits(Bits16::Bf16(b)) => {
+                    let slab = Slab::Bits(Bits16::Bf16(b));
+                    columnwise_chunk_direct(p, k, job.i0, c0, cw, slab, col, s)
+                }
+                Slab::Bits(Bits16::F16(b)) => {
+                    let slab = Slab::Bits(Bits16::F16(b));
+                    columnwise_chunk_direct(p, k, job.i0, c0, cw, slab, col, s)
                 }
             }
         }
@@ -1204,11 +1210,31 @@ fn col_globals(p: &Params<'_>, c0: usize, cw: usize) -> ([f32; CHUNK], [f32; CHU
     (se, sd)
 }
 
-/// Two neighbouring rows of a columnwise group, f32 or bf16 bits.
+/// Two neighbouring rows of a columnwise group, f32 or bf16 or f16 bits.
 #[derive(Clone, Copy)]
 enum Pair<'a> {
     F32(&'a [f32], &'a [f32]),
     Bf16(&'a [u16], &'a [u16]),
+    F16(&'a [u16], &'a [u16]),
+}
+
+impl<'a> Pair<'a> {
+    /// The two rows as the AVX-512 encoder's runs.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn runs(self) -> (Run<'a>, Run<'a>) {
+        match self {
+            Pair::F32(a, b) => (Run::F32(a), Run::F32(b)),
+            Pair::Bf16(a, b) => (Run::Bf16(a), Run::Bf16(b)),
+            Pair::F16(a, b) => (Run::F16(a), Run::F16(b)),
+        }
+    }
+}
+
+/// An f16 value's bits widened (exact), for the portable pair loops.
+#[inline(always)]
+fn f32_from_f16_bits(b: u16) -> f32 {
+    half::f16::from_bits(b).to_f32()
 }
 
 /// `out[c] = code(lo[c] * enc[c]) | code(hi[c] * enc[c]) << 4` (round to nearest): the
@@ -1218,10 +1244,7 @@ enum Pair<'a> {
 fn pairs_rn(level: Level, pair: Pair<'_>, enc: &[f32], out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx512 {
-        let (lo, hi) = match pair {
-            Pair::F32(a, b) => (Run::F32(a), Run::F32(b)),
-            Pair::Bf16(a, b) => (Run::Bf16(a), Run::Bf16(b)),
-        };
+        let (lo, hi) = pair.runs();
         if crate::x86_encode::encode_pairs_rn(lo, hi, enc, out) {
             return;
         }
@@ -1240,6 +1263,12 @@ fn pairs_rn(level: Level, pair: Pair<'_>, enc: &[f32], out: &mut [u8]) {
                 *d = code(w(x), e) | code(w(y), e) << 4;
             }
         }
+        Pair::F16(a, b) => {
+            let w = f32_from_f16_bits;
+            for (((d, &x), &y), &e) in out.iter_mut().zip(a).zip(b).zip(enc) {
+                *d = code(w(x), e) | code(w(y), e) << 4;
+            }
+        }
     }
 }
 
@@ -1253,10 +1282,7 @@ fn pairs_rn(level: Level, pair: Pair<'_>, enc: &[f32], out: &mut [u8]) {
 fn pairs_sr(level: Level, pair: Pair<'_>, enc: &[f32], words: &[u32], shift: u32, out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx512 {
-        let (lo, hi) = match pair {
-            Pair::F32(a, b) => (Run::F32(a), Run::F32(b)),
-            Pair::Bf16(a, b) => (Run::Bf16(a), Run::Bf16(b)),
-        };
+        let (lo, hi) = pair.runs();
         if crate::x86_encode::encode_pairs_sr(lo, hi, enc, words, shift, out) {
             return;
         }
@@ -1274,6 +1300,12 @@ fn pairs_sr(level: Level, pair: Pair<'_>, enc: &[f32], words: &[u32], shift: u32
         }
         Pair::Bf16(a, b) => {
             let f = f32_from_bf16_bits;
+            for (((d, &e), &w), (&x, &y)) in cols.zip(a.iter().zip(b)) {
+                *d = pair_byte(f(x), f(y), e, w);
+            }
+        }
+        Pair::F16(a, b) => {
+            let f = f32_from_f16_bits;
             for (((d, &e), &w), (&x, &y)) in cols.zip(a.iter().zip(b)) {
                 *d = pair_byte(f(x), f(y), e, w);
             }
@@ -1436,27 +1468,33 @@ fn columnwise_chunk(
     store_columnwise(p, c0, cw, rows, &scales, col, s);
 }
 
-/// A slab's input as it is, for [`columnwise_chunk_direct`]: f32 values, or bf16 bits.
+/// A slab's input as it is, for [`columnwise_chunk_direct`]: f32 values, or bf16 or
+/// f16 bits.
 #[derive(Clone, Copy)]
 enum Slab<'a> {
     F32(&'a [f32]),
-    Bf16(&'a [u16]),
+    Bits(Bits16<'a>),
 }
 
 impl<'a> Slab<'a> {
-    /// `x` as f32 or bf16 bits; `None` for the other input types (f16), which widen.
-    fn of<T: Element>(x: &'a [T]) -> Option<Slab<'a>> {
-        if let Some(bits) = quant_core::dtype::bf16_slice_bits(x) {
-            return Some(Slab::Bf16(bits));
+    /// `x` as f32, or bf16 or f16 bits. f16 only at [`Level::Avx512`], whose encoder
+    /// widens it in the register (the portable pair loops widen value by value: below
+    /// AVX-512 f16 is widened into the scratch first, in bulk).
+    fn of<T: Element>(x: &'a [T], level: Level) -> Option<Slab<'a>> {
+        match Bits16::of(x) {
+            Some(b @ Bits16::Bf16(_)) => Some(Slab::Bits(b)),
+            Some(b @ Bits16::F16(_)) => (level == Level::Avx512).then_some(Slab::Bits(b)),
+            None => {
+                let w = bytemuck::try_cast_slice::<T, f32>(x).ok();
+                w.filter(|_| T::DTYPE == DType::F32).map(Slab::F32)
+            }
         }
-        let w = bytemuck::try_cast_slice::<T, f32>(x).ok();
-        w.filter(|_| T::DTYPE == DType::F32).map(Slab::F32)
     }
 
     fn len(self) -> usize {
         match self {
             Slab::F32(w) => w.len(),
-            Slab::Bf16(b) => b.len(),
+            Slab::Bits(b) => b.len(),
         }
     }
 
@@ -1466,7 +1504,7 @@ impl<'a> Slab<'a> {
     fn prefetch(self, at: std::ops::Range<usize>) {
         match self {
             Slab::F32(w) => simd::prefetch(&w[at]),
-            Slab::Bf16(b) => simd::prefetch(&b[at]),
+            Slab::Bits(b) => simd::prefetch(&b.bits()[at]),
         }
     }
 
@@ -1475,14 +1513,16 @@ impl<'a> Slab<'a> {
     fn pair(self, lo: std::ops::Range<usize>, hi: std::ops::Range<usize>) -> Pair<'a> {
         match self {
             Slab::F32(w) => Pair::F32(&w[lo], &w[hi]),
-            Slab::Bf16(b) => Pair::Bf16(&b[lo], &b[hi]),
+            Slab::Bits(Bits16::Bf16(b)) => Pair::Bf16(&b[lo], &b[hi]),
+            Slab::Bits(Bits16::F16(b)) => Pair::F16(&b[lo], &b[hi]),
         }
     }
 }
 
-/// [`columnwise_chunk`] of f32 or bf16 input read in place, for the 1-D recipe without
-/// RHT or 4over6 (round to nearest or stochastic): each 16-row group's column maxima
-/// folded on the input rows (bf16 on the bits, [`column_abs_max_bf16`]) and its row
+/// [`columnwise_chunk`] of f32, bf16 or f16 input read in place, for the 1-D recipe
+/// without RHT or 4over6 (round to nearest or stochastic): each 16-row group's column
+/// maxima folded on the input rows (16-bit input on the bits, [`column_abs_max_bits`])
+/// and its row
 /// pairs encoded from them ([`pairs_rn`], [`pairs_sr`]), so the chunk is never copied
 /// into the widened scratch (for f32 that copy, a `memmove`, was a third of the
 /// profile). The same bytes: the column amax is the same NaN-ignoring maximum, and the
@@ -1512,14 +1552,14 @@ fn columnwise_chunk_direct(
         };
         let mut amax = [0f32; CHUNK];
         match slab {
-            Slab::Bf16(b) => {
+            Slab::Bits(bits) => {
                 let mut keys = [0u16; CHUNK];
                 for r in g * BLOCK..(g + 1) * BLOCK {
                     ahead(r);
-                    column_abs_max_bf16(&b[at(r)], NanRule::Ignore, &mut keys[..cw]);
+                    column_abs_max_bits(bits.slice(at(r)), NanRule::Ignore, &mut keys[..cw]);
                 }
                 for (a, &key) in amax.iter_mut().zip(&keys) {
-                    *a = f32_from_bf16_bits(key);
+                    *a = f32::from_bits(column_key(bits, key));
                 }
             }
             Slab::F32(w) => {

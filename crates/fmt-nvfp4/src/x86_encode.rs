@@ -33,7 +33,6 @@ use crate::scale::BLOCK;
 pub(crate) enum Run<'a> {
     F32(&'a [f32]),
     Bf16(&'a [u16]),
-    /// Rowwise runs only ([`encode_run`]); the pair encoders decline it.
     F16(&'a [u16]),
 }
 
@@ -112,6 +111,8 @@ pub(crate) fn encode_pairs_rn(lo: Run<'_>, hi: Run<'_>, enc: &[f32], out: &mut [
         (Run::F32(a), Run::F32(b)) => unsafe { pairs_f32(a, b, enc, out) },
         // SAFETY: as above.
         (Run::Bf16(a), Run::Bf16(b)) => unsafe { pairs_bf16(a, b, enc, out) },
+        // SAFETY: as above.
+        (Run::F16(a), Run::F16(b)) => unsafe { pairs_f16(a, b, enc, out) },
         _ => return false,
     }
     true
@@ -149,6 +150,8 @@ pub(crate) fn encode_pairs_sr(
         (Run::F32(a), Run::F32(b)) => unsafe { pairs_f32_sr(a, b, enc, words, shift, out) },
         // SAFETY: as above.
         (Run::Bf16(a), Run::Bf16(b)) => unsafe { pairs_bf16_sr(a, b, enc, words, shift, out) },
+        // SAFETY: as above.
+        (Run::F16(a), Run::F16(b)) => unsafe { pairs_f16_sr(a, b, enc, words, shift, out) },
         _ => return false,
     }
     true
@@ -233,6 +236,39 @@ fn pairs_bf16(a: &[u16], b: &[u16], enc: &[f32], out: &mut [u8]) {
     )
 }
 
+/// [`encode_pairs_rn`] of f16 rows (bits, widened exactly in the register) after its
+/// checks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+fn pairs_f16(a: &[u16], b: &[u16], enc: &[f32], out: &mut [u8]) {
+    let k = Consts::new();
+    pairs_with(
+        |c| widen_f16(&a[c..c + 16]),
+        |c| widen_f16(&b[c..c + 16]),
+        |_, _, v| codes(v, &k),
+        enc,
+        out,
+    )
+}
+
+/// [`encode_pairs_sr`] of f16 rows (bits, widened exactly in the register) after its
+/// checks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+fn pairs_f16_sr(a: &[u16], b: &[u16], enc: &[f32], words: &[u32], shift: u32, out: &mut [u8]) {
+    let lo = |c: usize| widen_f16(&a[c..c + 16]);
+    let hi = |c: usize| widen_f16(&b[c..c + 16]);
+    pairs_sr_with(lo, hi, enc, words, shift, out)
+}
+
+/// 16 f16 values (bits) widened exactly into f32 lanes (`vcvtph2ps`): the values
+/// `f16::to_f32` gives the portable loops.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn widen_f16(v: &[u16]) -> __m512 {
+    assert_eq!(v.len(), 16, "widen_f16: one vector of 16 values");
+    // SAFETY: `v` is 16 u16 (one unaligned 256-bit load).
+    _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(v.as_ptr().cast::<__m256i>()) })
+}
+
 /// 16 bf16 values (bits) widened exactly into f32 lanes.
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -310,11 +346,7 @@ fn encode_bf16(w: &[u16], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u
 fn encode_f16(w: &[u16], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8], ahead: &[u8]) {
     encode_with(
         #[inline(always)]
-        |b| {
-            let v = &w[b * BLOCK..(b + 1) * BLOCK];
-            // SAFETY: `v` is 16 u16 (one unaligned 256-bit load).
-            _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(v.as_ptr().cast::<__m256i>()) })
-        },
+        |b| widen_f16(&w[b * BLOCK..(b + 1) * BLOCK]),
         enc,
         rnd,
         out,
@@ -751,9 +783,66 @@ mod tests {
             assert!(encode_run_sr(Run::F16(&h), &enc, &rnd, &mut out));
             assert_eq!(out, portable_sr(&wide, &enc, &rnd), "SR, multiplier {e}");
         }
-        // The pair encoders take f32 and bf16 rows only.
-        let f16s = Run::F16(&h[..BLOCK]);
-        assert!(!encode_pairs_rn(f16s, f16s, &[1.0; BLOCK], &mut [0; BLOCK]));
+    }
+
+    #[test]
+    fn pairs_equal_the_portable_codes_on_every_f16() {
+        if !supported() {
+            eprintln!("no AVX-512 VBMI: skipped");
+            return;
+        }
+        // Every f16 pattern in both rows of a pair (the second row reversed), under
+        // per-column multipliers that vary by lane, both roundings; the random byte of
+        // each value is byte `shift / 8` (low row) or the next (high row) of its word.
+        let lo: Vec<u16> = (0..=u16::MAX).collect();
+        let hi: Vec<u16> = lo.iter().rev().copied().collect();
+        let widen = |r: &[u16]| -> Vec<f32> {
+            r.iter()
+                .map(|&b| half::f16::from_bits(b).to_f32())
+                .collect()
+        };
+        let (lo32, hi32) = (widen(&lo), widen(&hi));
+        let enc: Vec<f32> = (0..lo.len())
+            .map(|c| [1.0f32, 0.5, 3.0, 1.0e-3, 7.5e2, 6.0 / 448.0][c % 6])
+            .collect();
+        let want: Vec<u8> = (0..lo.len())
+            .map(|c| e2m1::encode(lo32[c] * enc[c]) | e2m1::encode(hi32[c] * enc[c]) << 4)
+            .collect();
+        let mut out = vec![0u8; lo.len()];
+        assert!(encode_pairs_rn(
+            Run::F16(&lo),
+            Run::F16(&hi),
+            &enc,
+            &mut out
+        ));
+        assert_eq!(out, want);
+        let mut rng = XorShift32::new(0x51ED_270B);
+        let words: Vec<u32> = (0..lo.len()).map(|_| rng.next_u32()).collect();
+        let sr = |x: f32, r: u32| e2m1::encode(crate::sr::stochastic_round_e2m1(x, r & 0xFF));
+        for shift in [0u32, 16] {
+            let want: Vec<u8> = (0..lo.len())
+                .map(|c| {
+                    let w = words[c];
+                    sr(lo32[c] * enc[c], w >> shift) | sr(hi32[c] * enc[c], w >> (shift + 8)) << 4
+                })
+                .collect();
+            out.fill(0);
+            let (a, b) = (Run::F16(&lo), Run::F16(&hi));
+            assert!(encode_pairs_sr(a, b, &enc, &words, shift, &mut out));
+            assert_eq!(out, want, "SR, shift {shift}");
+            // The same values as f32 rows give the same bytes.
+            out.fill(0);
+            let (a, b) = (Run::F32(&lo32), Run::F32(&hi32));
+            assert!(encode_pairs_sr(a, b, &enc, &words, shift, &mut out));
+            assert_eq!(out, want, "SR f32, shift {shift}");
+        }
+        // Rows of different kinds are refused.
+        assert!(!encode_pairs_rn(
+            Run::F16(&lo),
+            Run::Bf16(&hi),
+            &enc,
+            &mut out
+        ));
     }
 
     /// The portable stochastic-rounding bytes: TE's rule, then the exact encoding of its
