@@ -990,33 +990,65 @@ mod tests {
         }
     }
 
+    /// What a [`LaneExps`] test varies with the input format: how the lanes are set, how
+    /// a row of bits is tagged, and the scalar specification of a code.
+    pub(super) struct LaneFormat {
+        pub set: fn(&mut LaneExps, Fp8, &[i32]) -> bool,
+        pub tag: for<'a> fn(&'a [u16]) -> Bits16<'a>,
+        pub want: fn(Fp8, u16, i32, bool) -> u8,
+    }
+
+    /// Every 16-bit pattern, in rows of `ks.len()` lanes, through lanes set to `ks`,
+    /// against `f.want`. `false` (after checking nothing) where this CPU has no AVX-512.
+    pub(super) fn check_lanes(f: &LaneFormat, fp8: Fp8, plus_zero: bool, ks: &[i32]) -> bool {
+        let level = crate::simd::level();
+        let mut lanes = LaneExps::new();
+        assert!((f.set)(&mut lanes, fp8, ks));
+        assert_eq!(lanes.len(), ks.len());
+        let src: Vec<u16> = (0..=u16::MAX).collect();
+        let mut dst = vec![0u8; ks.len()];
+        for row in src.chunks_exact(ks.len()) {
+            if !lanes.encode(level, (f.tag)(row), plus_zero, &mut dst) {
+                assert_ne!(level, Level::Avx512);
+                return false;
+            }
+            for ((&s, &d), &k) in row.iter().zip(&dst).zip(ks) {
+                assert_eq!(d, (f.want)(fp8, s, k, plus_zero), "{fp8:?} {s:#06x} k {k}");
+            }
+        }
+        true
+    }
+
+    /// [`check_lanes`] at 96 lanes (an odd number of vectors: the last one stored alone),
+    /// nine passes each shifting which exponent of `exact` a lane has, so every input
+    /// meets many.
+    pub(super) fn check_lane_passes(
+        f: &LaneFormat,
+        fp8: Fp8,
+        plus_zero: bool,
+        exact: &[i32],
+    ) -> bool {
+        (0..9).all(|pass| {
+            let ks: Vec<i32> = (0..96)
+                .map(|j| exact[(j * 37 + pass * 11) % exact.len()])
+                .collect();
+            check_lanes(f, fp8, plus_zero, &ks)
+        })
+    }
+
     #[test]
     fn lanes_equal_scalar_on_every_input() {
-        let level = crate::simd::level();
-        let src: Vec<u16> = (0..=u16::MAX).collect();
+        let bf16 = LaneFormat {
+            set: LaneExps::set,
+            tag: |r| Bits16::Bf16(r),
+            want: Fp8::encode,
+        };
         for fp8 in [Fp8::E4M3, Fp8::E5M2] {
             let exact: Vec<i32> = (-127..=126 - fp8.bias).collect();
             for plus_zero in [false, true] {
-                // 96 lanes (an odd number of vectors: the last one stored alone); each
-                // pass shifts which exponent a lane has, so every input meets many.
-                for pass in 0..9 {
-                    let ks: Vec<i32> = (0..96)
-                        .map(|j| exact[(j * 37 + pass * 11) % exact.len()])
-                        .collect();
-                    let mut lanes = LaneExps::new();
-                    assert!(lanes.set(fp8, &ks));
-                    assert_eq!(lanes.len(), 96);
-                    for row in src.chunks_exact(96) {
-                        let mut dst = [0u8; 96];
-                        if !lanes.encode(level, Bits16::Bf16(row), plus_zero, &mut dst) {
-                            assert_ne!(level, Level::Avx512);
-                            eprintln!("skipped: this CPU has no AVX-512");
-                            return;
-                        }
-                        for ((&s, &d), &k) in row.iter().zip(&dst).zip(&ks) {
-                            assert_eq!(d, fp8.encode(s, k, plus_zero), "{fp8:?} {s:#06x} k {k}");
-                        }
-                    }
+                if !check_lane_passes(&bf16, fp8, plus_zero, &exact) {
+                    eprintln!("skipped: this CPU has no AVX-512");
+                    return;
                 }
             }
         }
