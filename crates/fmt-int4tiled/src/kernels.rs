@@ -1,4 +1,4 @@
-//! Fast pack and dequantize: no division, no per-nibble loop.
+//! Fast quantize, pack and dequantize: no per-nibble loop.
 //!
 //! **Quantize.** torchao divides every element by the group's scale. The two qparam
 //! paths ([`QParamsPath`]) take that division in two forms:
@@ -74,10 +74,10 @@ fn group_nibbles<T: Element>(
     p: &GroupParams,
     u: &mut [u8],
 ) {
-    let reciprocal = if p.min_val.is_finite() {
-        f32_reciprocal(p.scale)
-    } else {
-        None
+    // The reciprocal serves the bf16 path only (the f32 path divides).
+    let reciprocal = match path {
+        QParamsPath::Bf16 if p.min_val.is_finite() => f32_reciprocal(p.scale),
+        _ => None,
     };
     match (path, reciprocal) {
         (QParamsPath::Bf16, Some(r)) => {

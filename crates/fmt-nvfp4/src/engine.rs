@@ -1522,10 +1522,9 @@ impl<'a> Slab<'a> {
 /// [`columnwise_chunk`] of f32, bf16 or f16 input read in place, for the 1-D recipe
 /// without RHT or 4over6 (round to nearest or stochastic): each 16-row group's column
 /// maxima folded on the input rows (16-bit input on the bits, [`column_abs_max_bits`])
-/// and its row
-/// pairs encoded from them ([`pairs_rn`], [`pairs_sr`]), so the chunk is never copied
-/// into the widened scratch (for f32 that copy, a `memmove`, was a third of the
-/// profile). The same bytes: the column amax is the same NaN-ignoring maximum, and the
+/// and its row pairs encoded from them ([`pairs_rn`], [`pairs_sr`]), so the chunk is
+/// never copied into the widened scratch (for f32 that copy, a `memmove`, was a third
+/// of the profile). The same bytes: the column amax is the same NaN-ignoring maximum, and the
 /// encoder sees the same (exactly widened) values.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
