@@ -570,12 +570,8 @@ pub(crate) fn run_slab<T: Element>(
                     for (e, &s) in ks.iter_mut().zip(scales.iter()) {
                         *e = pow2_exponent(s);
                     }
-                    let (lanes, fp8) = (&mut scratch.lanes, dt.pow2_codec());
-                    match Bits16::of(x) {
-                        Some(Bits16::Bf16(_)) => lanes.set(fp8, &ks[..cw]),
-                        Some(Bits16::F16(_)) => lanes.set_f16(fp8, &ks[..cw]),
-                        None => false,
-                    }
+                    Bits16::of(x)
+                        .is_some_and(|rows| scratch.lanes.set_for(rows, dt.pow2_codec(), &ks[..cw]))
                 };
                 false
             }

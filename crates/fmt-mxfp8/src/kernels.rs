@@ -691,11 +691,7 @@ fn group_bits<T: Element>(
         *e = 127 - i32::from(*c);
     }
     let lanes = &mut scratch.lanes;
-    let set = match bits {
-        Bits16::Bf16(_) => lanes.set(cfg.dtype.pow2_codec(), &ks[..cw]),
-        Bits16::F16(_) => lanes.set_f16(cfg.dtype.pow2_codec(), &ks[..cw]),
-    };
-    if !set {
+    if !lanes.set_for(bits, cfg.dtype.pow2_codec(), &ks[..cw]) {
         return false;
     }
     for i in rows {

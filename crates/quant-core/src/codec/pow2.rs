@@ -446,6 +446,23 @@ impl LaneExps {
         true
     }
 
+    /// [`LaneExps::set`] or [`LaneExps::set_f16`], by the format of `rows` (only the
+    /// format is read): for callers that hold bf16 or f16 rows alike.
+    ///
+    /// ```
+    /// use quant_core::codec::pow2::{Fp8, LaneExps};
+    /// use quant_core::dtype::Bits16;
+    /// let mut lanes = LaneExps::new();
+    /// assert!(lanes.set_for(Bits16::F16(&[]), Fp8::E4M3, &[0; 32]));
+    /// assert_eq!(lanes.len(), 32);
+    /// ```
+    pub fn set_for(&mut self, rows: Bits16<'_>, fp8: Fp8, ks: &[i32]) -> bool {
+        match rows {
+            Bits16::Bf16(_) => self.set(fp8, ks),
+            Bits16::F16(_) => self.set_f16(fp8, ks),
+        }
+    }
+
     /// Lanes set (0 before the first successful [`LaneExps::set`]).
     pub fn len(&self) -> usize {
         32 * (self.consts.len() + self.f16.len())
