@@ -126,6 +126,9 @@ pub(crate) struct Scratch {
     /// The tile keys of the slab starting at this address, folded ahead by the
     /// rowwise-only 128x128 walk of the slab before it.
     ahead: Option<(usize, Vec<u32>)>,
+    /// The slab's codes, row-major (the 128x128 whole-row walk with columnwise output
+    /// only, which transposes them from here).
+    slab_codes: Vec<u8>,
 }
 
 impl Scratch {
@@ -138,6 +141,7 @@ impl Scratch {
             row_scales: Vec::new(),
             lanes: LaneExps::new(),
             ahead: None,
+            slab_codes: Vec::new(),
         }
     }
 }
@@ -292,20 +296,22 @@ fn span_maxima<'a, T: Element>(
 fn rowwise_2d<T: Element>(
     level: Level,
     dt: Fp8Dtype,
+    mode: Mode,
     scale_of: impl Fn(f32) -> f32,
     k: usize,
-    x: &[T],
-    next: &[T],
-    rd: &mut [u8],
-    rs: &mut [f32],
+    (x, next): (&[T], &[T]),
+    row: Option<(&mut [u8], Option<&mut [f32]>)>,
+    col: Option<TwoDCol<'_, '_>>,
     scratch: &mut Scratch,
 ) {
     let nblk = k.div_ceil(BLOCK);
+    let rows = x.len() / k;
     let step = span_blocks::<T>();
     // Tile amax keys: each row's block maxima (as the 1x128 walk takes them), folded
     // over the rows. A max of keys is the max of the magnitudes. The previous slab of
     // this worker may have folded them already, while it encoded.
     let tile = match scratch.ahead.take() {
+        _ if matches!(mode, Mode::Tensor(_)) => vec![0; nblk],
         Some((at, keys)) if at == x.as_ptr() as usize => keys,
         _ => {
             let mut tile = vec![0u32; nblk];
@@ -317,8 +323,20 @@ fn rowwise_2d<T: Element>(
     };
     let scales = &mut scratch.row_scales;
     scales.clear();
-    scales.extend(tile.iter().map(|&key| scale_of(f32::from_bits(key))));
-    for (d, s) in rs[..nblk].iter_mut().zip(scales.iter()) {
+    match mode {
+        Mode::Tensor(s) => scales.resize(nblk, s),
+        _ => scales.extend(tile.iter().map(|&key| scale_of(f32::from_bits(key)))),
+    }
+    // The codes go to the rowwise output, or (columnwise only) to the slab's scratch.
+    let (rd, rs, pitch) = match row {
+        Some((rd, rs)) => (rd, rs, k),
+        None => {
+            let pitch = k + CODES_PAD;
+            scratch.slab_codes.resize(rows * pitch, 0);
+            (&mut scratch.slab_codes[..rows * pitch], None, pitch)
+        }
+    };
+    for (d, s) in rs.into_iter().flatten().zip(scales.iter()) {
         *d = 1.0 / s;
     }
     let wide = &mut *scratch.wide;
@@ -327,7 +345,8 @@ fn rowwise_2d<T: Element>(
     // own. Its rows are at most as many as this slab's (only the last slab is short).
     let mut ahead = tile;
     ahead.fill(0);
-    for (r, (xr, out)) in x.chunks_exact(k).zip(rd.chunks_exact_mut(k)).enumerate() {
+    for (r, (xr, out)) in x.chunks_exact(k).zip(rd.chunks_mut(pitch)).enumerate() {
+        let out = &mut out[..k];
         let nr = next.get(r * k..(r + 1) * k);
         for (si, ((xs, os), ss)) in xr
             .chunks(step * BLOCK)
@@ -347,17 +366,41 @@ fn rowwise_2d<T: Element>(
             {
                 encode_scaled(dt, b, s, o, wide);
             }
-            if let Some(nr) = nr {
+            if let Some(nr) = nr.filter(|_| matches!(mode, Mode::TwoD)) {
                 let c0 = si * step * BLOCK;
                 let keys = &mut ahead[si * step..(si * step + step).min(nblk)];
                 fold_tile_keys(level, &nr[c0..c0 + xs.len()], step, keys, &mut scratch.span);
             }
         }
     }
-    if !next.is_empty() {
+    // Columnwise: the same codes transposed, a 128-column tile at a time, and the same
+    // tile scales down the slab's column of the columnwise scales.
+    if let Some(((strip, cs), (level, store, fence))) = col {
+        if let Some(cs) = cs {
+            for (b, s) in scales.iter().enumerate() {
+                cs.row_mut(b)[0] = 1.0 / s;
+            }
+        }
+        for j in (0..k).step_by(BLOCK) {
+            let out = (&mut *strip, j, (level, store, fence));
+            let bw = BLOCK.min(k - j);
+            store_transposed(&rd[j..], pitch, rows, bw, out, &mut scratch.tposed, |_| {});
+        }
+    }
+    if !next.is_empty() && matches!(mode, Mode::TwoD) {
         scratch.ahead = Some((next.as_ptr() as usize, ahead));
     }
 }
+
+/// Padding of each row of the slab codes scratch.
+const CODES_PAD: usize = 64;
+
+/// The columnwise outputs of one slab under 128x128 tiles: its strip of the transposed
+/// codes and its column of the tile scales, and how the codes are stored.
+type TwoDCol<'s, 'a> = (
+    (&'s mut Strip<'a, u8>, Option<&'s mut Strip<'a, f32>>),
+    (Level, StoreMode, &'s Fence),
+);
 
 /// Folds one row's (or one span's) block maxima into the tile keys `acc`, a span of
 /// [`span_blocks`] blocks at a time.
@@ -491,14 +534,30 @@ pub(crate) fn run_slab<T: Element>(
         rowwise_1d(level, dt, scale_of, k, job.x, rd, st, scratch);
         return;
     }
-    if let (Mode::TwoD, None, None, Some(rd), Some(RowScales::TwoD(rs))) = (
-        mode,
-        &job.col,
-        &job.col_s,
-        job.row.as_deref_mut(),
-        job.row_s.as_mut(),
-    ) {
-        rowwise_2d(level, dt, scale_of, k, job.x, job.next, rd, rs, scratch);
+    if let Mode::TwoD | Mode::Tensor(_) = mode {
+        let row = match (job.row.as_deref_mut(), job.row_s.as_mut(), mode) {
+            (Some(rd), Some(RowScales::TwoD(rs)), _) => Some((rd, Some(&mut **rs))),
+            (Some(rd), None, Mode::Tensor(_)) => Some((rd, None)),
+            _ => None,
+        };
+        // 2-D tiles write their scales down the columnwise strip; a tensor scale has none.
+        let col = match (job.col.as_mut(), job.col_s.as_mut(), mode) {
+            (Some(cd), Some(ColScales::TwoD(cs)), _) => Some((cd, Some(cs))),
+            (Some(cd), None, Mode::Tensor(_)) => Some((cd, None)),
+            _ => None,
+        };
+        let store = (level, job.store.0, &job.store.1);
+        rowwise_2d(
+            level,
+            dt,
+            mode,
+            scale_of,
+            k,
+            (job.x, job.next),
+            row,
+            col.map(|c| (c, store)),
+            scratch,
+        );
         return;
     }
     let x = job.x;
