@@ -2,37 +2,39 @@
 //!
 //! A task owns a slab of up to 128 input rows and writes every output those rows touch:
 //! its rows of `rowwise_data`, its column strip of the transposed `columnwise_data`
-//! (`[K, M]`), and its scales. Inside a slab the input is walked in chunks of
-//! [`CHUNK`] columns, **row-major** (long contiguous runs the hardware prefetchers
-//! follow), at most twice:
+//! (`[K, M]`), and its scales. Three walks, by what the codes depend on:
+//!
+//! * **1x128, rowwise only** (`rowwise_1d`): each row is walked whole, sixteen blocks at
+//!   a time, their amaxes taken together by [`quant_core::block_max::block_abs_max`].
+//! * **128x128 tiles and per-tensor scaling** (`whole_rows`): a code does not depend on
+//!   the direction, so the slab's rows are encoded whole (2-D tile maxima first, folded
+//!   while the slab before encodes) and the columnwise output is their transpose, taken
+//!   128 columns at a time in L1 (SSE2 16x16 blocks) and streamed into the strip.
+//! * **1x128 with columnwise output** (`one_d_columnwise`): the 128x1 blocks need every
+//!   column's maximum over the slab first, so the slab is walked in chunks of [`CHUNK`]
+//!   columns, **row-major**, twice:
 //!
 //! ```text
 //!            chunk c (512 columns)
-//!   row 0    ──────────────►     pass 1 (2-D tiles, 1x128 columnwise): amaxes
+//!   row 0    ──────────────►     pass 1: column maxima
 //!   row 1    ──────────────►     pass 2: scale, encode -> rowwise row / codes buffer
 //!   ...                          then each 128x128 block of codes is transposed in L1
 //!   row 127  ──────────────►     (SSE2 16x16) into the columnwise strip
 //! ```
 //!
-//! The chunk (128 rows x 512 columns, at most 256 KiB of f32) stays in L2 between the two
-//! passes, so memory is read once.
+//!   The chunk (128 rows x 512 columns, at most 256 KiB of f32) stays in L2 between the
+//!   two passes, so memory is read once.
 //!
-//! bf16 input is not widened where the 16-bit routes apply: 1x128 columnwise maxima are
-//! folded on the bits ([`column_abs_max_bf16`]), and under power-of-two scales at AVX-512
-//! the codes come from [`pow2`]'s encoders (one exponent per tile or tensor, or per
-//! column through [`LaneExps`]). f16 input takes the rowwise ones (block maxima on the
-//! bits, [`pow2::encode_blocks`]); its columnwise blocks are still widened.
-//!
-//! One case needs no slab: 1x128 with rowwise output only. Each row is then walked whole,
-//! sixteen blocks at a time, their amaxes taken together by
-//! [`quant_core::block_max::block_abs_max`] (`rowwise_1d`).
+//! bf16 and f16 input is not widened where the 16-bit routes apply: block and column
+//! maxima are folded on the bits ([`block_abs_max_bits`], [`column_abs_max_bits`]), and
+//! under power-of-two scales at AVX-512 the codes come from [`pow2`]'s encoders (one
+//! exponent per block, tile or tensor, or per column through [`LaneExps`]).
 
 use quant_core::Element;
 use quant_core::block_max::{
     NanRule, block_abs_max, block_abs_max_bits, column_abs_max_bits, column_key,
 };
 use quant_core::codec::pow2::{self, LaneExps};
-use quant_core::cpu::LaneAmax;
 use quant_core::dtype::Bits16;
 use quant_core::simd::Level;
 use quant_core::stream::{Fence, StoreMode};
@@ -275,13 +277,18 @@ fn span_maxima<'a, T: Element>(
     SpanRead::Wide(w)
 }
 
-/// 128x128 tiles, rowwise output only: two passes over the slab's whole rows. The first
-/// folds every tile's amax (the rows' block maxima, [`span_maxima`], maxed down the
-/// tile; rows read front to back); the second encodes each row under its tiles' scales,
-/// [`SPAN_BYTES`] of input at a time (bf16 under power-of-two scales in 16-bit lanes).
-/// The slab walk instead reads [`CHUNK`]-column runs of 128 rows, 1 KiB pieces a row
-/// apart, which streamed at half its in-cache rate on Zen 4; here the second pass reads
-/// the slab back from L2/L3 in row order.
+/// 128x128 tiles and per-tensor scaling: the codes do not depend on the direction (a
+/// tile's scale serves both, as does the tensor's), so the slab is encoded row by row
+/// and the columnwise output is the transpose of those codes.
+///
+/// 2-D tiles take two passes over the slab's whole rows. The first folds every tile's
+/// amax (the rows' block maxima, [`span_maxima`], maxed down the tile; rows read front
+/// to back); the second encodes each row under its tiles' scales, [`SPAN_BYTES`] of
+/// input at a time (bf16 and f16 under power-of-two scales in 16-bit lanes), reading the
+/// slab back from L2/L3 in row order. A walk in column chunks (128 rows x 512 columns,
+/// 1 KiB pieces a row apart, or windows of 2-8 KiB per row) streamed at half the rate
+/// or worse on Zen 4: at 8192 columns its rows are a page multiple apart and share a
+/// few cache sets.
 ///
 /// The first pass is the slab's only read from memory, and alone it stalls on it (a
 /// third of a single-thread profile). So the second pass also folds the *next* slab's
@@ -290,10 +297,18 @@ fn span_maxima<'a, T: Element>(
 /// worker consecutive slabs unless one is stolen), its first pass is already done and
 /// its loads overlapped this slab's encoding (x1.12 bf16, x1.08 f32 at 8192^2 on two
 /// Zen 4 cores). Same results either way: the same amaxes (a NaN-ignoring max in any
-/// order), scales and encoders.
+/// order), scales and encoders. A tensor scale needs neither pass: its encode is the
+/// first read.
+///
+/// Columnwise output: the codes go to the rowwise output if there is one, else to a slab
+/// buffer whose rows are [`CODES_PAD`] bytes longer than `k` (page-multiple rows would
+/// put a 16x16 transpose block's 16 lines in one L1 set: x1.19 from the padding), and
+/// 128-column tiles of them are transposed ([`store_transposed`]) into the strip. Against
+/// the chunked slab walk this replaced, on two Zen 4 cores at 8192^2: 128x128 columnwise
+/// quantize x1.33 bf16, x1.25 f32, x1.17 f16; per-tensor x1.09 bf16, x1.26 f32.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn rowwise_2d<T: Element>(
+fn whole_rows<T: Element>(
     level: Level,
     dt: Fp8Dtype,
     mode: Mode,
@@ -301,7 +316,7 @@ fn rowwise_2d<T: Element>(
     k: usize,
     (x, next): (&[T], &[T]),
     row: Option<(&mut [u8], Option<&mut [f32]>)>,
-    col: Option<TwoDCol<'_, '_>>,
+    mut col: Option<ColOut<'_, '_>>,
     scratch: &mut Scratch,
 ) {
     let nblk = k.div_ceil(BLOCK);
@@ -327,17 +342,18 @@ fn rowwise_2d<T: Element>(
         Mode::Tensor(s) => scales.resize(nblk, s),
         _ => scales.extend(tile.iter().map(|&key| scale_of(f32::from_bits(key)))),
     }
-    // The codes go to the rowwise output, or (columnwise only) to the slab's scratch.
-    let (rd, rs, pitch) = match row {
-        Some((rd, rs)) => (rd, rs, k),
-        None => {
-            let pitch = k + CODES_PAD;
-            scratch.slab_codes.resize(rows * pitch, 0);
-            (&mut scratch.slab_codes[..rows * pitch], None, pitch)
-        }
+    let (mut rd, rs) = match row {
+        Some((rd, rs)) => (Some(rd), rs),
+        None => (None, None),
     };
     for (d, s) in rs.into_iter().flatten().zip(scales.iter()) {
         *d = 1.0 / s;
+    }
+    // 2-D: the same tile scales down the slab's column of the columnwise scales.
+    if let Some(((_, Some(cs)), _)) = col.as_mut() {
+        for (b, s) in scales.iter().enumerate() {
+            cs.row_mut(b)[0] = 1.0 / s;
+        }
     }
     let wide = &mut *scratch.wide;
     // The next slab's keys, folded a span at a time between this slab's encodes: its
@@ -345,46 +361,58 @@ fn rowwise_2d<T: Element>(
     // own. Its rows are at most as many as this slab's (only the last slab is short).
     let mut ahead = tile;
     ahead.fill(0);
-    for (r, (xr, out)) in x.chunks_exact(k).zip(rd.chunks_mut(pitch)).enumerate() {
-        let out = &mut out[..k];
-        let nr = next.get(r * k..(r + 1) * k);
-        for (si, ((xs, os), ss)) in xr
-            .chunks(step * BLOCK)
-            .zip(out.chunks_mut(step * BLOCK))
-            .zip(scales.chunks(step))
-            .enumerate()
-        {
-            let whole = xs.len() / BLOCK;
-            let fast = Pow2Plan::per_block(level, &ss[..whole]).is_some_and(|p| {
-                p.encode(level, dt, &xs[..whole * BLOCK], &mut os[..whole * BLOCK])
-            });
-            let done = if fast { whole * BLOCK } else { 0 };
-            for ((o, b), &s) in os[done..]
-                .chunks_mut(BLOCK)
-                .zip(xs[done..].chunks(BLOCK))
-                .zip(&ss[done / BLOCK..])
+    // Windows of whole rows up to WINDOW columns: a columnwise-only slab's codes wait
+    // for their transpose in a scratch buffer of one window.
+    for w0 in (0..k).step_by(WINDOW) {
+        let ww = WINDOW.min(k - w0);
+        // The window's codes: in the rowwise output, or (columnwise only) in the scratch.
+        let (codes, pitch, base) = match rd.as_deref_mut() {
+            Some(rd) => (rd, k, w0),
+            None => {
+                let pitch = ww + CODES_PAD;
+                scratch.slab_codes.resize(rows * pitch, 0);
+                (&mut scratch.slab_codes[..rows * pitch], pitch, 0)
+            }
+        };
+        for r in 0..rows {
+            let xr = &x[r * k + w0..r * k + w0 + ww];
+            let out = &mut codes[r * pitch + base..r * pitch + base + ww];
+            let nr = next
+                .get(r * k + w0..r * k + w0 + ww)
+                .filter(|_| matches!(mode, Mode::TwoD));
+            for (si, ((xs, os), ss)) in xr
+                .chunks(step * BLOCK)
+                .zip(out.chunks_mut(step * BLOCK))
+                .zip(scales[w0 / BLOCK..].chunks(step))
+                .enumerate()
             {
-                encode_scaled(dt, b, s, o, wide);
-            }
-            if let Some(nr) = nr.filter(|_| matches!(mode, Mode::TwoD)) {
-                let c0 = si * step * BLOCK;
-                let keys = &mut ahead[si * step..(si * step + step).min(nblk)];
-                fold_tile_keys(level, &nr[c0..c0 + xs.len()], step, keys, &mut scratch.span);
+                let whole = xs.len() / BLOCK;
+                let fast = Pow2Plan::per_block(level, &ss[..whole]).is_some_and(|p| {
+                    p.encode(level, dt, &xs[..whole * BLOCK], &mut os[..whole * BLOCK])
+                });
+                let done = if fast { whole * BLOCK } else { 0 };
+                for ((o, b), &s) in os[done..]
+                    .chunks_mut(BLOCK)
+                    .zip(xs[done..].chunks(BLOCK))
+                    .zip(&ss[done / BLOCK..])
+                {
+                    encode_scaled(dt, b, s, o, wide);
+                }
+                if let Some(nr) = nr {
+                    let c0 = si * step * BLOCK;
+                    let kb = w0 / BLOCK + si * step;
+                    let keys = &mut ahead[kb..(kb + step).min(nblk)];
+                    fold_tile_keys(level, &nr[c0..c0 + xs.len()], step, keys, &mut scratch.span);
+                }
             }
         }
-    }
-    // Columnwise: the same codes transposed, a 128-column tile at a time, and the same
-    // tile scales down the slab's column of the columnwise scales.
-    if let Some(((strip, cs), (level, store, fence))) = col {
-        if let Some(cs) = cs {
-            for (b, s) in scales.iter().enumerate() {
-                cs.row_mut(b)[0] = 1.0 / s;
+        // Columnwise: the window's codes transposed, a 128-column tile at a time.
+        if let Some(((strip, _), (level, store, fence))) = col.as_mut() {
+            for j in (0..ww).step_by(BLOCK) {
+                let out = (&mut **strip, w0 + j, (*level, *store, *fence));
+                let (src, bw) = (&codes[base + j..], BLOCK.min(ww - j));
+                store_transposed(src, pitch, rows, bw, out, &mut scratch.tposed, |_| {});
             }
-        }
-        for j in (0..k).step_by(BLOCK) {
-            let out = (&mut *strip, j, (level, store, fence));
-            let bw = BLOCK.min(k - j);
-            store_transposed(&rd[j..], pitch, rows, bw, out, &mut scratch.tposed, |_| {});
         }
     }
     if !next.is_empty() && matches!(mode, Mode::TwoD) {
@@ -392,12 +420,17 @@ fn rowwise_2d<T: Element>(
     }
 }
 
+/// Columns per window of [`whole_rows`] (a multiple of every span): whole rows up to
+/// here, so a columnwise-only slab's code buffer stays at most 2 MiB however wide the
+/// tensor. Unit tests take narrow windows, to cross several on small tensors.
+const WINDOW: usize = if cfg!(test) { 2048 } else { 16384 };
+
 /// Padding of each row of the slab codes scratch.
 const CODES_PAD: usize = 64;
 
 /// The columnwise outputs of one slab under 128x128 tiles: its strip of the transposed
 /// codes and its column of the tile scales, and how the codes are stored.
-type TwoDCol<'s, 'a> = (
+type ColOut<'s, 'a> = (
     (&'s mut Strip<'a, u8>, Option<&'s mut Strip<'a, f32>>),
     (Level, StoreMode, &'s Fence),
 );
@@ -422,37 +455,18 @@ fn fold_tile_keys<T: Element>(
 }
 
 /// The 16-bit route of an encode ([`pow2::encode_blocks`]): the exponents of its
-/// power-of-two scales, one per 128-value block (1x128 rows, 2-D tiles) or one for the
-/// whole run (per-tensor). `None` where a scale is not a power of two or the run is
-/// ragged.
+/// power-of-two scales, one per 128-value block (1x128 rows, 2-D tiles, or a tensor
+/// scale repeated). `None` where a scale is not a power of two.
 struct Pow2Plan {
     ks: [i32; STEP],
     blocks: usize,
-    block: usize,
 }
 
 impl Pow2Plan {
-    /// The plan of a chunk under `mode`: one exponent per 128-wide tile (2-D, whole tiles
-    /// only), or one for the run (per-tensor, a multiple of 32 values).
-    #[inline(always)]
-    fn new(level: Level, mode: Mode, tile_scale: &[f32], cw: usize) -> Option<Self> {
-        match mode {
-            Mode::TwoD if cw.is_multiple_of(BLOCK) => Self::per_block(level, tile_scale),
-            Mode::Tensor(s) if cw.is_multiple_of(32) => Self::with(level, &[s], cw),
-            _ => None,
-        }
-    }
-
-    /// One exponent per 128-value block (at most [`STEP`] blocks).
+    /// One exponent per 128-value block (at most [`STEP`] blocks); `None` unless at
+    /// AVX-512 every scale is a power of two.
     #[inline(always)]
     fn per_block(level: Level, scales: &[f32]) -> Option<Self> {
-        Self::with(level, scales, BLOCK)
-    }
-
-    /// One exponent per `block` values; `None` unless at AVX-512 every scale is a power
-    /// of two.
-    #[inline(always)]
-    fn with(level: Level, scales: &[f32], block: usize) -> Option<Self> {
         if level != Level::Avx512 {
             return None;
         }
@@ -465,12 +479,11 @@ impl Pow2Plan {
         pow2.then_some(Self {
             ks,
             blocks: scales.len(),
-            block,
         })
     }
 
-    /// Encodes one row's run of the chunk; `false` (nothing written) unless `xr` is
-    /// bf16 or f16 and the encoder takes every exponent.
+    /// Encodes the whole blocks of one row's span; `false` (nothing written) unless `xr`
+    /// is bf16 or f16 and the encoder takes every exponent.
     #[inline(always)]
     fn encode<T: Element>(&self, level: Level, dt: Fp8Dtype, xr: &[T], out: &mut [u8]) -> bool {
         Bits16::of(xr).is_some_and(|bits| {
@@ -478,7 +491,7 @@ impl Pow2Plan {
                 level,
                 dt.pow2_codec(),
                 bits,
-                self.block,
+                BLOCK,
                 &self.ks[..self.blocks],
                 false,
                 out,
@@ -547,7 +560,7 @@ pub(crate) fn run_slab<T: Element>(
             _ => None,
         };
         let store = (level, job.store.0, &job.store.1);
-        rowwise_2d(
+        whole_rows(
             level,
             dt,
             mode,
@@ -560,10 +573,26 @@ pub(crate) fn run_slab<T: Element>(
         );
         return;
     }
+    one_d_columnwise(level, dt, scale_of, k, job, scratch);
+}
+
+/// 1x128 blocks with columnwise output (and rowwise output too under both usages): the
+/// slab in chunks of [`CHUNK`] columns, each read twice. Pass 1 folds the chunk's column
+/// maxima (its 128x1 blocks) over the slab's rows; pass 2 encodes each row's run of the
+/// chunk (rowwise under its own 1x128 scales, columnwise under the column scales) and
+/// the columnwise codes are transposed 128x128 block by block into the strip.
+#[inline(always)]
+fn one_d_columnwise<T: Element>(
+    level: Level,
+    dt: Fp8Dtype,
+    scale_of: impl Fn(f32) -> f32,
+    k: usize,
+    job: &mut SlabJob<'_, T>,
+    scratch: &mut Scratch,
+) {
     let x = job.x;
     let rows = x.len() / k;
     let wide = &mut *scratch.wide;
-    let mut tile_scale = [0f32; CHUNK / BLOCK];
     let mut col_scale = [0f32; CHUNK];
     let mut col_key = [0u16; CHUNK];
     let mut row_scale = [[0f32; CHUNK / BLOCK]; SLAB];
@@ -578,70 +607,41 @@ pub(crate) fn run_slab<T: Element>(
             }
         };
         let nb = cw.div_ceil(BLOCK);
-        // Whether `scratch.lanes` holds this chunk's column exponents (1x128 columnwise).
-        let mut col_lanes = false;
-        // Pass 1: the amaxes a block needs before its first element is encoded. Whether
-        // it ran decides who reads the chunk from memory first (and so prefetches).
-        let first_touch = match mode {
-            Mode::TwoD => {
-                // One lane accumulator per tile, reduced once after its 128 rows (16-bit
-                // input read as integers, 32 lanes at a time, without widening).
-                let mut amax = [LaneAmax::<T>::new(); CHUNK / BLOCK];
-                for r in 0..rows {
-                    prefetch(r);
-                    for (a, b) in amax.iter_mut().zip(seg(r).chunks(BLOCK)) {
-                        a.add(b);
-                    }
-                }
-                for (s, a) in tile_scale.iter_mut().zip(&amax[..nb]) {
-                    *s = scale_of(a.get());
-                }
-                false
+        // Pass 1: the column maxima, read from memory.
+        let scales = &mut col_scale[..cw];
+        if let Some(bits) = Bits16::of(x) {
+            // bf16 and f16: the column maxima on the bits, nothing widened.
+            let keys = &mut col_key[..cw];
+            keys.fill(0);
+            for r in 0..rows {
+                prefetch(r);
+                let run = bits.slice(r * k + c0..r * k + c0 + cw);
+                column_abs_max_bits(run, NanRule::Ignore, keys);
             }
-            Mode::OneD if job.col.is_some() => {
-                let scales = &mut col_scale[..cw];
-                if let Some(bits) = Bits16::of(x) {
-                    // bf16 and f16: the column maxima on the bits, nothing widened.
-                    let keys = &mut col_key[..cw];
-                    keys.fill(0);
-                    for r in 0..rows {
-                        prefetch(r);
-                        let run = bits.slice(r * k + c0..r * k + c0 + cw);
-                        column_abs_max_bits(run, NanRule::Ignore, keys);
-                    }
-                    for (s, &key) in scales.iter_mut().zip(keys.iter()) {
-                        *s = scale_of(f32::from_bits(column_key(bits, key)));
-                    }
-                } else {
-                    scales.fill(0.0);
-                    for r in 0..rows {
-                        prefetch(r);
-                        amax_cols(seg(r), scales, wide);
-                    }
-                    for a in scales.iter_mut() {
-                        *a = scale_of(*a);
-                    }
-                }
-                // Power-of-two column scales (the default) at AVX-512: bf16 and f16 rows
-                // are encoded in 16-bit lanes, one exponent per column.
-                col_lanes = level == Level::Avx512 && {
-                    let mut ks = [0i32; CHUNK];
-                    for (e, &s) in ks.iter_mut().zip(scales.iter()) {
-                        *e = pow2_exponent(s);
-                    }
-                    Bits16::of(x)
-                        .is_some_and(|rows| scratch.lanes.set_for(rows, dt.pow2_codec(), &ks[..cw]))
-                };
-                false
+            for (s, &key) in scales.iter_mut().zip(keys.iter()) {
+                *s = scale_of(f32::from_bits(column_key(bits, key)));
             }
-            _ => true,
+        } else {
+            scales.fill(0.0);
+            for r in 0..rows {
+                prefetch(r);
+                amax_cols(seg(r), scales, wide);
+            }
+            for a in scales.iter_mut() {
+                *a = scale_of(*a);
+            }
+        }
+        // Power-of-two column scales (the default) at AVX-512: bf16 and f16 rows are
+        // encoded in 16-bit lanes, one exponent per column.
+        let col_lanes = level == Level::Avx512 && {
+            let mut ks = [0i32; CHUNK];
+            for (e, &s) in ks.iter_mut().zip(scales.iter()) {
+                *e = pow2_exponent(s);
+            }
+            Bits16::of(x)
+                .is_some_and(|rows| scratch.lanes.set_for(rows, dt.pow2_codec(), &ks[..cw]))
         };
-        // Power-of-two scales with 16-bit input at AVX-512: a row's run of the chunk is
-        // encoded in 16-bit lanes (one exponent per tile, or one for the tensor).
-        let plan = Pow2Plan::new(level, mode, &tile_scale[..nb], cw);
-        let pow2_encode =
-            |xr: &[T], out: &mut [u8]| plan.as_ref().is_some_and(|p| p.encode(level, dt, xr, out));
-        // Pass 2: encode (the chunk is now in L2 unless this is its first touch).
+        // Pass 2: encode (the chunk is now in L2).
         let codes = &mut scratch.codes[..rows * cw];
         // While this chunk is encoded and stored, the next one (of this slab, or the
         // first of the next slab, which rayon mostly hands to this same worker) is
@@ -650,10 +650,7 @@ pub(crate) fn run_slab<T: Element>(
         // after it does, so without this the memory sat idle for the rest of the chunk
         // (x1.12-1.13 on the 1x128 and 128x128 columnwise quantizes, bf16 and f32; 16
         // KiB spread only over the encode x1.09; a quarter or three quarters of it there
-        // slower than half). Where the encode is the first touch (per-tensor) its reads
-        // are the memory stream and fetching beside them was slower (x0.96), so there all
-        // of the next chunk is fetched during the transposed stores (x1.06 bf16, x1.09
-        // f32 columnwise; rowwise-only has no store phase and fetches nothing).
+        // slower than half).
         let fetch_next = |from: usize, to: usize| {
             let c1 = c0 + cw;
             for r in from..to {
@@ -664,104 +661,50 @@ pub(crate) fn run_slab<T: Element>(
                 });
             }
         };
-        let in_encode = if first_touch {
-            0
-        } else if job.col.is_some() {
-            rows / 2
-        } else {
-            rows
-        };
+        let in_encode = rows / 2;
         for r in 0..rows {
-            if first_touch {
-                prefetch(r);
-            }
             fetch_next(r * in_encode / rows, (r + 1) * in_encode / rows);
             let xr = seg(r);
             if let Some(rd) = job.row.as_deref_mut() {
                 let out = &mut rd[r * k + c0..r * k + c0 + cw];
-                match mode {
-                    Mode::Tensor(_) | Mode::TwoD if pow2_encode(xr, out) => {}
-                    Mode::Tensor(s) => encode_scaled(dt, xr, s, out, wide),
-                    Mode::TwoD => {
-                        for ((o, b), &s) in
-                            out.chunks_mut(BLOCK).zip(xr.chunks(BLOCK)).zip(&tile_scale)
-                        {
-                            encode_scaled(dt, b, s, o, wide);
-                        }
-                    }
-                    Mode::OneD if one_d_bits(level, dt, &scale_of, xr, out, &mut row_scale[r]) => {}
-                    Mode::OneD => {
-                        for ((o, b), s) in out
-                            .chunks_mut(BLOCK)
-                            .zip(xr.chunks(BLOCK))
-                            .zip(row_scale[r].iter_mut())
-                        {
-                            *s = amax_encode_block(dt, b, o, &scale_of, wide);
-                        }
+                if !one_d_bits(level, dt, &scale_of, xr, out, &mut row_scale[r]) {
+                    for ((o, b), s) in out
+                        .chunks_mut(BLOCK)
+                        .zip(xr.chunks(BLOCK))
+                        .zip(row_scale[r].iter_mut())
+                    {
+                        *s = amax_encode_block(dt, b, o, &scale_of, wide);
                     }
                 }
             }
-            if job.col.is_some() {
-                let cr = &mut codes[r * cw..(r + 1) * cw];
-                match mode {
-                    // Same codes as rowwise: transposed from the rowwise output below.
-                    Mode::Tensor(_) | Mode::TwoD if job.row.is_some() => {}
-                    Mode::Tensor(_) | Mode::TwoD if pow2_encode(xr, cr) => {}
-                    Mode::Tensor(s) => encode_scaled(dt, xr, s, cr, wide),
-                    Mode::TwoD => {
-                        for ((o, b), &s) in
-                            cr.chunks_mut(BLOCK).zip(xr.chunks(BLOCK)).zip(&tile_scale)
-                        {
-                            encode_scaled(dt, b, s, o, wide);
-                        }
-                    }
-                    Mode::OneD
-                        if col_lanes
-                            && Bits16::of(xr)
-                                .is_some_and(|b| scratch.lanes.encode(level, b, false, cr)) => {}
-                    Mode::OneD => encode_cols(dt, xr, &col_scale[..cw], cr, wide),
-                }
+            let cr = &mut codes[r * cw..(r + 1) * cw];
+            let lanes = col_lanes
+                && Bits16::of(xr).is_some_and(|b| scratch.lanes.encode(level, b, false, cr));
+            if !lanes {
+                encode_cols(dt, xr, &col_scale[..cw], cr, wide);
             }
         }
         // Scales of this chunk.
-        let kb0 = c0 / BLOCK;
-        match (mode, job.row_s.as_mut()) {
-            (Mode::OneD, Some(RowScales::OneD(st))) => {
-                for b in 0..nb {
-                    for (d, s) in st.row_mut(kb0 + b).iter_mut().zip(&row_scale[..rows]) {
-                        *d = 1.0 / s[b];
-                    }
+        if let Some(RowScales::OneD(st)) = job.row_s.as_mut() {
+            for b in 0..nb {
+                for (d, s) in st
+                    .row_mut(c0 / BLOCK + b)
+                    .iter_mut()
+                    .zip(&row_scale[..rows])
+                {
+                    *d = 1.0 / s[b];
                 }
             }
-            (Mode::TwoD, Some(RowScales::TwoD(rs))) => {
-                for (d, s) in rs[kb0..kb0 + nb].iter_mut().zip(&tile_scale) {
-                    *d = 1.0 / s;
-                }
-            }
-            _ => {}
         }
-        match (mode, job.col_s.as_mut()) {
-            (Mode::OneD, Some(ColScales::OneD(cs))) => {
-                for (d, s) in cs[c0..c0 + cw].iter_mut().zip(&col_scale[..cw]) {
-                    *d = 1.0 / s;
-                }
+        if let Some(ColScales::OneD(cs)) = job.col_s.as_mut() {
+            for (d, s) in cs[c0..c0 + cw].iter_mut().zip(&col_scale[..cw]) {
+                *d = 1.0 / s;
             }
-            (Mode::TwoD, Some(ColScales::TwoD(st))) => {
-                for (b, s) in tile_scale[..nb].iter().enumerate() {
-                    st.row_mut(kb0 + b)[0] = 1.0 / s;
-                }
-            }
-            _ => {}
         }
         // Transposed codes, block by block.
         if let Some(strip) = job.col.as_mut() {
-            let from_row = matches!(mode, Mode::Tensor(_) | Mode::TwoD) && job.row.is_some();
             for j in (0..cw).step_by(BLOCK) {
                 let bw = BLOCK.min(cw - j);
-                let (src, stride): (&[u8], usize) = match job.row.as_deref() {
-                    Some(rd) if from_row => (&rd[c0 + j..], k),
-                    _ => (&codes[j..], cw),
-                };
                 let (store, fence) = (job.store.0, &job.store.1);
                 let out = (&mut *strip, c0 + j, (level, store, fence));
                 let rest = rows - in_encode;
@@ -769,7 +712,7 @@ pub(crate) fn run_slab<T: Element>(
                     let w = j + jj;
                     fetch_next(in_encode + w * rest / cw, in_encode + (w + 1) * rest / cw);
                 };
-                store_transposed(src, stride, rows, bw, out, &mut scratch.tposed, between);
+                store_transposed(&codes[j..], cw, rows, bw, out, &mut scratch.tposed, between);
             }
         }
     }
@@ -855,4 +798,232 @@ pub(crate) fn run<T: Element>(
             )
         });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The whole-row walk (128x128 tiles and per-tensor scaling, every usage) against a
+    //! plain specification written here from the public scale rule and encoders, at
+    //! every SIMD level: tile amax, `compute_scale_from_amax`, `encode(x * scale)`, the
+    //! columnwise codes the transpose, `scale_inv = 1 / scale` (zero-padded layouts).
+    //! Shapes cross [`WINDOW`] (2048 columns under test), end in ragged tiles and
+    //! slabs, and the input carries NaN, infinities, zeros, subnormals and values past
+    //! the FP8 range, with whole tiles of zeros and of NaN.
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use quant_core::simd;
+    use quant_core::{DType, Element, HostTensor, Usage};
+    use quantfmt_testkit::XorShift64;
+
+    use crate::scale::{Fp8Dtype, compute_scale_from_amax};
+    use crate::{BlockScaling, Fp8BlockQuantizer, Fp8Quantizer};
+
+    fn input(m: usize, k: usize, seed: u64) -> Vec<f32> {
+        let mut rng = XorShift64::new(seed | 1);
+        let specials = [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -0.0,
+            f32::from_bits(1),
+            1e30,
+            -3e38,
+            65504.0,
+            1e-30,
+        ];
+        let mut v: Vec<f32> = (0..m * k)
+            .map(|i| {
+                let r = rng.next_u64();
+                if i % 61 == 5 {
+                    specials[(r % specials.len() as u64) as usize]
+                } else {
+                    // Magnitudes 1e-6 .. 1e4, and tiles orders of magnitude apart (maxima
+                    // carried into the wrong tile show).
+                    let tile = (i / k / 128 + 3 * (i % k / 128)) % 7;
+                    let mag = 10f32.powi(((r >> 8) % 5) as i32 - 6 + tile as i32);
+                    let sign = if r & 1 == 1 { -1.0 } else { 1.0 };
+                    sign * mag * (1.0 + ((r >> 20) % 1024) as f32 / 1024.0)
+                }
+            })
+            .collect();
+        // A tile of zeros and one of NaN where the shape has room.
+        for (tile, fill) in [(0usize, 0.0f32), (1, f32::NAN)] {
+            for r in 0..m.min(128) {
+                for c in (tile * 128..k.min((tile + 1) * 128)).filter(|_| m > 128 || k > 256) {
+                    v[r * k + c] = fill;
+                }
+            }
+        }
+        v
+    }
+
+    /// NaN-ignoring max magnitude from 0 (`fmaxf` folded).
+    fn amax(xs: impl Iterator<Item = f32>) -> f32 {
+        xs.fold(0.0f32, |a, x| if x.abs() > a { x.abs() } else { a })
+    }
+
+    struct Expected {
+        row: Vec<u8>,
+        col: Vec<u8>,
+    }
+
+    /// Codes under `scale(i, j)`, rowwise and transposed.
+    fn codes(
+        x: &[f32],
+        m: usize,
+        k: usize,
+        dt: Fp8Dtype,
+        scale: impl Fn(usize, usize) -> f32,
+    ) -> Expected {
+        let row: Vec<u8> = (0..m * k)
+            .map(|e| dt.encode(x[e] * scale(e / k, e % k)))
+            .collect();
+        let col = (0..k * m).map(|e| row[(e % m) * k + e / m]).collect();
+        Expected { row, col }
+    }
+
+    fn bytes_of(t: &dyn quant_core::Storage, name: &str) -> Vec<u8> {
+        t.buffers()
+            .iter()
+            .find(|b| b.name() == name)
+            .unwrap_or_else(|| panic!("no {name}"))
+            .bytes()
+            .to_vec()
+    }
+
+    /// Buffer `name` of `t` equals `want`, or the first differing byte is named (not
+    /// megabytes printed).
+    fn same(what: &str, t: &dyn quant_core::Storage, name: &str, want: &[u8]) {
+        let got = bytes_of(t, name);
+        assert_eq!(got.len(), want.len(), "{what}: {name} length");
+        if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+            panic!(
+                "{what}: {name} byte {i} is {:#04x}, expected {:#04x}",
+                got[i], want[i]
+            );
+        }
+    }
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|f| f.to_le_bytes()).collect()
+    }
+
+    const SHAPES: [[usize; 2]; 5] = [[1, 1], [3, 300], [130, 4200], [257, 2304], [129, 6150]];
+
+    #[test]
+    fn two_d_tiles_equal_the_specification() {
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let mut checked = 0;
+        for [m, k] in SHAPES {
+            let base = input(m, k, (m * 131 + k) as u64);
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                let x = HostTensor::f32(&base, &[m, k])
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                let xf = x.to_f32_vec();
+                let max_finite = match dtype {
+                    DType::F32 => f32::MAX_FINITE,
+                    DType::BF16 => half::bf16::MAX_FINITE,
+                    _ => half::f16::MAX_FINITE,
+                };
+                for (dt, pow2) in [(Fp8Dtype::E4M3, true), (Fp8Dtype::E5M2, false)] {
+                    let (mt, kt) = (m.div_ceil(128), k.div_ceil(128));
+                    let tile_scale: Vec<f32> = (0..mt * kt)
+                        .map(|t| {
+                            let (ti, tj) = (t / kt, t % kt);
+                            let a = amax((ti * 128..m.min(ti * 128 + 128)).flat_map(|i| {
+                                let xf = &xf;
+                                (tj * 128..k.min(tj * 128 + 128)).map(move |j| xf[i * k + j])
+                            }));
+                            compute_scale_from_amax(a, dt.max(), pow2, 0.0, max_finite)
+                        })
+                        .collect();
+                    let want = codes(&xf, m, k, dt, |i, j| tile_scale[(i / 128) * kt + j / 128]);
+                    let (rs_w, cs_w) = (kt.next_multiple_of(4), mt.next_multiple_of(4));
+                    let mut rs = vec![0f32; mt * rs_w];
+                    let mut cs = vec![0f32; kt * cs_w];
+                    for ti in 0..mt {
+                        for tj in 0..kt {
+                            rs[ti * rs_w + tj] = 1.0 / tile_scale[ti * kt + tj];
+                            cs[tj * cs_w + ti] = 1.0 / tile_scale[ti * kt + tj];
+                        }
+                    }
+                    simd::for_each_supported_level(|level| {
+                        // On one thread every slab folds the next one's maxima ahead.
+                        for (usage, one_thread) in [
+                            (Usage::ROWWISE, false),
+                            (Usage::COLUMNWISE, false),
+                            (Usage::BOTH, false),
+                            (Usage::ROWWISE, true),
+                            (Usage::COLUMNWISE, true),
+                        ] {
+                            let q = Fp8BlockQuantizer::new(BlockScaling::TwoD, usage)
+                                .with_dtype(dt)
+                                .with_pow2_scales(pow2);
+                            let t = if one_thread {
+                                one.install(|| q.quantize(&x).unwrap())
+                            } else {
+                                q.quantize(&x).unwrap()
+                            };
+                            let what = format!(
+                                "[{m}, {k}] {dtype} {dt:?} {usage} at {level}, one thread: {one_thread}"
+                            );
+                            if usage.rowwise {
+                                same(&what, &t, "rowwise_data", &want.row);
+                                same(&what, &t, "rowwise_scale_inv", &f32_bytes(&rs));
+                            }
+                            if usage.columnwise {
+                                same(&what, &t, "columnwise_data", &want.col);
+                                same(&what, &t, "columnwise_scale_inv", &f32_bytes(&cs));
+                            }
+                            checked += 1;
+                        }
+                    });
+                }
+            }
+        }
+        assert!(checked >= SHAPES.len() * 3 * 2 * 5, "{checked}");
+    }
+
+    #[test]
+    fn tensor_scale_equals_the_specification() {
+        let mut checked = 0;
+        for [m, k] in SHAPES {
+            let base = input(m, k, (m * 7 + k) as u64);
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                let x = HostTensor::f32(&base, &[m, k])
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                let xf = x.to_f32_vec();
+                for (dt, pow2) in [(Fp8Dtype::E4M3, false), (Fp8Dtype::E5M2, true)] {
+                    let q = Fp8Quantizer::new(Usage::BOTH)
+                        .with_dtype(dt)
+                        .with_pow2_scales(pow2);
+                    let scale = q.scale_from_amax(amax(xf.iter().copied()));
+                    let want = codes(&xf, m, k, dt, |_, _| scale);
+                    simd::for_each_supported_level(|level| {
+                        for usage in [Usage::COLUMNWISE, Usage::BOTH] {
+                            let q = Fp8Quantizer::new(usage)
+                                .with_dtype(dt)
+                                .with_pow2_scales(pow2);
+                            let t = q.quantize(&x).unwrap();
+                            let what = format!("[{m}, {k}] {dtype} {dt:?} {usage} at {level}");
+                            if usage.rowwise {
+                                same(&what, &t, "rowwise_data", &want.row);
+                            }
+                            same(&what, &t, "columnwise_data", &want.col);
+                            same(&what, &t, "scale_inv", &f32_bytes(&[1.0 / scale]));
+                            checked += 1;
+                        }
+                    });
+                }
+            }
+        }
+        assert!(checked >= SHAPES.len() * 3 * 2 * 2, "{checked}");
+    }
 }

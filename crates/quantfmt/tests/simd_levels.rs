@@ -137,7 +137,7 @@ fn quantize_bytes_are_level_independent_and_usage_independent() {
 /// magnitude below the one before it, so maxima carried over from the wrong slab would
 /// show, and one tile of the second slab holds a NaN (ignored by the amax).
 #[test]
-fn tile_maxima_folded_ahead_equal_the_slab_walk() {
+fn tile_maxima_folded_ahead_equal_a_fresh_walk() {
     let one = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()
