@@ -910,6 +910,24 @@ mod tests {
 
     const SHAPES: [[usize; 2]; 5] = [[1, 1], [3, 300], [130, 4200], [257, 2304], [129, 6150]];
 
+    /// `f(m, k, dtype, x, values of x)` for every shape of [`SHAPES`] and input dtype, the
+    /// input drawn by [`input`] under `seed(m, k)`.
+    fn each_input(
+        seed: impl Fn(usize, usize) -> u64,
+        mut f: impl FnMut(usize, usize, DType, &HostTensor<'_>, &[f32]),
+    ) {
+        for [m, k] in SHAPES {
+            let base = input(m, k, seed(m, k));
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                let x = HostTensor::f32(&base, &[m, k])
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                f(m, k, dtype, &x, &x.to_f32_vec());
+            }
+        }
+    }
+
     #[test]
     fn two_d_tiles_equal_the_specification() {
         let one = rayon::ThreadPoolBuilder::new()
@@ -917,14 +935,9 @@ mod tests {
             .build()
             .unwrap();
         let mut checked = 0;
-        for [m, k] in SHAPES {
-            let base = input(m, k, (m * 131 + k) as u64);
-            for dtype in [DType::F32, DType::BF16, DType::F16] {
-                let x = HostTensor::f32(&base, &[m, k])
-                    .unwrap()
-                    .to_dtype(dtype)
-                    .unwrap();
-                let xf = x.to_f32_vec();
+        each_input(
+            |m, k| (m * 131 + k) as u64,
+            |m, k, dtype, x, xf| {
                 let max_finite = match dtype {
                     DType::F32 => f32::MAX_FINITE,
                     DType::BF16 => half::bf16::MAX_FINITE,
@@ -942,7 +955,7 @@ mod tests {
                             compute_scale_from_amax(a, dt.max(), pow2, 0.0, max_finite)
                         })
                         .collect();
-                    let want = codes(&xf, m, k, dt, |i, j| tile_scale[(i / 128) * kt + j / 128]);
+                    let want = codes(xf, m, k, dt, |i, j| tile_scale[(i / 128) * kt + j / 128]);
                     let (rs_w, cs_w) = (kt.next_multiple_of(4), mt.next_multiple_of(4));
                     let mut rs = vec![0f32; mt * rs_w];
                     let mut cs = vec![0f32; kt * cs_w];
@@ -965,9 +978,9 @@ mod tests {
                                 .with_dtype(dt)
                                 .with_pow2_scales(pow2);
                             let t = if one_thread {
-                                one.install(|| q.quantize(&x).unwrap())
+                                one.install(|| q.quantize(x).unwrap())
                             } else {
-                                q.quantize(&x).unwrap()
+                                q.quantize(x).unwrap()
                             };
                             let what = format!(
                                 "[{m}, {k}] {dtype} {dt:?} {usage} at {level}, one thread: {one_thread}"
@@ -984,34 +997,29 @@ mod tests {
                         }
                     });
                 }
-            }
-        }
+            },
+        );
         assert!(checked >= SHAPES.len() * 3 * 2 * 5, "{checked}");
     }
 
     #[test]
     fn tensor_scale_equals_the_specification() {
         let mut checked = 0;
-        for [m, k] in SHAPES {
-            let base = input(m, k, (m * 7 + k) as u64);
-            for dtype in [DType::F32, DType::BF16, DType::F16] {
-                let x = HostTensor::f32(&base, &[m, k])
-                    .unwrap()
-                    .to_dtype(dtype)
-                    .unwrap();
-                let xf = x.to_f32_vec();
+        each_input(
+            |m, k| (m * 7 + k) as u64,
+            |m, k, dtype, x, xf| {
                 for (dt, pow2) in [(Fp8Dtype::E4M3, false), (Fp8Dtype::E5M2, true)] {
                     let q = Fp8Quantizer::new(Usage::BOTH)
                         .with_dtype(dt)
                         .with_pow2_scales(pow2);
                     let scale = q.scale_from_amax(amax(xf.iter().copied()));
-                    let want = codes(&xf, m, k, dt, |_, _| scale);
+                    let want = codes(xf, m, k, dt, |_, _| scale);
                     simd::for_each_supported_level(|level| {
                         for usage in [Usage::COLUMNWISE, Usage::BOTH] {
                             let q = Fp8Quantizer::new(usage)
                                 .with_dtype(dt)
                                 .with_pow2_scales(pow2);
-                            let t = q.quantize(&x).unwrap();
+                            let t = q.quantize(x).unwrap();
                             let what = format!("[{m}, {k}] {dtype} {dt:?} {usage} at {level}");
                             if usage.rowwise {
                                 same(&what, &t, "rowwise_data", &want.row);
@@ -1022,8 +1030,8 @@ mod tests {
                         }
                     });
                 }
-            }
-        }
+            },
+        );
         assert!(checked >= SHAPES.len() * 3 * 2 * 2, "{checked}");
     }
 }
