@@ -101,8 +101,9 @@ pub(crate) enum ColScales<'a> {
 /// One task: a slab of input rows and its pieces of every output.
 pub(crate) struct SlabJob<'a, T> {
     pub x: &'a [T],
-    /// The next slab's input (empty after the last), whose tile maxima the rowwise-only
-    /// 128x128 walk folds while it encodes this one.
+    /// The next slab's input (empty after the last), whose tile maxima the 128x128
+    /// whole-row walk folds while it encodes this one; the 1x128 chunk walk fetches its
+    /// first chunk.
     pub next: &'a [T],
     pub row: Option<&'a mut [u8]>,
     pub row_s: Option<RowScales<'a>>,
@@ -121,15 +122,16 @@ pub(crate) struct Scratch {
     /// [`STEP`] blocks of one row, widened (the rowwise-only 1x128 walk).
     span: Vec<f32>,
     /// The slab's rowwise scales: scale_inv row-major (the rowwise-only 1x128 walk), or
-    /// the tile scales (the rowwise-only 128x128 walk).
+    /// the tile (or tensor) scales of the whole-row walk.
     row_scales: Vec<f32>,
     /// A chunk's column exponents (1x128 columnwise blocks under power-of-two scales).
     lanes: LaneExps,
-    /// The tile keys of the slab starting at this address, folded ahead by the
-    /// rowwise-only 128x128 walk of the slab before it.
+    /// The tile keys of the slab starting at this address, folded ahead by the 128x128
+    /// whole-row walk of the slab before it.
     ahead: Option<(usize, Vec<u32>)>,
-    /// The slab's codes, row-major (the 128x128 whole-row walk with columnwise output
-    /// only, which transposes them from here).
+    /// A window of the slab's codes, rows [`CODES_PAD`] bytes apart past their length
+    /// (the whole-row walk with columnwise output only, which transposes them from
+    /// here).
     slab_codes: Vec<u8>,
 }
 
@@ -156,7 +158,7 @@ impl Scratch {
 /// maxima come from the bits, and under power-of-two scales its whole blocks are encoded
 /// in 16-bit lanes ([`pow2::encode_blocks`]).
 ///
-/// Same results as the slab walk's `amax_encode_block`: `block_abs_max` under
+/// Same results as the 1x128 chunk walk's `amax_encode_block`: `block_abs_max` under
 /// [`NanRule::Ignore`] is `fmaxf` folded from 0, and the encoder is the same.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
