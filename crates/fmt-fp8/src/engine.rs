@@ -409,9 +409,9 @@ fn whole_rows<T: Element>(
             }
         }
         // Columnwise: the window's codes transposed, a 128-column tile at a time.
-        if let Some(((strip, _), (level, store, fence))) = col.as_mut() {
+        if let Some(((strip, _), (store, fence))) = col.as_mut() {
             for j in (0..ww).step_by(BLOCK) {
-                let out = (&mut **strip, w0 + j, (*level, *store, *fence));
+                let out = (&mut **strip, w0 + j, (level, *store, *fence));
                 let (src, bw) = (&codes[base + j..], BLOCK.min(ww - j));
                 store_transposed(src, pitch, rows, bw, out, &mut scratch.tposed, |_| {});
             }
@@ -430,11 +430,12 @@ const WINDOW: usize = if cfg!(test) { 2048 } else { 16384 };
 /// Padding of each row of the slab codes scratch.
 const CODES_PAD: usize = 64;
 
-/// The columnwise outputs of one slab under 128x128 tiles: its strip of the transposed
-/// codes and its column of the tile scales, and how the codes are stored.
+/// The columnwise outputs of one slab of [`whole_rows`]: its strip of the transposed
+/// codes, its column of the tile scales (none under a tensor scale), and how the codes
+/// are stored.
 type ColOut<'s, 'a> = (
     (&'s mut Strip<'a, u8>, Option<&'s mut Strip<'a, f32>>),
-    (Level, StoreMode, &'s Fence),
+    (StoreMode, &'s Fence),
 );
 
 /// Folds one row's (or one span's) block maxima into the tile keys `acc`, a span of
@@ -561,7 +562,7 @@ pub(crate) fn run_slab<T: Element>(
             (Some(cd), None, Mode::Tensor(_)) => Some((cd, None)),
             _ => None,
         };
-        let store = (level, job.store.0, &job.store.1);
+        let store = (job.store.0, &job.store.1);
         whole_rows(
             level,
             dt,
@@ -817,7 +818,7 @@ mod tests {
     use quant_core::{DType, Element, HostTensor, Usage};
     use quantfmt_testkit::XorShift64;
 
-    use crate::scale::{Fp8Dtype, compute_scale_from_amax};
+    use crate::scale::{Fp8Dtype, amax_of, compute_scale_from_amax};
     use crate::{BlockScaling, Fp8BlockQuantizer, Fp8Quantizer};
 
     fn input(m: usize, k: usize, seed: u64) -> Vec<f32> {
@@ -857,11 +858,6 @@ mod tests {
             }
         }
         v
-    }
-
-    /// NaN-ignoring max magnitude from 0 (`fmaxf` folded).
-    fn amax(xs: impl Iterator<Item = f32>) -> f32 {
-        xs.fold(0.0f32, |a, x| if x.abs() > a { x.abs() } else { a })
     }
 
     struct Expected {
@@ -950,10 +946,11 @@ mod tests {
                     let tile_scale: Vec<f32> = (0..mt * kt)
                         .map(|t| {
                             let (ti, tj) = (t / kt, t % kt);
-                            let a = amax((ti * 128..m.min(ti * 128 + 128)).flat_map(|i| {
-                                let xf = &xf;
-                                (tj * 128..k.min(tj * 128 + 128)).map(move |j| xf[i * k + j])
-                            }));
+                            let tile: Vec<f32> = (ti * 128..m.min(ti * 128 + 128))
+                                .flat_map(|i| &xf[i * k + tj * 128..i * k + k.min(tj * 128 + 128)])
+                                .copied()
+                                .collect();
+                            let a = amax_of(&tile);
                             compute_scale_from_amax(a, dt.max(), pow2, 0.0, max_finite)
                         })
                         .collect();
@@ -1014,7 +1011,7 @@ mod tests {
                     let q = Fp8Quantizer::new(Usage::BOTH)
                         .with_dtype(dt)
                         .with_pow2_scales(pow2);
-                    let scale = q.scale_from_amax(amax(xf.iter().copied()));
+                    let scale = q.scale_from_amax(amax_of(xf));
                     let want = codes(xf, m, k, dt, |_, _| scale);
                     simd::for_each_supported_level(|level| {
                         for usage in [Usage::COLUMNWISE, Usage::BOTH] {

@@ -130,12 +130,13 @@ fn quantize_bytes_are_level_independent_and_usage_independent() {
     assert!(checked > 300, "{checked}");
 }
 
-/// The rowwise-only 128x128 walk folds the next slab's tile maxima while it encodes the
-/// current one, and a worker that then takes that next slab uses them. On one thread
-/// every slab after the first takes that route; its bytes must equal the slab walk's
-/// (the rowwise buffers of a BOTH tensor), at every level. Each slab is an order of
-/// magnitude below the one before it, so maxima carried over from the wrong slab would
-/// show, and one tile of the second slab holds a NaN (ignored by the amax).
+/// The 128x128 walk folds the next slab's tile maxima while it encodes the current one,
+/// and a worker that then takes that next slab uses them. On one thread every slab after
+/// the first takes that route; its bytes must equal the rowwise buffers of a BOTH tensor
+/// quantized at the scalar level on the default pool, at every level. Each slab is an
+/// order of magnitude below the one before it, so maxima carried over from the wrong
+/// slab would show, and one tile of the second slab holds a NaN (ignored by the amax).
+/// `fmt-fp8`'s engine tests check the same walk against a plain specification.
 #[test]
 fn tile_maxima_folded_ahead_equal_a_fresh_walk() {
     let one = rayon::ThreadPoolBuilder::new()
