@@ -40,40 +40,12 @@ impl Cfg {
     }
 }
 
-/// `out[i] = fp8(x[i] * mult)` for one block (the dtype and the `+0` rule are matched
-/// once, outside the loop).
-#[inline(always)]
-fn encode_run(cfg: Cfg, xs: &[f32], mult: f32, out: &mut [u8]) {
-    match (cfg.dtype, cfg.plus_zero) {
-        (Mxfp8Dtype::E4M3, false) => {
-            for (o, &v) in out.iter_mut().zip(xs) {
-                *o = e4m3::encode(v * mult);
-            }
-        }
-        (Mxfp8Dtype::E5M2, false) => {
-            for (o, &v) in out.iter_mut().zip(xs) {
-                *o = e5m2::encode(v * mult);
-            }
-        }
-        (Mxfp8Dtype::E4M3, true) => {
-            for (o, &v) in out.iter_mut().zip(xs) {
-                *o = e4m3::encode(if v == 0.0 { 0.0 } else { v * mult });
-            }
-        }
-        (Mxfp8Dtype::E5M2, true) => {
-            for (o, &v) in out.iter_mut().zip(xs) {
-                *o = e5m2::encode(if v == 0.0 { 0.0 } else { v * mult });
-            }
-        }
-    }
-}
-
 /// `out = fp8(x * mults[b])` over whole blocks: block `b` of `xs` under `mults[b]`
 /// (a ragged tail past the last whole block is left alone). The dtype and the `+0`
 /// rule are matched once per call, not per block, and each block is a fixed-size
-/// array, so the loop body is two straight 16-lane steps: through [`encode_run`] per
-/// block, LLVM re-tested both flags and ran a masked remainder loop for every 32
-/// values (MXFP8 rowwise quantize from f32 spent most of its time there on Zen 4).
+/// array, so the loop body is two straight 16-lane steps: called once per block over a
+/// slice, LLVM re-tested both flags and ran a masked remainder loop for every 32 values
+/// (MXFP8 rowwise quantize from f32 spent most of its time there on Zen 4).
 #[inline(always)]
 fn encode_blocks(cfg: Cfg, xs: &[f32], mults: &[f32], out: &mut [u8]) {
     #[inline(always)]
@@ -615,29 +587,19 @@ fn slab<T: Element>(
                             } else {
                                 cfg.code(row_key[b])
                             };
-                            encode_run(
-                                cfg,
-                                v,
-                                if two_d {
-                                    tile_mult[b]
-                                } else {
-                                    multiplier(code)
-                                },
-                                o,
-                            );
+                            let mult = if two_d {
+                                tile_mult[b]
+                            } else {
+                                multiplier(code)
+                            };
+                            encode_blocks(cfg, v, &[mult], o);
                             rs[rowwise_scale_at(layout, i, c0 / BLOCK + b, rstride)] = code;
                         }
                     }
                     if let Some((cd, _)) = job.col.as_mut() {
                         let out = &mut cd[dst];
                         if two_d {
-                            for ((o, v), &mlt) in out
-                                .chunks_exact_mut(BLOCK)
-                                .zip(w.chunks_exact(BLOCK))
-                                .zip(tile_mult.iter())
-                            {
-                                encode_run(cfg, v, mlt, o);
-                            }
+                            encode_blocks(cfg, w, tile_mult, out);
                         } else {
                             encode_cols(cfg, w, &col_mult[..cw], out);
                         }
