@@ -15,6 +15,12 @@
 //!               into the strip
 //! ```
 //!
+//! Three recipes leave that walk: rowwise-only 1-D ([`rowwise_only`]) and 2-D
+//! ([`rowwise_2d_only`]) output go row by row, and 2-D output with columnwise data
+//! under one shared global amax and round to nearest ([`two_d_transposed`]) encodes the
+//! rows once and transposes the codes, since a 16x16 tile's codes and scale are then
+//! the same in both directions.
+//!
 //! Every value is computed by the same IEEE operations, in the same order, as the
 //! scalar specification in [`crate::kernel`] (and `tests/simd_levels.rs` checks it at
 //! every SIMD level): block amaxes with NaN-ignoring max (as 16-lane trees,
