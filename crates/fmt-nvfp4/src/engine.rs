@@ -115,8 +115,9 @@ struct Scratch {
     /// The packed codes of a columnwise-only window of [`two_d_transposed`] (grown on
     /// first use, at most `SLAB * (WINDOW / 2 + CODES_PAD)` bytes).
     window_codes: Vec<u8>,
-    /// The 16x16 tile scale codes of a slab in [`two_d_transposed`], `[group][block]`.
-    tile_scales: Vec<u8>,
+    /// The 16x16 tile scale codes of a slab in [`two_d_transposed`], `[block][group]`:
+    /// a block column's codes are the scales of its 16 stored rows.
+    tile_scales: Vec<[u8; SLAB / BLOCK]>,
     /// The per-block arrays of [`rowwise_span`].
     #[cfg(target_arch = "x86_64")]
     span: Box<SpanScratch>,
@@ -919,7 +920,6 @@ fn two_d_transposed<T: Element>(
     s: &mut Scratch,
 ) {
     let rows = x.len() / k;
-    let groups = rows / BLOCK;
     let kb = k / BLOCK;
     let (mut rd, mut rs) = match row {
         Some((d, s)) => (Some(d), Some(s)),
@@ -928,7 +928,7 @@ fn two_d_transposed<T: Element>(
     // Taken out of the scratch while `encode_2d_rows` borrows the rest of it.
     let mut tile_scales = std::mem::take(&mut s.tile_scales);
     let mut own = std::mem::take(&mut s.window_codes);
-    tile_scales.resize(groups * kb, 0);
+    tile_scales.resize(kb, [0; SLAB / BLOCK]);
     for w0 in (0..k).step_by(WINDOW) {
         let w1 = (w0 + WINDOW).min(k);
         let out = match rd.as_deref_mut() {
@@ -954,7 +954,9 @@ fn two_d_transposed<T: Element>(
             }
             // Every row of a group carries its tiles' codes: keep the first row's.
             if r % BLOCK == 0 {
-                tile_scales[r / BLOCK * kb + kb0..][..sdb.len()].copy_from_slice(sdb);
+                for (t, &code) in tile_scales[kb0..][..sdb.len()].iter_mut().zip(sdb) {
+                    t[r / BLOCK] = code;
+                }
             }
         });
         let codes: &[u8] = rd.as_deref().unwrap_or(&own);
@@ -966,9 +968,7 @@ fn two_d_transposed<T: Element>(
             }
             let mut scales = [[0u8; SLAB / BLOCK]; CHUNK];
             for (c, sc) in scales[..cw].iter_mut().enumerate() {
-                for (g, v) in sc[..groups].iter_mut().enumerate() {
-                    *v = tile_scales[g * kb + (c0 + c) / BLOCK];
-                }
+                *sc = tile_scales[(c0 + c) / BLOCK];
             }
             store_columnwise(p, c0, cw, rows, &scales, col, s);
         }
