@@ -1169,6 +1169,8 @@ mod tests {
 
     /// Narrow chunks (and a ragged last one) write the same bytes as whole rows, for
     /// both input dtypes, both scale rules and layouts, 1-D and 2-D, at every level.
+    /// (2-D bf16 takes [`two_d_rows`], whose spans the narrow chunk cuts to 1024
+    /// columns: several spans per row, against one.)
     #[test]
     fn chunked_walk_writes_the_same_bytes_as_whole_rows() {
         for [m, k] in [[64, 4192], [96, 352]] {
