@@ -1,6 +1,6 @@
 //! The fast engine against the scalar specification ([`fmt_nvfp4::reference`]), at every
 //! SIMD level this CPU can run (levels it lacks are skipped with a note), on ragged
-//! shapes (partial 128-row slabs, partial 256-column chunks), every option combination
+//! shapes (partial 256-row quantize slabs, partial 256-column chunks), every option combination
 //! TE allows, every usage and input dtype, and special values; dequantization too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
