@@ -987,7 +987,7 @@ fn two_d_transposed<T: Element>(
 /// Two rows' packed codes (`a`, `b`: byte `j` holds columns `2j`, `2j + 1`) regrouped
 /// into one byte per column, the columnwise byte of that column's row pair:
 /// `out[2j] = lo(a[j]) | lo(b[j]) << 4`, `out[2j + 1] = hi(a[j]) | hi(b[j]) << 4`.
-/// Computed as one 16-bit lane per input byte pair, so the loop vectorizes.
+/// Computed as one 16-bit lane per input byte pair: masks and shifts, no byte shuffle.
 #[inline(always)]
 fn regroup_pairs(a: &[u8], b: &[u8], out: &mut [u8]) {
     for ((o, &a), &b) in out.chunks_exact_mut(2).zip(a).zip(b) {
