@@ -723,41 +723,17 @@ fn two_d_rows<T: Element>(
             for r in 0..BLOCK {
                 let i = g * BLOCK + r;
                 let at = i * k + s0..i * k + s0 + sw;
-                let keys = Some(&*keys);
-                match (job.row.as_mut(), job.col.as_mut()) {
-                    (Some((rd, rs)), col) => {
-                        let out = &mut rd[at.clone()];
-                        let rs = Some(&mut **rs);
-                        row_run(
-                            cfg,
-                            layout,
-                            rstride,
-                            x,
-                            [k, i, s0],
-                            out,
-                            rs,
-                            &mut scratch.span,
-                            keys,
-                        );
-                        if let Some((cd, _)) = col {
-                            cd[at.clone()].copy_from_slice(&rd[at]);
-                        }
-                    }
-                    (None, Some((cd, _))) => {
-                        let out = &mut cd[at];
-                        row_run(
-                            cfg,
-                            layout,
-                            rstride,
-                            x,
-                            [k, i, s0],
-                            out,
-                            None,
-                            &mut scratch.span,
-                            keys,
-                        );
-                    }
-                    (None, None) => {}
+                // One encode, into the rowwise output (with its scales) where there is
+                // one, else into the columnwise output.
+                let (out, rs) = match (job.row.as_mut(), job.col.as_mut()) {
+                    (Some((rd, rs)), _) => (&mut rd[at.clone()], Some(&mut **rs)),
+                    (None, Some((cd, _))) => (&mut cd[at.clone()], None),
+                    (None, None) => continue,
+                };
+                let (span, keys) = (&mut scratch.span, Some(&*keys));
+                row_run(cfg, layout, rstride, x, [k, i, s0], out, rs, span, keys);
+                if let (Some((rd, _)), Some((cd, _))) = (job.row.as_ref(), job.col.as_mut()) {
+                    cd[at.clone()].copy_from_slice(&rd[at]);
                 }
             }
             if let Some((_, cs)) = job.col.as_mut() {
