@@ -392,11 +392,28 @@ fn row_run<T: Element>(
                 keys
             });
             let mut mults = [0f32; STEP];
-            for ((c, m), &key) in codes.iter_mut().zip(mults.iter_mut()).zip(&keys) {
+            let mut ks = [0i32; STEP];
+            for (((c, m), k), &key) in codes.iter_mut().zip(&mut mults).zip(&mut ks).zip(&keys) {
                 *c = cfg.code(key);
                 *m = multiplier(*c);
+                *k = 127 - i32::from(*c);
             }
-            encode_blocks(cfg, w, &mults, os);
+            // The multiplier is `2^k`, so at AVX-512 the whole blocks are rounded on
+            // the f32 bits ([`pow2::encode_blocks_f32`]); the multiply-and-encode
+            // route takes the rest and any span the kernel refuses.
+            let whole = nb * BLOCK;
+            let fp8 = cfg.dtype.pow2_codec();
+            if !pow2::encode_blocks_f32(
+                cfg.level,
+                fp8,
+                &w[..whole],
+                BLOCK,
+                &ks[..nb],
+                cfg.plus_zero,
+                &mut os[..whole],
+            ) {
+                encode_blocks(cfg, w, &mults, os);
+            }
         }
         let kb0 = (c0 + si * run) / BLOCK;
         let Some(rs) = rs.as_deref_mut() else {

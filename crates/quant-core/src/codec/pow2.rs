@@ -48,6 +48,9 @@ use crate::dtype::Bits16;
 use crate::simd::Level;
 
 mod f16;
+mod from_f32;
+
+pub use from_f32::{bf16_round_to_odd, encode_blocks_f32};
 
 /// An FP8 element type as the bf16 encoder sees it: mantissa bits, exponent bias and the
 /// largest finite code.
@@ -706,7 +709,7 @@ mod x86 {
     }
 
     /// The call's constant vectors.
-    struct Consts {
+    pub(super) struct Consts {
         half_m1: __m512i,
         abs: __m512i,
         one: __m512i,
@@ -730,7 +733,7 @@ mod x86 {
     impl Consts {
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw")]
-        fn new(fp8: Fp8) -> Consts {
+        pub(super) fn new(fp8: Fp8) -> Consts {
             // SAFETY: `HALF_M1` is 32 i16 = 64 bytes (one unaligned 512-bit load).
             let half_m1 = unsafe { _mm512_loadu_si512(HALF_M1.as_ptr().cast()) };
             let sh = 7 - fp8.mbits as i32;
@@ -755,7 +758,7 @@ mod x86 {
 
     /// One block's constants for the normal route, from its exponent `k`.
     #[derive(Clone, Copy)]
-    struct Block {
+    pub(super) struct Block {
         /// `(EXP_OFFSET + 1) << 7`: the smallest magnitude whose code is normal.
         normal_from: __m512i,
         /// `0x7F80 - normal_from`: how many magnitudes from `normal_from` up are finite.
@@ -769,7 +772,7 @@ mod x86 {
     impl Block {
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw")]
-        fn new(fp8: Fp8, k: i32) -> Block {
+        pub(super) fn new(fp8: Fp8, k: i32) -> Block {
             let [normal_from, normal_span, rebias, k] = fp8.block_consts(k).map(|v| v as i16);
             Block {
                 normal_from: _mm512_set1_epi16(normal_from),
@@ -828,7 +831,7 @@ mod x86 {
     /// subnormal input, infinity or NaN in the chunk: rare in data under a block scale).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    fn encode32(c: &Consts, blk: &Block, x: __m512i, plus_zero: bool) -> __m512i {
+    pub(super) fn encode32(c: &Consts, blk: &Block, x: __m512i, plus_zero: bool) -> __m512i {
         let mag = _mm512_and_si512(x, c.abs);
         let nonzero = _mm512_test_epi16_mask(mag, mag);
         // Outside `normal_from .. 0x7F80` (one unsigned compare after a wrapping
