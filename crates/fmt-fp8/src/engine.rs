@@ -197,14 +197,13 @@ fn rowwise_1d<T: Element>(
             for (s, &key) in scales.iter_mut().zip(&keys) {
                 *s = scale_of(f32::from_bits(key));
             }
-            // Power-of-two scales (the default) on bf16 or f16 bits: the whole blocks in
-            // 16-bit lanes. Otherwise, and for a ragged last block, each value as f32:
-            // bf16 bits widened in registers, f16 widened per block, other input from the
-            // span widened for the maxima.
-            let fast = matches!(read, SpanRead::Bits(_))
-                && Pow2Plan::per_block(level, &scales[..whole]).is_some_and(|p| {
-                    p.encode(level, dt, &xs[..whole * BLOCK], &mut os[..whole * BLOCK])
-                });
+            // Power-of-two scales (the default): the whole blocks in 16-bit lanes, on the
+            // bf16 or f16 bits or on f32 narrowed to bf16 (rounding to odd, exact).
+            // Otherwise, and for a ragged last block, each value as f32: bf16 bits
+            // widened in registers, f16 widened per block, f32 read in place.
+            let fast = Pow2Plan::per_block(level, &scales[..whole]).is_some_and(|p| {
+                p.encode(level, dt, &xs[..whole * BLOCK], &mut os[..whole * BLOCK])
+            });
             let done = if fast { whole * BLOCK } else { 0 };
             let blocks = os[done..].chunks_mut(BLOCK).zip(&scales[done / BLOCK..]);
             match read {
@@ -485,21 +484,26 @@ impl Pow2Plan {
         })
     }
 
-    /// Encodes the whole blocks of one row's span; `false` (nothing written) unless `xr`
-    /// is bf16 or f16 and the encoder takes every exponent.
+    /// Encodes the whole blocks of one row's span; `false` (nothing written) unless the
+    /// encoder of `xr`'s dtype takes every exponent: bf16 and f16 on their bits, f32
+    /// through [`pow2::encode_blocks_f32`] (narrowed to bf16 by rounding to odd, exact).
     #[inline(always)]
     fn encode<T: Element>(&self, level: Level, dt: Fp8Dtype, xr: &[T], out: &mut [u8]) -> bool {
-        Bits16::of(xr).is_some_and(|bits| {
-            pow2::encode_blocks(
-                level,
-                dt.pow2_codec(),
-                bits,
-                BLOCK,
-                &self.ks[..self.blocks],
-                false,
-                out,
-            )
-        })
+        let (fp8, ks) = (dt.pow2_codec(), &self.ks[..self.blocks]);
+        match Bits16::of(xr) {
+            Some(bits) => pow2::encode_blocks(level, fp8, bits, BLOCK, ks, false, out),
+            None => f32s(xr)
+                .is_some_and(|xs| pow2::encode_blocks_f32(level, fp8, xs, BLOCK, ks, false, out)),
+        }
+    }
+}
+
+/// `xs` as f32 values, where `T` is f32.
+#[inline(always)]
+fn f32s<T: Element>(xs: &[T]) -> Option<&[f32]> {
+    match bytemuck::try_cast_slice::<T, f32>(xs) {
+        Ok(f) if T::DTYPE == quant_core::DType::F32 => Some(f),
+        _ => None,
     }
 }
 
