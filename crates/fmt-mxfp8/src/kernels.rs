@@ -220,8 +220,10 @@ struct ChunkCols {
     /// Tile multipliers and codes (2-D).
     tile_mult: Vec<f32>,
     tile_code: Vec<u8>,
-    /// One row's block keys.
+    /// One row's block keys, codes and multiplier exponents.
     row_key: Vec<u32>,
+    row_code: Vec<u8>,
+    row_exp: Vec<i32>,
 }
 
 impl ChunkCols {
@@ -236,6 +238,8 @@ impl ChunkCols {
             tile_mult: vec![0.0; blocks],
             tile_code: vec![0; blocks],
             row_key: vec![0; blocks],
+            row_code: vec![0; blocks],
+            row_exp: vec![0; blocks],
         }
     }
 }
@@ -361,7 +365,9 @@ fn rowwise_only<T: Element>(
 /// input is widened once per span, into `span`, instead of once per block into a stack
 /// array the encoder then re-reads with wider loads). bf16 and f16 input at AVX-512 is
 /// not widened at all ([`span_bits_pow2`]), and its maxima run a span ahead of its
-/// encode ([`Ahead`]).
+/// encode ([`Ahead`]). f32 input at AVX-512 is encoded in 16-bit lanes too, narrowed to
+/// bf16 by rounding to odd ([`pow2::encode_blocks_f32`], exact), where the multiply and
+/// the 32-bit encoder took twice the operations.
 ///
 /// With `tiles` (2-D: the key of every block of the run, its 32x32 tile's), those
 /// replace the blocks' own maxima; `rs` is `None` where no rowwise scale is kept (the
@@ -595,6 +601,8 @@ fn slab<T: Element>(
                 tile_mult,
                 tile_code,
                 row_key,
+                row_code,
+                row_exp,
                 ..
             } = &mut scratch.cols;
             if !fast {
@@ -653,22 +661,39 @@ fn slab<T: Element>(
                             block_abs_max(cfg.level, w, cfg.rule.nan_rule(), &mut row_key[..nb]);
                         }
                         let out = &mut rd[dst.clone()];
-                        for (b, (o, v)) in out
-                            .chunks_exact_mut(BLOCK)
-                            .zip(w.chunks_exact(BLOCK))
-                            .enumerate()
-                        {
-                            let code = if two_d {
-                                tile_code[b]
-                            } else {
-                                cfg.code(row_key[b])
-                            };
-                            let mult = if two_d {
-                                tile_mult[b]
-                            } else {
-                                multiplier(code)
-                            };
-                            encode_blocks(cfg, v, &[mult], o);
+                        let codes = if two_d {
+                            &tile_code[..nb]
+                        } else {
+                            for (c, &key) in row_code.iter_mut().zip(&row_key[..nb]) {
+                                *c = cfg.code(key);
+                            }
+                            &row_code[..nb]
+                        };
+                        for (e, &c) in row_exp.iter_mut().zip(codes.iter()) {
+                            *e = 127 - i32::from(c);
+                        }
+                        // The multipliers are powers of two: at AVX-512 the row is
+                        // encoded in 16-bit lanes ([`pow2::encode_blocks_f32`]), block by
+                        // block through the multiply otherwise.
+                        let (fp8, plus_zero) = (cfg.dtype.pow2_codec(), cfg.plus_zero);
+                        if !pow2::encode_blocks_f32(
+                            cfg.level,
+                            fp8,
+                            w,
+                            BLOCK,
+                            &row_exp[..nb],
+                            plus_zero,
+                            out,
+                        ) {
+                            for ((o, v), &code) in out
+                                .chunks_exact_mut(BLOCK)
+                                .zip(w.chunks_exact(BLOCK))
+                                .zip(codes.iter())
+                            {
+                                encode_blocks(cfg, v, &[multiplier(code)], o);
+                            }
+                        }
+                        for (b, &code) in codes.iter().enumerate() {
                             rs[rowwise_scale_at(layout, i, c0 / BLOCK + b, rstride)] = code;
                         }
                     }

@@ -35,6 +35,11 @@
 //! f16 input has its own kernel ([`Fp8::encode_f16`]): the same in-place rounding where
 //! a chunk allows it, the f32 route itself in registers where not.
 //!
+//! f32 input ([`encode_blocks_f32`], [`Fp8::encode_f32`]) is narrowed to bf16 in the
+//! register by rounding to odd, which keeps every code exact (bf16 has two more bits
+//! than either FP8 format: the `from_f32` module's docs give the argument), and then
+//! takes this kernel: 32 values per vector where the f32 route takes 16.
+//!
 //! ```
 //! use quant_core::codec::{e4m3, pow2::Fp8};
 //! let x = half::bf16::from_f32(-3.3);
