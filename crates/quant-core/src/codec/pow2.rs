@@ -172,6 +172,23 @@ impl Fp8 {
         }
     }
 
+    /// `encode(x * 2^k)` through the f32 encoder (a zero input gives `+0` when
+    /// `plus_zero`): the reference route that the f16 and f32 kernels' specifications
+    /// ([`Fp8::encode_f16`], [`Fp8::encode_f32`]) name. `2^k` must be a normal f32.
+    #[inline(always)]
+    fn encode_times_pow2(self, x: f32, k: i32, plus_zero: bool) -> u8 {
+        let y = if plus_zero && x == 0.0 {
+            0.0
+        } else {
+            x * f32::from_bits(((k + 127) as u32) << 23)
+        };
+        if self == Fp8::E4M3 {
+            e4m3::encode(y)
+        } else {
+            e5m2::encode(y)
+        }
+    }
+
     /// Whether [`Fp8::decode_bf16`] is exact for the scale `2^j`: every nonzero code
     /// times `2^j` stays a normal bf16 (`-127 + BIAS + MBITS <= j <= 127 - EMAX`).
     ///

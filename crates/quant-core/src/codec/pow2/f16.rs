@@ -31,7 +31,6 @@
 //! ```
 
 use super::Fp8;
-use crate::codec::{e4m3, e5m2};
 
 impl Fp8 {
     /// Whether the f16 kernels take the exponent `k`: `2^k` is a normal f32
@@ -61,17 +60,7 @@ impl Fp8 {
     #[inline(always)]
     pub fn encode_f16(self, bits: u16, k: i32, plus_zero: bool) -> u8 {
         debug_assert!(self.pow2_exact_f16(k), "k = {k} outside the exact range");
-        let x = half::f16::from_bits(bits).to_f32();
-        let y = if plus_zero && x == 0.0 {
-            0.0
-        } else {
-            x * f32::from_bits(((k + 127) as u32) << 23)
-        };
-        if self == Fp8::E4M3 {
-            e4m3::encode(y)
-        } else {
-            e5m2::encode(y)
-        }
+        self.encode_times_pow2(half::f16::from_bits(bits).to_f32(), k, plus_zero)
     }
 
     /// The fast route's per-block constants for exponent `k`, as 16-bit lane values:

@@ -33,7 +33,6 @@
 //! ```
 
 use super::Fp8;
-use crate::codec::{e4m3, e5m2};
 use crate::simd::Level;
 
 impl Fp8 {
@@ -64,16 +63,7 @@ impl Fp8 {
     #[inline(always)]
     pub fn encode_f32(self, x: f32, k: i32, plus_zero: bool) -> u8 {
         debug_assert!(self.pow2_exact_f32(k), "k = {k} outside the exact range");
-        let y = if plus_zero && x == 0.0 {
-            0.0
-        } else {
-            x * f32::from_bits(((k + 127) as u32) << 23)
-        };
-        if self == Fp8::E4M3 {
-            e4m3::encode(y)
-        } else {
-            e5m2::encode(y)
-        }
+        self.encode_times_pow2(x, k, plus_zero)
     }
 }
 
