@@ -456,9 +456,10 @@ fn fold_tile_keys<T: Element>(
     }
 }
 
-/// The 16-bit route of an encode ([`pow2::encode_blocks`]): the exponents of its
-/// power-of-two scales, one per 128-value block (1x128 rows, 2-D tiles, or a tensor
-/// scale repeated). `None` where a scale is not a power of two.
+/// The 16-bit route of an encode ([`pow2::encode_blocks`], and for f32 input
+/// [`pow2::encode_blocks_f32`]): the exponents of its power-of-two scales, one per
+/// 128-value block (1x128 rows, 2-D tiles, or a tensor scale repeated). `None` where a
+/// scale is not a power of two.
 struct Pow2Plan {
     ks: [i32; STEP],
     blocks: usize,
