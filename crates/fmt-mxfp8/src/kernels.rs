@@ -54,7 +54,7 @@ impl Cfg {
         ) {
             for ((c, k), &key) in codes.iter_mut().zip(ks.iter_mut()).zip(keys) {
                 *c = code(f32::from_bits(key));
-                *k = 127 - i32::from(*c);
+                *k = multiplier_exp(*c);
             }
         }
         let dtype = self.dtype;
@@ -65,36 +65,37 @@ impl Cfg {
     }
 }
 
-/// `out = fp8(x * mults[b])` over whole blocks: block `b` of `xs` under `mults[b]`
-/// (a ragged tail past the last whole block is left alone). The dtype and the `+0`
+/// `out = fp8(x * multiplier(codes[b]))` over whole blocks: block `b` of `xs` under its
+/// E8M0 code's multiplier (a ragged tail past the last whole block is left alone). The dtype and the `+0`
 /// rule are matched once per call, not per block, and each block is a fixed-size
 /// array, so the loop body is two straight 16-lane steps: called once per block over a
 /// slice, LLVM re-tested both flags and ran a masked remainder loop for every 32 values
 /// (MXFP8 rowwise quantize from f32 spent most of its time there on Zen 4).
 #[inline(always)]
-fn encode_blocks(cfg: Cfg, xs: &[f32], mults: &[f32], out: &mut [u8]) {
+fn encode_blocks(cfg: Cfg, xs: &[f32], codes: &[u8], out: &mut [u8]) {
     #[inline(always)]
-    fn each(xs: &[f32], mults: &[f32], out: &mut [u8], enc: impl Fn(f32, f32) -> u8) {
+    fn each(xs: &[f32], codes: &[u8], out: &mut [u8], enc: impl Fn(f32, f32) -> u8) {
         let (blocks, _) = xs.as_chunks::<BLOCK>();
-        for ((o, v), &m) in out
+        for ((o, v), &c) in out
             .as_chunks_mut::<BLOCK>()
             .0
             .iter_mut()
             .zip(blocks)
-            .zip(mults)
+            .zip(codes)
         {
+            let m = multiplier(c);
             for (o, &v) in o.iter_mut().zip(v) {
                 *o = enc(v, m);
             }
         }
     }
     match (cfg.dtype, cfg.plus_zero) {
-        (Mxfp8Dtype::E4M3, false) => each(xs, mults, out, |v, m| e4m3::encode(v * m)),
-        (Mxfp8Dtype::E5M2, false) => each(xs, mults, out, |v, m| e5m2::encode(v * m)),
-        (Mxfp8Dtype::E4M3, true) => each(xs, mults, out, |v, m| {
+        (Mxfp8Dtype::E4M3, false) => each(xs, codes, out, |v, m| e4m3::encode(v * m)),
+        (Mxfp8Dtype::E5M2, false) => each(xs, codes, out, |v, m| e5m2::encode(v * m)),
+        (Mxfp8Dtype::E4M3, true) => each(xs, codes, out, |v, m| {
             e4m3::encode(if v == 0.0 { 0.0 } else { v * m })
         }),
-        (Mxfp8Dtype::E5M2, true) => each(xs, mults, out, |v, m| {
+        (Mxfp8Dtype::E5M2, true) => each(xs, codes, out, |v, m| {
             e5m2::encode(if v == 0.0 { 0.0 } else { v * m })
         }),
     }
@@ -217,9 +218,9 @@ struct ChunkCols {
     key16: Vec<u16>,
     /// Column multiplier exponents ([`group_bits`]).
     exp: Vec<i32>,
-    /// Tile multipliers and codes (2-D).
-    tile_mult: Vec<f32>,
+    /// Tile codes and their multipliers' exponents (2-D).
     tile_code: Vec<u8>,
+    tile_exp: Vec<i32>,
     /// One row's block keys, codes and multiplier exponents.
     row_key: Vec<u32>,
     row_code: Vec<u8>,
@@ -235,8 +236,8 @@ impl ChunkCols {
             code: vec![0; chunk],
             key16: vec![0; chunk],
             exp: vec![0; chunk],
-            tile_mult: vec![0.0; blocks],
             tile_code: vec![0; blocks],
+            tile_exp: vec![0; blocks],
             row_key: vec![0; blocks],
             row_code: vec![0; blocks],
             row_exp: vec![0; blocks],
@@ -424,26 +425,8 @@ fn row_run<T: Element>(
             });
             let mut ks = [0i32; STEP];
             cfg.codes_and_exps(&keys, &mut codes, &mut ks);
-            // The multiplier is `2^k`, so at AVX-512 the whole blocks are rounded on
-            // the f32 bits ([`pow2::encode_blocks_f32`]); the multiply-and-encode
-            // route takes the rest and any span the kernel refuses.
             let whole = nb * BLOCK;
-            let fp8 = cfg.dtype.pow2_codec();
-            if !pow2::encode_blocks_f32(
-                cfg.level,
-                fp8,
-                &w[..whole],
-                BLOCK,
-                &ks[..nb],
-                cfg.plus_zero,
-                &mut os[..whole],
-            ) {
-                let mut mults = [0f32; STEP];
-                for (m, &c) in mults.iter_mut().zip(&codes) {
-                    *m = multiplier(c);
-                }
-                encode_blocks(cfg, w, &mults, os);
-            }
+            encode_row_f32(cfg, &w[..whole], &codes[..nb], &ks[..nb], &mut os[..whole]);
         }
         let kb0 = (c0 + si * run) / BLOCK;
         let Some(rs) = rs.as_deref_mut() else {
@@ -563,6 +546,26 @@ fn span_bits_pow2(
     )
 }
 
+/// f32 values of whole blocks whose E8M0 codes are `codes` (and their multipliers'
+/// exponents `exps`, [`multiplier_exp`]), encoded into `out`. The multipliers are powers
+/// of two, so at AVX-512 the values are encoded in 16-bit lanes
+/// ([`pow2::encode_blocks_f32`], narrowed to bf16 by rounding to odd, exact); the
+/// multiply-and-encode route takes any run the kernel refuses.
+#[inline(always)]
+fn encode_row_f32(cfg: Cfg, w: &[f32], codes: &[u8], exps: &[i32], out: &mut [u8]) {
+    let fp8 = cfg.dtype.pow2_codec();
+    if !pow2::encode_blocks_f32(cfg.level, fp8, w, BLOCK, exps, cfg.plus_zero, out) {
+        encode_blocks(cfg, w, codes, out);
+    }
+}
+
+/// `k` of a code's multiplier `2^k` ([`multiplier`]: `2^(127 - code)`), the exponent the
+/// power-of-two encoders take.
+#[inline(always)]
+fn multiplier_exp(code: u8) -> i32 {
+    127 - i32::from(code)
+}
+
 /// Bytes of one 128x4 swizzle tile.
 const TILE_BYTES: usize = 512;
 
@@ -600,8 +603,8 @@ fn slab<T: Element>(
                 key: col_key,
                 mult: col_mult,
                 code: col_code,
-                tile_mult,
                 tile_code,
+                tile_exp,
                 row_key,
                 row_code,
                 row_exp,
@@ -631,13 +634,13 @@ fn slab<T: Element>(
                             *a = (*a).max(b);
                         }
                     }
-                    for ((c, mlt), &a) in tile_code
+                    for ((c, e), &a) in tile_code
                         .iter_mut()
-                        .zip(tile_mult.iter_mut())
+                        .zip(tile_exp.iter_mut())
                         .zip(keys.iter())
                     {
                         *c = cfg.code(a);
-                        *mlt = multiplier(*c);
+                        *e = multiplier_exp(*c);
                     }
                 } else if job.col.is_some() {
                     let keys = &mut col_key[..cw];
@@ -662,39 +665,20 @@ fn slab<T: Element>(
                         if !two_d {
                             block_abs_max(cfg.level, w, cfg.rule.nan_rule(), &mut row_key[..nb]);
                         }
-                        let out = &mut rd[dst.clone()];
-                        let codes = if two_d {
-                            &tile_code[..nb]
+                        let (codes, exps) = if two_d {
+                            (&tile_code[..nb], &tile_exp[..nb])
                         } else {
-                            for (c, &key) in row_code.iter_mut().zip(&row_key[..nb]) {
-                                *c = cfg.code(key);
-                            }
-                            &row_code[..nb]
-                        };
-                        for (e, &c) in row_exp.iter_mut().zip(codes.iter()) {
-                            *e = 127 - i32::from(c);
-                        }
-                        // The multipliers are powers of two: at AVX-512 the row is
-                        // encoded in 16-bit lanes ([`pow2::encode_blocks_f32`]), block by
-                        // block through the multiply otherwise.
-                        let (fp8, plus_zero) = (cfg.dtype.pow2_codec(), cfg.plus_zero);
-                        if !pow2::encode_blocks_f32(
-                            cfg.level,
-                            fp8,
-                            w,
-                            BLOCK,
-                            &row_exp[..nb],
-                            plus_zero,
-                            out,
-                        ) {
-                            for ((o, v), &code) in out
-                                .chunks_exact_mut(BLOCK)
-                                .zip(w.chunks_exact(BLOCK))
-                                .zip(codes.iter())
+                            for ((c, e), &key) in row_code
+                                .iter_mut()
+                                .zip(row_exp.iter_mut())
+                                .zip(&row_key[..nb])
                             {
-                                encode_blocks(cfg, v, &[multiplier(code)], o);
+                                *c = cfg.code(key);
+                                *e = multiplier_exp(*c);
                             }
-                        }
+                            (&row_code[..nb], &row_exp[..nb])
+                        };
+                        encode_row_f32(cfg, w, codes, exps, &mut rd[dst.clone()]);
                         for (b, &code) in codes.iter().enumerate() {
                             rs[rowwise_scale_at(layout, i, c0 / BLOCK + b, rstride)] = code;
                         }
@@ -708,21 +692,7 @@ fn slab<T: Element>(
                             // encoded, copied while in L1.
                             out.copy_from_slice(&rd[dst]);
                         } else {
-                            for (e, &c) in row_exp.iter_mut().zip(&tile_code[..nb]) {
-                                *e = 127 - i32::from(c);
-                            }
-                            let (fp8, plus_zero) = (cfg.dtype.pow2_codec(), cfg.plus_zero);
-                            if !pow2::encode_blocks_f32(
-                                cfg.level,
-                                fp8,
-                                w,
-                                BLOCK,
-                                &row_exp[..nb],
-                                plus_zero,
-                                out,
-                            ) {
-                                encode_blocks(cfg, w, tile_mult, out);
-                            }
+                            encode_row_f32(cfg, w, &tile_code[..nb], &tile_exp[..nb], out);
                         }
                     }
                 }
@@ -912,7 +882,7 @@ fn group_bits<T: Element>(
     for ((c, e), &key) in col_code.iter_mut().zip(ks.iter_mut()).zip(keys.iter()) {
         *c = cfg.code(column_key(bits, key));
         // The multiplier is 2^(127 - code) ([`multiplier`]).
-        *e = 127 - i32::from(*c);
+        *e = multiplier_exp(*c);
     }
     let lanes = &mut scratch.lanes;
     if !lanes.set_for(bits, cfg.dtype.pow2_codec(), &ks[..cw]) {
