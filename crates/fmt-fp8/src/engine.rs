@@ -505,18 +505,9 @@ impl Pow2Plan {
         let (fp8, ks) = (dt.pow2_codec(), &self.ks[..self.blocks]);
         match Bits16::of(xr) {
             Some(bits) => pow2::encode_blocks(level, fp8, bits, BLOCK, ks, false, out),
-            None => f32s(xr)
+            None => quant_core::dtype::f32_slice(xr)
                 .is_some_and(|xs| pow2::encode_blocks_f32(level, fp8, xs, BLOCK, ks, false, out)),
         }
-    }
-}
-
-/// `xs` as f32 values, where `T` is f32.
-#[inline(always)]
-fn f32s<T: Element>(xs: &[T]) -> Option<&[f32]> {
-    match bytemuck::try_cast_slice::<T, f32>(xs) {
-        Ok(f) if T::DTYPE == quant_core::DType::F32 => Some(f),
-        _ => None,
     }
 }
 

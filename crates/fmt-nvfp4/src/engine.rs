@@ -710,10 +710,7 @@ fn rowwise_span<T: Element>(
         }
         b.run()
     } else {
-        let Some(w) = bytemuck::try_cast_slice::<T, f32>(xs)
-            .ok()
-            .filter(|_| T::DTYPE == DType::F32)
-        else {
+        let Some(w) = quant_core::dtype::f32_slice(xs) else {
             return false;
         };
         if maxima {
@@ -1016,7 +1013,7 @@ fn span_tiles<'a, T: Element>(
             block_abs_max_bf16(level, bits, NanRule::Ignore, row);
         } else if let Some(bits) = quant_core::dtype::f16_slice_bits(xs) {
             block_abs_max_f16(level, bits, NanRule::Ignore, row);
-        } else if let (DType::F32, Ok(w)) = (T::DTYPE, bytemuck::try_cast_slice::<T, f32>(xs)) {
+        } else if let Some(w) = quant_core::dtype::f32_slice(xs) {
             block_abs_max(level, w, NanRule::Ignore, row);
         } else {
             for (xc, rc) in xs.chunks(CHUNK).zip(row.chunks_mut(NB)) {
@@ -1660,10 +1657,7 @@ impl<'a> Slab<'a> {
         match Bits16::of(x) {
             Some(b @ Bits16::Bf16(_)) => Some(Slab::Bits(b)),
             Some(b @ Bits16::F16(_)) => (level == Level::Avx512).then_some(Slab::Bits(b)),
-            None => {
-                let w = bytemuck::try_cast_slice::<T, f32>(x).ok();
-                w.filter(|_| T::DTYPE == DType::F32).map(Slab::F32)
-            }
+            None => quant_core::dtype::f32_slice(x).map(Slab::F32),
         }
     }
 

@@ -166,7 +166,7 @@ impl<T: Element> LaneAmax<T> {
             for (a, &b) in self.bits.iter_mut().zip(chunks.remainder()) {
                 *a = (*a).max(mag(b));
             }
-        } else if let Ok(fs) = bytemuck::try_cast_slice::<T, f32>(xs) {
+        } else if let Some(fs) = crate::dtype::f32_slice(xs) {
             let mut chunks = fs.chunks_exact(self.wide.len());
             for c in &mut chunks {
                 for (a, &v) in self.wide.iter_mut().zip(c) {

@@ -293,12 +293,28 @@ pub fn bf16_bits(x: f32) -> u16 {
 /// ```
 #[inline(always)]
 pub fn widened<'a, T: Element>(src: &'a [T], scratch: &'a mut [f32]) -> &'a [f32] {
-    match bytemuck::try_cast_slice::<T, f32>(src) {
-        Ok(f) if T::DTYPE == DType::F32 => f,
-        _ => {
+    match f32_slice(src) {
+        Some(f) => f,
+        None => {
             T::widen_slice(src, scratch);
             scratch
         }
+    }
+}
+
+/// `xs` itself as f32 values when `T` is f32, else `None`: the twin of
+/// [`bf16_slice_bits`] and [`f16_slice_bits`] for kernels that read f32 input in place.
+///
+/// ```
+/// assert_eq!(quant_core::dtype::f32_slice(&[1.5f32]), Some(&[1.5f32][..]));
+/// assert_eq!(quant_core::dtype::f32_slice(&[half::bf16::ONE]), None);
+/// ```
+#[inline(always)]
+pub fn f32_slice<T: Element>(xs: &[T]) -> Option<&[f32]> {
+    if T::DTYPE == DType::F32 {
+        bytemuck::try_cast_slice::<T, f32>(xs).ok()
+    } else {
+        None
     }
 }
 
