@@ -914,6 +914,15 @@ mod tests {
         v.iter().flat_map(|f| f.to_le_bytes()).collect()
     }
 
+    /// The largest finite value of the input dtype: `value_for_inf` of the block scales.
+    fn max_finite_of(dtype: DType) -> f32 {
+        match dtype {
+            DType::F32 => f32::MAX_FINITE,
+            DType::BF16 => half::bf16::MAX_FINITE,
+            _ => half::f16::MAX_FINITE,
+        }
+    }
+
     const SHAPES: [[usize; 2]; 5] = [[1, 1], [3, 300], [130, 4200], [257, 2304], [129, 6150]];
 
     /// `f(m, k, dtype, x, values of x)` for every shape of [`SHAPES`] and input dtype, the
@@ -944,11 +953,7 @@ mod tests {
         each_input(
             |m, k| (m * 131 + k) as u64,
             |m, k, dtype, x, xf| {
-                let max_finite = match dtype {
-                    DType::F32 => f32::MAX_FINITE,
-                    DType::BF16 => half::bf16::MAX_FINITE,
-                    _ => half::f16::MAX_FINITE,
-                };
+                let max_finite = max_finite_of(dtype);
                 for (dt, pow2) in [(Fp8Dtype::E4M3, true), (Fp8Dtype::E5M2, false)] {
                     let (mt, kt) = (m.div_ceil(128), k.div_ceil(128));
                     let tile_scale: Vec<f32> = (0..mt * kt)
@@ -1017,11 +1022,7 @@ mod tests {
         each_input(
             |m, k| (m * 17 + k) as u64,
             |m, k, dtype, x, xf| {
-                let max_finite = match dtype {
-                    DType::F32 => f32::MAX_FINITE,
-                    DType::BF16 => half::bf16::MAX_FINITE,
-                    _ => half::f16::MAX_FINITE,
-                };
+                let max_finite = max_finite_of(dtype);
                 for (dt, pow2) in [(Fp8Dtype::E4M3, true), (Fp8Dtype::E5M2, false)] {
                     let kt = k.div_ceil(128);
                     let scale: Vec<f32> = (0..m * kt)
