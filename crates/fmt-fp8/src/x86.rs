@@ -59,7 +59,7 @@ pub(crate) fn decode_run<T: Element>(
         },
         DType::BF16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
             // SAFETY: as above, and the CPU has AVX-512 BF16 (checked).
-            Ok(o) if std::is_x86_feature_detected!("avx512bf16") => unsafe {
+            Ok(o) if quant_core::simd::has(quant_core::simd::Ext::Bf16) => unsafe {
                 decode_run_bf16(dt, codes, scale, o, mode, fence)
             },
             _ => return false,
@@ -221,7 +221,7 @@ mod tests {
     /// portable narrowing; and ones whose products are subnormal or overflow in f16.
     #[test]
     fn decode_run_equals_the_table() {
-        if !Level::Avx512.is_supported() || !std::is_x86_feature_detected!("avx512bf16") {
+        if !Level::Avx512.is_supported() || !quant_core::simd::has(quant_core::simd::Ext::Bf16) {
             eprintln!("skipped: this CPU has no AVX-512 (with BF16)");
             return;
         }

@@ -389,7 +389,7 @@ pub(crate) fn dequant_row<T: Element>(
     };
     match T::DTYPE {
         // SAFETY: the CPU has AVX-512 F, BW, DQ (`Level::Avx512`) and BF16 (checked).
-        DType::BF16 if std::is_x86_feature_detected!("avx512bf16") => unsafe {
+        DType::BF16 if quant_core::simd::has(quant_core::simd::Ext::Bf16) => unsafe {
             dequant_row_bf16(pairs, g, row, o, mode)
         },
         // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512`).
@@ -481,8 +481,8 @@ impl Bf16Nibbles {
     /// The proof, where the CPU has AVX-512 (F, BW), AVX-512 BF16 and VBMI.
     pub(crate) fn detect() -> Option<Bf16Nibbles> {
         let has = Level::Avx512.is_supported()
-            && std::is_x86_feature_detected!("avx512bf16")
-            && std::is_x86_feature_detected!("avx512vbmi");
+            && quant_core::simd::has(quant_core::simd::Ext::Bf16)
+            && quant_core::simd::has(quant_core::simd::Ext::Vbmi);
         has.then_some(Bf16Nibbles(()))
     }
 
@@ -575,7 +575,7 @@ impl Packer {
         if !Level::Avx512.is_supported() {
             return None;
         }
-        Some(if std::is_x86_feature_detected!("avx512vbmi") {
+        Some(if quant_core::simd::has(quant_core::simd::Ext::Vbmi) {
             Packer::Vbmi
         } else {
             Packer::Avx512
@@ -739,7 +739,7 @@ mod tests {
             eprintln!("note: no AVX-512 on this CPU (or level forced lower): skipped");
             return;
         }
-        let vbmi = std::is_x86_feature_detected!("avx512vbmi");
+        let vbmi = quant_core::simd::has(quant_core::simd::Ext::Vbmi);
         if !vbmi {
             eprintln!("note: no AVX-512 VBMI on this CPU: pack_row_vbmi not checked");
         }
@@ -840,7 +840,7 @@ mod tests {
         // SAFETY: the caller checked AVX-512 F and BW; 256 bits are 16 u16.
         let got: [u16; 16] = unsafe { std::mem::transmute(narrow16_int(v)) };
         assert_eq!(got, bf16_want, "bf16 lanes of {xs:?}");
-        if std::is_x86_feature_detected!("avx512bf16") {
+        if quant_core::simd::has(quant_core::simd::Ext::Bf16) {
             // SAFETY: the CPU has AVX-512 F, BW, DQ and BF16 (checked); 512 bits are
             // 32 u16.
             let got: [u16; 32] = unsafe { std::mem::transmute(narrow32_exact(v, v)) };

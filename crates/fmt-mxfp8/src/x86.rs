@@ -45,7 +45,7 @@ pub(crate) fn decode_bf16(
         || out.len() != n
         || !n.is_multiple_of(2 * 16)
         || !codes_fit
-        || !std::is_x86_feature_detected!("avx512bf16")
+        || !quant_core::simd::has(quant_core::simd::Ext::Bf16)
     {
         return false;
     }
@@ -115,7 +115,7 @@ mod tests {
     /// code layouts: the portable decode, product and narrowing.
     #[test]
     fn decode_bf16_equals_the_portable_loop() {
-        if !Level::Avx512.is_supported() || !std::is_x86_feature_detected!("avx512bf16") {
+        if !Level::Avx512.is_supported() || !quant_core::simd::has(quant_core::simd::Ext::Bf16) {
             eprintln!("skipped: this CPU has no AVX-512 (with BF16)");
             return;
         }

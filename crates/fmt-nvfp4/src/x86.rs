@@ -55,7 +55,7 @@ pub(crate) fn decode_row<T: Element>(
         },
         DType::BF16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
             // SAFETY: the CPU has AVX-512 F, BW, DQ (`Level::Avx512`) and BF16 (checked).
-            Ok(o) if std::is_x86_feature_detected!("avx512bf16") => unsafe {
+            Ok(o) if quant_core::simd::has(quant_core::simd::Ext::Bf16) => unsafe {
                 decode_row_bf16_hw(codes, factor, o)
             },
             // SAFETY: as above, without BF16.
@@ -219,7 +219,7 @@ pub(crate) fn decode_nibbles<T: Element>(
         },
         DType::BF16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
             // SAFETY: the CPU has AVX-512 F, BW, DQ (`Level::Avx512`) and BF16 (checked).
-            Ok(o) if std::is_x86_feature_detected!("avx512bf16") => unsafe {
+            Ok(o) if quant_core::simd::has(quant_core::simd::Ext::Bf16) => unsafe {
                 nibbles_bf16(codes, nibble, f, o, mode, fence)
             },
             _ => return false,
@@ -397,7 +397,7 @@ mod tests {
     /// narrowed by `bf16_bits` or `f16::from_f32`.
     #[test]
     fn decode_nibbles_equals_the_portable_product() {
-        if !Level::Avx512.is_supported() || !std::is_x86_feature_detected!("avx512bf16") {
+        if !Level::Avx512.is_supported() || !quant_core::simd::has(quant_core::simd::Ext::Bf16) {
             eprintln!("skipped: this CPU has no AVX-512 (with BF16)");
             return;
         }

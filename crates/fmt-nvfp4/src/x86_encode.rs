@@ -307,7 +307,7 @@ fn pairs_with(
 /// (F, BW and the rest, detected once) and VBMI (cached by `std`).
 #[inline]
 pub(crate) fn supported() -> bool {
-    Level::Avx512.is_supported() && std::is_x86_feature_detected!("avx512vbmi")
+    Level::Avx512.is_supported() && quant_core::simd::has(quant_core::simd::Ext::Vbmi)
 }
 
 /// [`encode_run`] of f32 values after its checks.

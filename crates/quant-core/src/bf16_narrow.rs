@@ -26,7 +26,7 @@ use crate::simd::Level;
 #[inline]
 pub(crate) fn narrow(src: &[f32], dst: &mut [u16]) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::level() == Level::Avx512 && std::is_x86_feature_detected!("avx512bf16") {
+    if crate::simd::level() == Level::Avx512 && crate::simd::has(crate::simd::Ext::Bf16) {
         // SAFETY: the CPU has AVX-512 F, BW, DQ (`Level::Avx512`) and BF16 (checked).
         unsafe { x86::narrow(src, dst) };
         return true;

@@ -167,12 +167,31 @@ pub fn level() -> Level {
     Level::from_code(FORCED.load(Ordering::Relaxed)).unwrap_or_else(configured)
 }
 
-/// One line for logs and benchmark headers, e.g. `avx512 (cpu: avx512)` or
-/// `avx2 (cpu: avx512, QUANTFMT_SIMD=avx2)`.
+/// One line for logs and benchmark headers, e.g. `avx512 (cpu: avx512 + avx512bf16 +
+/// avx512vbmi)`, `avx2 (cpu: avx512 + avx512bf16, QUANTFMT_SIMD=avx2)` or `avx512 (cpu:
+/// avx512 + avx512bf16; hidden: avx512bf16, QUANTFMT_SIMD_HIDE=all)`.
 pub fn describe() -> String {
     let mut s = format!("{} (cpu: {}", level(), detected());
+    let names = |keep: fn(Ext) -> bool| {
+        let v: Vec<&str> = Ext::ALL
+            .into_iter()
+            .filter(|&e| keep(e))
+            .map(Ext::name)
+            .collect();
+        v.join(" + ")
+    };
+    let (cpu, hidden) = (names(Ext::detected), names(|e| e.detected() && !has(e)));
+    if !cpu.is_empty() {
+        s.push_str(&format!(" + {cpu}"));
+    }
+    if !hidden.is_empty() {
+        s.push_str(&format!("; hidden: {hidden}"));
+    }
     if let Ok(v) = std::env::var("QUANTFMT_SIMD") {
         s.push_str(&format!(", QUANTFMT_SIMD={v}"));
+    }
+    if let Ok(v) = std::env::var("QUANTFMT_SIMD_HIDE") {
+        s.push_str(&format!(", QUANTFMT_SIMD_HIDE={v}"));
     }
     s.push(')');
     s
@@ -381,6 +400,105 @@ pub fn prefetch<T>(data: &[T]) {
     let _ = data;
 }
 
+/// An optional AVX-512 extension that kernels use on top of [`Level::Avx512`], each
+/// checked with [`has`] where it is used. Not every AVX-512 CPU has them: Ice Lake
+/// servers have VBMI but not BF16, Skylake-SP and Cascade Lake neither; every kernel
+/// has a route without them at each level, which [`for_each_supported_level`] also runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Ext {
+    /// AVX512_BF16: `vcvtne2ps2bf16`, f32 to bf16 in one instruction.
+    Bf16,
+    /// AVX512_VBMI: `vpermb`, `vpermt2b`, byte permutes across the vector.
+    Vbmi,
+}
+
+impl Ext {
+    /// Every extension.
+    pub const ALL: [Ext; 2] = [Ext::Bf16, Ext::Vbmi];
+
+    /// The name `is_x86_feature_detected!` and `QUANTFMT_SIMD_HIDE` use.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Ext::Bf16 => "avx512bf16",
+            Ext::Vbmi => "avx512vbmi",
+        }
+    }
+
+    const fn bit(self) -> u8 {
+        match self {
+            Ext::Bf16 => 1,
+            Ext::Vbmi => 2,
+        }
+    }
+
+    /// Whether the CPU has it (cached by `std`).
+    #[inline]
+    fn detected(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            match self {
+                Ext::Bf16 => is_x86_feature_detected!("avx512bf16"),
+                Ext::Vbmi => is_x86_feature_detected!("avx512vbmi"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+}
+
+impl fmt::Display for Ext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The extensions [`with_extensions_hidden`] hides now (bits of [`Ext::bit`]).
+static HIDDEN: AtomicU8 = AtomicU8::new(0);
+
+/// The extensions `QUANTFMT_SIMD_HIDE` hides (read once): a comma-separated list of
+/// [`Ext::name`]s, or `all`; unknown names are ignored.
+fn env_hidden() -> u8 {
+    static ENV: OnceLock<u8> = OnceLock::new();
+    *ENV.get_or_init(|| hidden_bits(&std::env::var("QUANTFMT_SIMD_HIDE").unwrap_or_default()))
+}
+
+/// The bits of the extensions a `QUANTFMT_SIMD_HIDE` value names.
+fn hidden_bits(list: &str) -> u8 {
+    list.split(',')
+        .map(str::trim)
+        .flat_map(|name| {
+            Ext::ALL
+                .into_iter()
+                .filter(move |e| name == "all" || name == e.name())
+        })
+        .fold(0, |m, e| m | e.bit())
+}
+
+/// Whether kernels may use `ext`: the CPU has it and it is not hidden, by
+/// `QUANTFMT_SIMD_HIDE=avx512bf16,avx512vbmi` (or `all`, read once) or by
+/// [`with_extensions_hidden`]. Never true for an extension the CPU lacks, so a kernel
+/// compiled with the extension may run where it is. Hiding one makes the kernels take
+/// the routes a CPU without it takes, with the same bits.
+///
+/// ```
+/// use quant_core::simd::{Ext, has, with_extensions_hidden};
+/// assert!(!with_extensions_hidden(|| has(Ext::Bf16) || has(Ext::Vbmi)));
+/// ```
+#[inline]
+pub fn has(ext: Ext) -> bool {
+    (HIDDEN.load(Ordering::Relaxed) | env_hidden()) & ext.bit() == 0 && ext.detected()
+}
+
+/// Runs `f` with every [`Ext`] hidden from [`has`], process-wide: the kernels then run as
+/// on an AVX-512 CPU without them (Skylake-SP). Calls are serialized; for tests.
+pub fn with_extensions_hidden<R>(f: impl FnOnce() -> R) -> R {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let all = Ext::ALL.iter().fold(0, |m, e| m | e.bit());
+    with_forced(&LOCK, &HIDDEN, all, f)
+}
+
 /// Whether the walks that prefetch only where it pays ([`prefetch_pays`]) prefetch:
 /// 0 nothing forced, 1 yes, 2 no.
 static PREFETCH_FORCED: AtomicU8 = AtomicU8::new(0);
@@ -455,6 +573,16 @@ pub fn for_each_supported_level(mut f: impl FnMut(Level)) -> Vec<Level> {
             );
         }
     }
+    // AVX-512 once more without its optional extensions, where the CPU has any: the
+    // routes of an AVX-512 CPU that lacks them.
+    if Ext::ALL.iter().any(|&e| has(e))
+        && with_level(Level::Avx512, || {
+            with_extensions_hidden(|| f(Level::Avx512))
+        })
+        .is_some()
+    {
+        ran.push(Level::Avx512);
+    }
     ran
 }
 
@@ -527,6 +655,22 @@ mod tests {
         assert_eq!(prefetch_pays(), unforced);
         if std::env::var_os("QUANTFMT_PREFETCH").is_none() {
             assert_eq!(unforced, cpu_vendor() == *b"GenuineIntel");
+        }
+    }
+
+    #[test]
+    fn hidden_extensions_parse_and_hide() {
+        assert_eq!(hidden_bits(""), 0);
+        assert_eq!(hidden_bits("avx512bf16"), Ext::Bf16.bit());
+        assert_eq!(hidden_bits(" avx512vbmi , nonsense"), Ext::Vbmi.bit());
+        assert_eq!(hidden_bits("all"), Ext::Bf16.bit() | Ext::Vbmi.bit());
+        with_extensions_hidden(|| {
+            assert!(Ext::ALL.iter().all(|&e| !has(e)));
+            assert!(Ext::ALL.iter().all(|&e| !e.detected()) || describe().contains("hidden"));
+        });
+        for e in Ext::ALL {
+            // Never claimed where the CPU lacks it.
+            assert!(!has(e) || e.detected(), "{e}");
         }
     }
 

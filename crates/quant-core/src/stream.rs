@@ -200,7 +200,7 @@ pub fn write_f32<T: Element>(
             };
         }
         if T::DTYPE == DType::BF16
-            && std::is_x86_feature_detected!("avx512bf16")
+            && crate::simd::has(crate::simd::Ext::Bf16)
             && let Ok(d) = bytemuck::try_cast_slice_mut::<T, u16>(dst)
         {
             // SAFETY: as above, and the CPU has AVX-512 BF16 (checked).

@@ -56,6 +56,9 @@ pub struct Record {
     pub ratio: f64,
     /// Median seconds per operation.
     pub seconds: f64,
+    /// The kernels' SIMD level and the CPU's ([`quant_core::simd::describe`]), e.g.
+    /// `avx512 (cpu: avx512 + avx512bf16 + avx512vbmi)`.
+    pub simd: String,
 }
 
 /// Options of a bench run.
@@ -177,8 +180,11 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
     let mut records = Vec::new();
     if !opts.json {
         println!(
-            "shape [{m}, {k}] {} usage={} threads={threads}, median of {} runs",
-            opts.dtype, opts.usage, opts.runs
+            "shape [{m}, {k}] {} usage={} threads={threads}, median of {} runs; simd {}",
+            opts.dtype,
+            opts.usage,
+            opts.runs,
+            quant_core::simd::describe()
         );
     }
     for (spec, usage) in &specs {
@@ -221,6 +227,7 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
             roofline_gbps: in_b / tq.roofline / 1e9,
             ratio: tq.ratio,
             seconds: tq.kernel,
+            simd: quant_core::simd::describe(),
         });
         let dir = usage.preferred().unwrap_or(Direction::Rowwise);
         let dq_out = in_bytes / opts.dtype.size() * opts.dtype.size();
@@ -256,6 +263,7 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
             roofline_gbps: dq_out as f64 / td.roofline / 1e9,
             ratio: td.ratio,
             seconds: td.kernel,
+            simd: quant_core::simd::describe(),
         });
     }
     if opts.json {
