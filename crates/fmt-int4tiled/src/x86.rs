@@ -27,7 +27,7 @@
 use std::arch::x86_64::{
     __m256i, __m512, __m512i, _CMP_GT_OQ, _CMP_NEQ_UQ, _MM_FROUND_NO_EXC,
     _MM_FROUND_TO_NEAREST_INT, _MM_HINT_T1, _mm_prefetch, _mm_storeu_si128, _mm256_loadu_si256,
-    _mm256_storeu_si256, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512,
+    _mm256_storeu_si256, _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512,
     _mm512_castsi256_si512, _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmp_ps_mask,
     _mm512_cmplt_epi32_mask, _mm512_cvtepi32_epi8, _mm512_cvtepu8_epi16, _mm512_cvtepu16_epi32,
     _mm512_cvtne2ps_pbh, _mm512_cvtph_ps, _mm512_cvtps_ph, _mm512_div_ps,
@@ -35,9 +35,10 @@ use std::arch::x86_64::{
     _mm512_mask_blend_epi32, _mm512_mask_mov_epi32, _mm512_mask_storeu_epi32,
     _mm512_maskz_loadu_epi8, _mm512_maskz_loadu_epi32, _mm512_max_epi16, _mm512_max_ps,
     _mm512_min_epi16, _mm512_min_ps, _mm512_mul_ps, _mm512_or_si512, _mm512_permutex2var_epi8,
-    _mm512_permutexvar_epi16, _mm512_permutexvar_epi32, _mm512_set1_epi16, _mm512_set1_epi32,
-    _mm512_set1_ps, _mm512_setr_epi32, _mm512_setr_ps, _mm512_setzero_ps, _mm512_setzero_si512,
-    _mm512_shuffle_i32x4, _mm512_slli_epi16, _mm512_sllv_epi32, _mm512_srlv_epi32, _mm512_sub_ps,
+    _mm512_permutex2var_epi16, _mm512_permutexvar_epi16, _mm512_permutexvar_epi32,
+    _mm512_set1_epi16, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setr_epi32, _mm512_setr_ps,
+    _mm512_setzero_ps, _mm512_setzero_si512, _mm512_shuffle_i32x4, _mm512_slli_epi16,
+    _mm512_sllv_epi32, _mm512_srli_epi32, _mm512_srlv_epi32, _mm512_sub_ps,
     _mm512_testn_epi32_mask, _mm512_unpackhi_epi16, _mm512_unpacklo_epi16,
 };
 
@@ -407,33 +408,52 @@ pub(crate) fn dequant_row<T: Element>(
 /// the order-keeping zero-extension and shift take two), so each widen-and-narrow round
 /// permutes the lanes by [`unpack_order`]; every step between is lane-wise, and the
 /// final `vpermt2b` that gathers each lane's nibble byte undoes the three rounds.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx512vbmi")]
-fn nibbles_bf16(xs: &[u16], min_val: f32, r: f32, u: &mut [u8]) {
-    let mn = _mm512_set1_ps(min_val);
-    let rr = _mm512_set1_ps(r);
-    let zero = _mm512_setzero_si512();
-    let fifteen = _mm512_set1_epi16(0x4170); // bf16 15.0
-    let magic = _mm512_set1_ps(8_388_608.0); // 2^23
-    // SAFETY: 64 bytes (one unaligned 512-bit load).
-    let gather = unsafe { _mm512_loadu_si512(NIBBLE_GATHER.as_ptr().cast()) };
-    let low = |v| _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v));
-    let high = |v| _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, v));
-    for (x, o) in xs.chunks_exact(32).zip(u.chunks_exact_mut(32)) {
-        // SAFETY: `x` is 32 u16 (one unaligned 512-bit load).
-        let v = unsafe { _mm512_loadu_si512(x.as_ptr().cast()) };
-        let t = to_bf16(_mm512_sub_ps(low(v), mn), _mm512_sub_ps(high(v), mn));
-        let q = to_bf16(_mm512_mul_ps(low(t), rr), _mm512_mul_ps(high(t), rr));
-        // Clamped to [0, 15] as integers (bf16 order is integer order for positive
-        // values; negative ones, -0 included, are negative i16), then rounded half to
-        // even by the 2^23 addition, the integer in the low byte of each lane.
-        let q = _mm512_min_epi16(_mm512_max_epi16(q, zero), fifteen);
-        let lo = _mm512_castps_si512(_mm512_add_ps(low(q), magic));
-        let hi = _mm512_castps_si512(_mm512_add_ps(high(q), magic));
-        let bytes = _mm512_permutex2var_epi8(lo, gather, hi);
-        // SAFETY: `o` is 32 bytes (one unaligned 256-bit store).
-        unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), _mm512_castsi512_si256(bytes)) };
-    }
+macro_rules! bf16_nibble_loop {
+    ($(#[$doc:meta])* $name:ident, $features:literal, $round:ident) => {
+        $(#[$doc])*
+        #[target_feature(enable = $features)]
+        fn $name(xs: &[u16], min_val: f32, r: f32, u: &mut [u8]) {
+            let mn = _mm512_set1_ps(min_val);
+            let rr = _mm512_set1_ps(r);
+            let zero = _mm512_setzero_si512();
+            let fifteen = _mm512_set1_epi16(0x4170); // bf16 15.0
+            let magic = _mm512_set1_ps(8_388_608.0); // 2^23
+            // SAFETY: 64 bytes (one unaligned 512-bit load).
+            let gather = unsafe { _mm512_loadu_si512(NIBBLE_GATHER.as_ptr().cast()) };
+            let low = |v| _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v));
+            let high = |v| _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, v));
+            for (x, o) in xs.chunks_exact(32).zip(u.chunks_exact_mut(32)) {
+                // SAFETY: `x` is 32 u16 (one unaligned 512-bit load).
+                let v = unsafe { _mm512_loadu_si512(x.as_ptr().cast()) };
+                let t = $round(_mm512_sub_ps(low(v), mn), _mm512_sub_ps(high(v), mn));
+                let q = $round(_mm512_mul_ps(low(t), rr), _mm512_mul_ps(high(t), rr));
+                // Clamped to [0, 15] as integers (bf16 order is integer order for positive
+                // values; negative ones, -0 included, are negative i16), then rounded half to
+                // even by the 2^23 addition, the integer in the low byte of each lane.
+                let q = _mm512_min_epi16(_mm512_max_epi16(q, zero), fifteen);
+                let lo = _mm512_castps_si512(_mm512_add_ps(low(q), magic));
+                let hi = _mm512_castps_si512(_mm512_add_ps(high(q), magic));
+                let bytes = _mm512_permutex2var_epi8(lo, gather, hi);
+                // SAFETY: `o` is 32 bytes (one unaligned 256-bit store).
+                unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), _mm512_castsi512_si256(bytes)) };
+            }
+        }
+    };
 }
+
+bf16_nibble_loop!(
+    /// The loop with `vcvtne2ps2bf16` rounding.
+    nibbles_bf16,
+    "avx512f,avx512bw,avx512bf16,avx512vbmi",
+    to_bf16
+);
+bf16_nibble_loop!(
+    /// The loop for CPUs without AVX-512 BF16: [`to_bf16_int`] rounding, the portable
+    /// formula's bits (subnormals kept, which the caller's range makes the same nibbles).
+    nibbles_bf16_int,
+    "avx512f,avx512bw,avx512vbmi",
+    to_bf16_int
+);
 
 /// Where an unpack-widen-narrow round takes lane `n` of its 32 from: `unpacklo_epi16`
 /// puts 16-bit lanes `8L..8L+4` of each 128-bit lane `L` into dwords `4L..4L+4`,
@@ -471,19 +491,50 @@ fn to_bf16(lo: __m512, hi: __m512) -> __m512i {
     unsafe { std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo)) }
 }
 
-/// Proof that this CPU runs [`nibbles_bf16`] (AVX-512 with BF16 and VBMI), found once
-/// by [`Bf16Nibbles::detect`] and held by the quantize task: probing the features for
-/// every group (four checks per 128 values) was 5 % of the bf16 quantize profile.
+/// [`to_bf16`] by integer rounding, for CPUs without AVX-512 BF16: each lane's bits plus
+/// `0x7FFF` and the lsb of its high half (nearest even, `bf16_bits` on finite values and
+/// infinities; the kernel never sees NaN), then the high halves of `lo`'s lanes and of
+/// `hi`'s gathered in order by one `vpermt2w`. Subnormals are rounded, not flushed.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn to_bf16_int(lo: __m512, hi: __m512) -> __m512i {
+    const HIGH_HALVES: [u16; 32] = {
+        let mut t = [0u16; 32];
+        let mut i = 0;
+        while i < 32 {
+            t[i] = (2 * i + 1) as u16;
+            i += 1;
+        }
+        t
+    };
+    let round = |v: __m512| {
+        let b = _mm512_castps_si512(v);
+        let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+        _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)))
+    };
+    // SAFETY: `HIGH_HALVES` is 32 u16 = 64 bytes (one unaligned 512-bit load).
+    let idx = unsafe { _mm512_loadu_si512(HIGH_HALVES.as_ptr().cast()) };
+    _mm512_permutex2var_epi16(round(lo), idx, round(hi))
+}
+
+/// Proof that this CPU runs [`nibbles_bf16`] or [`nibbles_bf16_int`] (AVX-512 with VBMI,
+/// and BF16 for the first), found once by [`Bf16Nibbles::detect`] and held by the
+/// quantize task: probing the features for every group (four checks per 128 values) was
+/// 5 % of the bf16 quantize profile.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Bf16Nibbles(());
+pub(crate) struct Bf16Nibbles {
+    /// Whether the CPU has AVX-512 BF16 (else the integer rounding runs).
+    hw: bool,
+}
 
 impl Bf16Nibbles {
-    /// The proof, where the CPU has AVX-512 (F, BW), AVX-512 BF16 and VBMI.
+    /// The proof, where the CPU has AVX-512 (F, BW) and VBMI.
     pub(crate) fn detect() -> Option<Bf16Nibbles> {
-        let has = Level::Avx512.is_supported()
-            && quant_core::simd::has(quant_core::simd::Ext::Bf16)
-            && quant_core::simd::has(quant_core::simd::Ext::Vbmi);
-        has.then_some(Bf16Nibbles(()))
+        let has =
+            Level::Avx512.is_supported() && quant_core::simd::has(quant_core::simd::Ext::Vbmi);
+        has.then(|| Bf16Nibbles {
+            hw: quant_core::simd::has(quant_core::simd::Ext::Bf16),
+        })
     }
 
     /// `u[i] = to_nibble(rb(rb(x[i] - min_val) * r))` for a group of bf16 bit patterns
@@ -502,9 +553,15 @@ impl Bf16Nibbles {
         if !(xs.len().is_multiple_of(32) && u.len() == xs.len()) {
             return false;
         }
-        // SAFETY: the CPU has AVX-512 F, BW, BF16 and VBMI (`self` exists only where
-        // `detect` found them).
-        unsafe { nibbles_bf16(xs, min_val, r, u) };
+        if self.hw {
+            // SAFETY: the CPU has AVX-512 F, BW, BF16 and VBMI (`self` exists only where
+            // `detect` found them, `hw` only with BF16).
+            unsafe { nibbles_bf16(xs, min_val, r, u) };
+        } else {
+            // SAFETY: the CPU has AVX-512 F, BW and VBMI (`self` exists only where
+            // `detect` found them).
+            unsafe { nibbles_bf16_int(xs, min_val, r, u) };
+        }
         true
     }
 }

@@ -484,19 +484,21 @@ fn hidden_bits(list: &str) -> u8 {
 ///
 /// ```
 /// use quant_core::simd::{Ext, has, with_extensions_hidden};
-/// assert!(!with_extensions_hidden(|| has(Ext::Bf16) || has(Ext::Vbmi)));
+/// assert!(!with_extensions_hidden(&Ext::ALL, || has(Ext::Bf16) || has(Ext::Vbmi)));
+/// assert!(!with_extensions_hidden(&[Ext::Bf16], || has(Ext::Bf16)));
 /// ```
 #[inline]
 pub fn has(ext: Ext) -> bool {
     (HIDDEN.load(Ordering::Relaxed) | env_hidden()) & ext.bit() == 0 && ext.detected()
 }
 
-/// Runs `f` with every [`Ext`] hidden from [`has`], process-wide: the kernels then run as
-/// on an AVX-512 CPU without them (Skylake-SP). Calls are serialized; for tests.
-pub fn with_extensions_hidden<R>(f: impl FnOnce() -> R) -> R {
+/// Runs `f` with the extensions `exts` hidden from [`has`], process-wide: the kernels
+/// then run as on an AVX-512 CPU without them (all of them: Skylake-SP; BF16: Ice Lake;
+/// VBMI: Cooper Lake). Calls are serialized; for tests.
+pub fn with_extensions_hidden<R>(exts: &[Ext], f: impl FnOnce() -> R) -> R {
     static LOCK: Mutex<()> = Mutex::new(());
-    let all = Ext::ALL.iter().fold(0, |m, e| m | e.bit());
-    with_forced(&LOCK, &HIDDEN, all, f)
+    let bits = exts.iter().fold(0, |m, e| m | e.bit());
+    with_forced(&LOCK, &HIDDEN, bits, f)
 }
 
 /// Whether the walks that prefetch only where it pays ([`prefetch_pays`]) prefetch:
@@ -573,15 +575,18 @@ pub fn for_each_supported_level(mut f: impl FnMut(Level)) -> Vec<Level> {
             );
         }
     }
-    // AVX-512 once more without its optional extensions, where the CPU has any: the
-    // routes of an AVX-512 CPU that lacks them.
-    if Ext::ALL.iter().any(|&e| has(e))
-        && with_level(Level::Avx512, || {
-            with_extensions_hidden(|| f(Level::Avx512))
-        })
-        .is_some()
-    {
-        ran.push(Level::Avx512);
+    // AVX-512 again without each combination of the optional extensions the CPU has:
+    // the routes of the AVX-512 CPUs that lack them.
+    let have: Vec<Ext> = Ext::ALL.into_iter().filter(|&e| has(e)).collect();
+    for mask in 1..1u32 << have.len() {
+        let hide: Vec<Ext> = (have.iter().enumerate())
+            .filter(|&(i, _)| mask >> i & 1 == 1)
+            .map(|(_, &e)| e)
+            .collect();
+        let run = || with_extensions_hidden(&hide, || f(Level::Avx512));
+        if with_level(Level::Avx512, run).is_some() {
+            ran.push(Level::Avx512);
+        }
     }
     ran
 }
@@ -664,7 +669,7 @@ mod tests {
         assert_eq!(hidden_bits("avx512bf16"), Ext::Bf16.bit());
         assert_eq!(hidden_bits(" avx512vbmi , nonsense"), Ext::Vbmi.bit());
         assert_eq!(hidden_bits("all"), Ext::Bf16.bit() | Ext::Vbmi.bit());
-        with_extensions_hidden(|| {
+        with_extensions_hidden(&Ext::ALL, || {
             assert!(Ext::ALL.iter().all(|&e| !has(e)));
             assert!(Ext::ALL.iter().all(|&e| !e.detected()) || describe().contains("hidden"));
         });
