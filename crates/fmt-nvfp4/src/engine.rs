@@ -737,7 +737,7 @@ fn rowwise_span<T: Element>(
 }
 
 /// Whether the AVX-512 encoder ([`crate::x86_encode`]) takes runs of `T` as they are:
-/// f32, bf16 or f16 input at [`Level::Avx512`], VBMI present. [`rowwise_span`] runs
+/// f32, bf16 or f16 input at [`Level::Avx512`]. [`rowwise_span`] runs
 /// only then (it also checks the lengths), and [`encoder_bits`] reads 16-bit input as
 /// bits only then.
 #[inline(always)]
@@ -1195,7 +1195,7 @@ impl<'a> Bits<'a> {
 }
 
 /// The bits of `xs` when the AVX-512 encoder takes them directly (bf16 or f16 input,
-/// nearest or stochastic rounding, [`Level::Avx512`] dispatched, VBMI present): the
+/// nearest or stochastic rounding, [`Level::Avx512`] dispatched): the
 /// run then skips the widening copy, its block maxima and codes reading the bits.
 #[inline(always)]
 fn encoder_bits<'a, T: Element>(p: &Params<'_>, xs: &'a [T]) -> Option<Bits<'a>> {

@@ -6,7 +6,8 @@
 //! narrowing store was the most-sampled instruction of the NVFP4 quantize profile.
 //! Here a block's codes are paired in 64-bit lanes as there (`q | q >> 28` leaves byte
 //! `2j | 2j+1 << 4` in the low byte of lane `j`), and four blocks' lanes are gathered
-//! by two `vpermt2b` (VBMI) and a byte blend into one 32-byte store.
+//! by two `vpermt2b` (VBMI) and a byte blend into one 32-byte store; without VBMI
+//! (Skylake-SP, Cascade Lake, Cooper Lake) each block's 8 bytes take a `vpmovqb` store.
 //!
 //! Each lane's code comes from two 32-entry tables on the bucket `|x| >> 21` (see
 //! [`codes`]), filled from the scalar [`quant_core::codec::e2m1::encode`] when a run starts.
@@ -48,7 +49,7 @@ impl Run<'_> {
 /// Encodes whole blocks: byte `j` of block `b` holds the codes of `x[16b + 2j] * enc[b]`
 /// (low nibble) and `x[16b + 2j + 1] * enc[b]` (high nibble), the bytes of the portable
 /// `encode_pack_rn` block by block (bf16 values widened exactly first). Returns `false`
-/// (nothing written) unless the CPU has AVX-512 F, BW and VBMI and the lengths agree
+/// (nothing written) unless the CPU has AVX-512 F and BW and the lengths agree
 /// (`x.len() == 16 * enc.len() == 2 * out.len()`); the caller then runs the portable
 /// loop.
 #[inline]
@@ -83,13 +84,24 @@ pub(crate) fn encode_run(
     if x.len() != BLOCK * enc.len() || out.len() * 2 != x.len() || !supported() {
         return false;
     }
-    match x {
-        // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked above).
-        Run::F32(w) => unsafe { encode_f32(w, enc, rnd, out, ahead) },
-        // SAFETY: as above.
-        Run::Bf16(w) => unsafe { encode_bf16(w, enc, rnd, out, ahead) },
-        // SAFETY: as above.
-        Run::F16(w) => unsafe { encode_f16(w, enc, rnd, out, ahead) },
+    if quant_core::simd::has(quant_core::simd::Ext::Vbmi) {
+        match x {
+            // SAFETY: the CPU has AVX-512 F and BW (`supported`) and VBMI (checked).
+            Run::F32(w) => unsafe { vbmi::encode_f32(w, enc, rnd, out, ahead) },
+            // SAFETY: as above.
+            Run::Bf16(w) => unsafe { vbmi::encode_bf16(w, enc, rnd, out, ahead) },
+            // SAFETY: as above.
+            Run::F16(w) => unsafe { vbmi::encode_f16(w, enc, rnd, out, ahead) },
+        }
+    } else {
+        match x {
+            // SAFETY: the CPU has AVX-512 F and BW (`supported`).
+            Run::F32(w) => unsafe { bw::encode_f32(w, enc, rnd, out, ahead) },
+            // SAFETY: as above.
+            Run::Bf16(w) => unsafe { bw::encode_bf16(w, enc, rnd, out, ahead) },
+            // SAFETY: as above.
+            Run::F16(w) => unsafe { bw::encode_f16(w, enc, rnd, out, ahead) },
+        }
     }
     true
 }
@@ -97,7 +109,7 @@ pub(crate) fn encode_run(
 /// Two stored rows of a columnwise group at once: byte `c` holds the codes of
 /// `lo[c] * enc[c]` (low nibble) and `hi[c] * enc[c]` (high nibble), one multiplier per
 /// column, the bytes of the portable encode-then-pack of two neighbouring rows. Returns
-/// `false` (nothing written) unless the CPU has AVX-512 F, BW and VBMI, both rows are
+/// `false` (nothing written) unless the CPU has AVX-512 F and BW, both rows are
 /// the same kind and every length equals `enc.len()`, a multiple of 16.
 #[inline]
 pub(crate) fn encode_pairs_rn(lo: Run<'_>, hi: Run<'_>, enc: &[f32], out: &mut [u8]) -> bool {
@@ -107,7 +119,7 @@ pub(crate) fn encode_pairs_rn(lo: Run<'_>, hi: Run<'_>, enc: &[f32], out: &mut [
         return false;
     }
     match (lo, hi) {
-        // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked above).
+        // SAFETY: the CPU has AVX-512 F and BW (checked above).
         (Run::F32(a), Run::F32(b)) => unsafe { pairs_f32(a, b, enc, out) },
         // SAFETY: as above.
         (Run::Bf16(a), Run::Bf16(b)) => unsafe { pairs_bf16(a, b, enc, out) },
@@ -146,7 +158,7 @@ pub(crate) fn encode_pairs_sr(
         return false;
     }
     match (lo, hi) {
-        // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked above).
+        // SAFETY: the CPU has AVX-512 F and BW (checked above).
         (Run::F32(a), Run::F32(b)) => unsafe { pairs_f32_sr(a, b, enc, words, shift, out) },
         // SAFETY: as above.
         (Run::Bf16(a), Run::Bf16(b)) => unsafe { pairs_bf16_sr(a, b, enc, words, shift, out) },
@@ -167,7 +179,7 @@ fn load16(w: &[f32], c: usize) -> __m512 {
 }
 
 /// [`encode_pairs_rn`] of f32 rows after its checks.
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+#[target_feature(enable = "avx512f,avx512bw")]
 fn pairs_f32(a: &[f32], b: &[f32], enc: &[f32], out: &mut [u8]) {
     let k = Consts::new();
     pairs_with(
@@ -180,14 +192,14 @@ fn pairs_f32(a: &[f32], b: &[f32], enc: &[f32], out: &mut [u8]) {
 }
 
 /// [`encode_pairs_sr`] of f32 rows after its checks.
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+#[target_feature(enable = "avx512f,avx512bw")]
 fn pairs_f32_sr(a: &[f32], b: &[f32], enc: &[f32], words: &[u32], shift: u32, out: &mut [u8]) {
     pairs_sr_with(|c| load16(a, c), |c| load16(b, c), enc, words, shift, out)
 }
 
 /// [`encode_pairs_sr`] of bf16 rows (bits, widened exactly in the register) after its
 /// checks.
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+#[target_feature(enable = "avx512f,avx512bw")]
 fn pairs_bf16_sr(a: &[u16], b: &[u16], enc: &[f32], words: &[u32], shift: u32, out: &mut [u8]) {
     let lo = |c: usize| widen_bf16(&a[c..c + 16]);
     let hi = |c: usize| widen_bf16(&b[c..c + 16]);
@@ -197,7 +209,7 @@ fn pairs_bf16_sr(a: &[u16], b: &[u16], enc: &[f32], words: &[u32], shift: u32, o
 /// [`encode_pairs_sr`] after its checks, `lo(c)` and `hi(c)` as for [`pairs_with`]: the
 /// random bytes shifted out of each column's word in the register.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+#[target_feature(enable = "avx512f,avx512bw")]
 fn pairs_sr_with(
     lo: impl Fn(usize) -> __m512,
     hi: impl Fn(usize) -> __m512,
@@ -224,7 +236,7 @@ fn pairs_sr_with(
 
 /// [`encode_pairs_rn`] of bf16 rows (bits, widened exactly in the register) after its
 /// checks.
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+#[target_feature(enable = "avx512f,avx512bw")]
 fn pairs_bf16(a: &[u16], b: &[u16], enc: &[f32], out: &mut [u8]) {
     let k = Consts::new();
     pairs_with(
@@ -238,7 +250,7 @@ fn pairs_bf16(a: &[u16], b: &[u16], enc: &[f32], out: &mut [u8]) {
 
 /// [`encode_pairs_rn`] of f16 rows (bits, widened exactly in the register) after its
 /// checks.
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+#[target_feature(enable = "avx512f,avx512bw")]
 fn pairs_f16(a: &[u16], b: &[u16], enc: &[f32], out: &mut [u8]) {
     let k = Consts::new();
     pairs_with(
@@ -252,7 +264,7 @@ fn pairs_f16(a: &[u16], b: &[u16], enc: &[f32], out: &mut [u8]) {
 
 /// [`encode_pairs_sr`] of f16 rows (bits, widened exactly in the register) after its
 /// checks.
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+#[target_feature(enable = "avx512f,avx512bw")]
 fn pairs_f16_sr(a: &[u16], b: &[u16], enc: &[f32], words: &[u32], shift: u32, out: &mut [u8]) {
     let lo = |c: usize| widen_f16(&a[c..c + 16]);
     let hi = |c: usize| widen_f16(&b[c..c + 16]);
@@ -283,7 +295,7 @@ fn widen_bf16(v: &[u16]) -> __m512 {
 /// give the 16 values of columns `c..c + 16` of each row, `code(c, row, v)` the codes
 /// of their scaled values (`row` 0 for `lo`, 1 for `hi`).
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+#[target_feature(enable = "avx512f,avx512bw")]
 fn pairs_with(
     lo: impl Fn(usize) -> __m512,
     hi: impl Fn(usize) -> __m512,
@@ -303,108 +315,153 @@ fn pairs_with(
     }
 }
 
-/// Whether this CPU runs [`encode_run_rn`]'s instructions: the project's AVX-512 level
-/// (F, BW and the rest, detected once) and VBMI (cached by `std`).
+/// Whether this CPU runs these encoders: the project's AVX-512 level (F, BW and the
+/// rest, detected once). The rowwise block loop gathers four blocks' bytes with VBMI
+/// where the CPU has it ([`vbmi`]), else stores each block's eight bytes ([`bw`]).
 #[inline]
 pub(crate) fn supported() -> bool {
-    Level::Avx512.is_supported() && quant_core::simd::has(quant_core::simd::Ext::Vbmi)
+    Level::Avx512.is_supported()
 }
 
-/// [`encode_run`] of f32 values after its checks.
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-fn encode_f32(w: &[f32], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8], ahead: &[u8]) {
-    encode_with(
-        #[inline(always)]
-        |b| {
-            let v = &w[b * BLOCK..(b + 1) * BLOCK];
-            // SAFETY: `v` is 16 f32 (one unaligned 512-bit load).
-            unsafe { _mm512_loadu_ps(v.as_ptr()) }
-        },
-        enc,
-        rnd,
-        out,
-        ahead,
-    )
+/// The rowwise encoder chain of one block-loop store ([`encode_run`] after its checks):
+/// `$store4` writes four blocks' pair bytes, and every function carries its target
+/// features so that it inlines.
+macro_rules! encoder {
+    ($(#[$doc:meta])* $module:ident, $features:literal, $store4:ident) => {
+        $(#[$doc])*
+        pub(super) mod $module {
+            use super::*;
+
+        /// [`encode_run`] of f32 values after its checks.
+        #[target_feature(enable = $features)]
+        pub(super) fn encode_f32(w: &[f32], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8], ahead: &[u8]) {
+            encode_with(
+                #[inline(always)]
+                |b| {
+                    let v = &w[b * BLOCK..(b + 1) * BLOCK];
+                    // SAFETY: `v` is 16 f32 (one unaligned 512-bit load).
+                    unsafe { _mm512_loadu_ps(v.as_ptr()) }
+                },
+                enc,
+                rnd,
+                out,
+                ahead,
+            )
+        }
+
+        /// [`encode_run`] of bf16 bits after its checks.
+        #[target_feature(enable = $features)]
+        pub(super) fn encode_bf16(w: &[u16], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8], ahead: &[u8]) {
+            encode_with(
+                #[inline(always)]
+                |b| widen_bf16(&w[b * BLOCK..(b + 1) * BLOCK]),
+                enc,
+                rnd,
+                out,
+                ahead,
+            )
+        }
+
+        /// [`encode_run`] of f16 bits after its checks, each block widened exactly in the
+        /// register (`vcvtph2ps`): the values `f16::to_f32` gives the portable loop.
+        #[target_feature(enable = $features)]
+        pub(super) fn encode_f16(w: &[u16], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8], ahead: &[u8]) {
+            encode_with(
+                #[inline(always)]
+                |b| widen_f16(&w[b * BLOCK..(b + 1) * BLOCK]),
+                enc,
+                rnd,
+                out,
+                ahead,
+            )
+        }
+
+        /// The block loop under either rounding: `load(b)` gives block `b`'s 16 values.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn encode_with(
+            load: impl Fn(usize) -> __m512,
+            enc: &[f32],
+            rnd: Option<&[[u8; BLOCK]]>,
+            out: &mut [u8],
+            ahead: &[u8],
+        ) {
+            let k = Consts::new();
+            let scaled = |b: usize| _mm512_mul_ps(load(b), _mm512_set1_ps(enc[b]));
+            match rnd {
+                None => encode_blocks(|b| codes(scaled(b), &k), &k, out, ahead),
+                Some(rnd) => encode_blocks(
+                    |b| {
+                        // SAFETY: a row is 16 bytes (one unaligned 128-bit load).
+                        let r = unsafe { _mm_loadu_si128(rnd[b].as_ptr().cast()) };
+                        sr_codes(scaled(b), r, &k)
+                    },
+                    &k,
+                    out,
+                    ahead,
+                ),
+            }
+        }
+
+        /// The block loop: `code(b)` gives block `b`'s 16 codes (one per u32 lane), `out` holds
+        /// 8 bytes per block; each step of four blocks prefetches its share of `ahead`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn encode_blocks(code: impl Fn(usize) -> __m512i, k: &Consts, out: &mut [u8], ahead: &[u8]) {
+            let pairs = |b: usize| pair_bytes(code(b));
+            let nb = out.len() * 2 / BLOCK;
+            let per = ahead.len().checked_div(nb).unwrap_or(0);
+            let mut b = 0;
+            while b + 4 <= nb {
+                quant_core::simd::prefetch(ahead.get(b * per..(b + 4) * per).unwrap_or(&[]));
+                let o = &mut out[b * BLOCK / 2..(b + 4) * BLOCK / 2];
+                $store4([pairs(b), pairs(b + 1), pairs(b + 2), pairs(b + 3)], k, o);
+                b += 4;
+            }
+            for b in b..nb {
+                let o = &mut out[b * BLOCK / 2..(b + 1) * BLOCK / 2];
+                // SAFETY: `o` is 8 bytes (one unaligned 64-bit store).
+                unsafe { _mm_storel_epi64(o.as_mut_ptr().cast(), _mm512_cvtepi64_epi8(pairs(b))) };
+            }
+        }
+        }
+    };
 }
 
-/// [`encode_run`] of bf16 bits after its checks.
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-fn encode_bf16(w: &[u16], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8], ahead: &[u8]) {
-    encode_with(
-        #[inline(always)]
-        |b| widen_bf16(&w[b * BLOCK..(b + 1) * BLOCK]),
-        enc,
-        rnd,
-        out,
-        ahead,
-    )
-}
+encoder!(
+    /// With VBMI: two `vpermt2b` and a byte blend gather four blocks into one store.
+    vbmi,
+    "avx512f,avx512bw,avx512vbmi",
+    store4_vbmi
+);
+encoder!(
+    /// Without VBMI (Skylake-SP, Cascade Lake, Cooper Lake): a `vpmovqb` store per block.
+    bw,
+    "avx512f,avx512bw",
+    store4_bw
+);
 
-/// [`encode_run`] of f16 bits after its checks, each block widened exactly in the
-/// register (`vcvtph2ps`): the values `f16::to_f32` gives the portable loop.
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-fn encode_f16(w: &[u16], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8], ahead: &[u8]) {
-    encode_with(
-        #[inline(always)]
-        |b| widen_f16(&w[b * BLOCK..(b + 1) * BLOCK]),
-        enc,
-        rnd,
-        out,
-        ahead,
-    )
-}
-
-/// The block loop under either rounding: `load(b)` gives block `b`'s 16 values.
+/// Four blocks' pair bytes (byte 0 of each 64-bit lane, [`pair_bytes`]) into `o`
+/// (32 bytes) by two `vpermt2b` and a byte blend, one store.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-fn encode_with(
-    load: impl Fn(usize) -> __m512,
-    enc: &[f32],
-    rnd: Option<&[[u8; BLOCK]]>,
-    out: &mut [u8],
-    ahead: &[u8],
-) {
-    let k = Consts::new();
-    let scaled = |b: usize| _mm512_mul_ps(load(b), _mm512_set1_ps(enc[b]));
-    match rnd {
-        None => encode_blocks(|b| codes(scaled(b), &k), &k, out, ahead),
-        Some(rnd) => encode_blocks(
-            |b| {
-                // SAFETY: a row is 16 bytes (one unaligned 128-bit load).
-                let r = unsafe { _mm_loadu_si128(rnd[b].as_ptr().cast()) };
-                sr_codes(scaled(b), r, &k)
-            },
-            &k,
-            out,
-            ahead,
-        ),
-    }
+fn store4_vbmi(p: [__m512i; 4], k: &Consts, o: &mut [u8]) {
+    let ab = _mm512_permutex2var_epi8(p[0], k.gather, p[1]);
+    let cd = _mm512_permutex2var_epi8(p[2], k.gather, p[3]);
+    // Bytes 0..16 of `ab` are blocks b, b+1; bytes 16..32 of `cd` are b+2, b+3.
+    let abcd = _mm512_castsi512_si256(_mm512_mask_blend_epi8(0xFFFF_0000, ab, cd));
+    let o = &mut o[..32];
+    // SAFETY: `o` is 32 bytes (one unaligned 256-bit store).
+    unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast::<__m256i>(), abcd) };
 }
 
-/// The block loop: `code(b)` gives block `b`'s 16 codes (one per u32 lane), `out` holds
-/// 8 bytes per block; each step of four blocks prefetches its share of `ahead`.
+/// [`store4_vbmi`] without VBMI: each block's 8 bytes by `vpmovqb` and a 64-bit store.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-fn encode_blocks(code: impl Fn(usize) -> __m512i, k: &Consts, out: &mut [u8], ahead: &[u8]) {
-    let pairs = |b: usize| pair_bytes(code(b));
-    let nb = out.len() * 2 / BLOCK;
-    let per = ahead.len().checked_div(nb).unwrap_or(0);
-    let mut b = 0;
-    while b + 4 <= nb {
-        quant_core::simd::prefetch(ahead.get(b * per..(b + 4) * per).unwrap_or(&[]));
-        let ab = _mm512_permutex2var_epi8(pairs(b), k.gather, pairs(b + 1));
-        let cd = _mm512_permutex2var_epi8(pairs(b + 2), k.gather, pairs(b + 3));
-        // Bytes 0..16 of `ab` are blocks b, b+1; bytes 16..32 of `cd` are b+2, b+3.
-        let abcd = _mm512_castsi512_si256(_mm512_mask_blend_epi8(0xFFFF_0000, ab, cd));
-        let o = &mut out[b * BLOCK / 2..(b + 4) * BLOCK / 2];
-        // SAFETY: `o` is 32 bytes (one unaligned 256-bit store).
-        unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast::<__m256i>(), abcd) };
-        b += 4;
-    }
-    for b in b..nb {
-        let o = &mut out[b * BLOCK / 2..(b + 1) * BLOCK / 2];
+#[target_feature(enable = "avx512f,avx512bw")]
+fn store4_bw(p: [__m512i; 4], _k: &Consts, o: &mut [u8]) {
+    for (v, o) in p.into_iter().zip(o[..32].chunks_exact_mut(8)) {
         // SAFETY: `o` is 8 bytes (one unaligned 64-bit store).
-        unsafe { _mm_storel_epi64(o.as_mut_ptr().cast(), _mm512_cvtepi64_epi8(pairs(b))) };
+        unsafe { _mm_storel_epi64(o.as_mut_ptr().cast(), _mm512_cvtepi64_epi8(v)) };
     }
 }
 
@@ -579,6 +636,7 @@ fn pair_bytes(codes: __m512i) -> __m512i {
 mod tests {
     use super::*;
     use quant_core::codec::e2m1;
+    use quant_core::simd::{Ext, with_extensions_hidden};
     use quantfmt_testkit::XorShift32;
 
     /// bf16 bit patterns widened exactly to f32 (the values the bits-reading kernels see).
@@ -620,9 +678,15 @@ mod tests {
     #[test]
     fn encode_run_equals_the_portable_codes() {
         if !supported() {
-            eprintln!("no AVX-512 VBMI: skipped");
+            eprintln!("no AVX-512: skipped");
             return;
         }
+        // The block loop with the CPU's VBMI gather (where it has one), then without.
+        encode_run_equals_the_portable_codes_here();
+        with_extensions_hidden(&[Ext::Vbmi], encode_run_equals_the_portable_codes_here);
+    }
+
+    fn encode_run_equals_the_portable_codes_here() {
         // Every special value and every threshold neighbourhood, in every lane
         // position and sign, over runs of 0..=9 blocks (the 4-block step and its tail).
         let mut specials = vec![
@@ -681,7 +745,7 @@ mod tests {
     #[test]
     fn pairs_equal_the_portable_codes_on_every_bf16() {
         if !supported() {
-            eprintln!("no AVX-512 VBMI: skipped");
+            eprintln!("no AVX-512: skipped");
             return;
         }
         // Every bf16 pattern in both rows of a pair (the second row reversed), under
@@ -729,9 +793,18 @@ mod tests {
     #[test]
     fn encode_run_sweeps_every_f32_bit_pattern_class() {
         if !supported() {
-            eprintln!("no AVX-512 VBMI: skipped");
+            eprintln!("no AVX-512: skipped");
             return;
         }
+        // The block loop with the CPU's VBMI gather (where it has one), then without.
+        encode_run_sweeps_every_f32_bit_pattern_class_here();
+        with_extensions_hidden(
+            &[Ext::Vbmi],
+            encode_run_sweeps_every_f32_bit_pattern_class_here,
+        );
+    }
+
+    fn encode_run_sweeps_every_f32_bit_pattern_class_here() {
         // Every 2^12-th bit pattern (both signs, all exponents, NaN and infinity).
         let w: Vec<f32> = (0..1u32 << 20)
             .map(|i| f32::from_bits(i << 12 | i >> 8))
@@ -745,9 +818,15 @@ mod tests {
     #[test]
     fn encode_run_sweeps_every_bf16_value() {
         if !supported() {
-            eprintln!("no AVX-512 VBMI: skipped");
+            eprintln!("no AVX-512: skipped");
             return;
         }
+        // The block loop with the CPU's VBMI gather (where it has one), then without.
+        encode_run_sweeps_every_bf16_value_here();
+        with_extensions_hidden(&[Ext::Vbmi], encode_run_sweeps_every_bf16_value_here);
+    }
+
+    fn encode_run_sweeps_every_bf16_value_here() {
         // All 65536 bf16 patterns, under three encode multipliers.
         let hi: Vec<u16> = (0..=u16::MAX).collect();
         let wide = widened(&hi);
@@ -762,9 +841,15 @@ mod tests {
     #[test]
     fn encode_run_sweeps_every_f16_value() {
         if !supported() {
-            eprintln!("no AVX-512 VBMI: skipped");
+            eprintln!("no AVX-512: skipped");
             return;
         }
+        // The block loop with the CPU's VBMI gather (where it has one), then without.
+        encode_run_sweeps_every_f16_value_here();
+        with_extensions_hidden(&[Ext::Vbmi], encode_run_sweeps_every_f16_value_here);
+    }
+
+    fn encode_run_sweeps_every_f16_value_here() {
         // All 65536 f16 patterns, under three encode multipliers, both roundings.
         let h: Vec<u16> = (0..=u16::MAX).collect();
         let wide: Vec<f32> = h
@@ -788,7 +873,7 @@ mod tests {
     #[test]
     fn pairs_equal_the_portable_codes_on_every_f16() {
         if !supported() {
-            eprintln!("no AVX-512 VBMI: skipped");
+            eprintln!("no AVX-512: skipped");
             return;
         }
         // Every f16 pattern in both rows of a pair (the second row reversed), under
@@ -882,9 +967,15 @@ mod tests {
     #[test]
     fn encode_run_sr_equals_the_rule() {
         if !supported() {
-            eprintln!("no AVX-512 VBMI: skipped");
+            eprintln!("no AVX-512: skipped");
             return;
         }
+        // The block loop with the CPU's VBMI gather (where it has one), then without.
+        encode_run_sr_equals_the_rule_here();
+        with_extensions_hidden(&[Ext::Vbmi], encode_run_sr_equals_the_rule_here);
+    }
+
+    fn encode_run_sr_equals_the_rule_here() {
         let mut rng = XorShift32::new(0x2545_F491);
         // Every bf16 value under three multipliers, each with random bytes and with
         // the extreme bytes 0 and 255 (every grid crossing of the jitter).
