@@ -547,9 +547,9 @@ pub fn with_prefetch<R>(pays: bool, f: impl FnOnce() -> R) -> R {
 
 /// The CPU's vendor string (`GenuineIntel`, `AuthenticAMD`, ...); zeros off x86-64.
 fn cpu_vendor() -> [u8; 12] {
-    let mut v = [0u8; 12];
     #[cfg(target_arch = "x86_64")]
     {
+        let mut v = [0u8; 12];
         // SAFETY: CPUID leaf 0 exists on every x86-64 CPU and only reads registers
         // (the intrinsic is safe on newer toolchains, hence the allowance).
         #[allow(unused_unsafe)]
@@ -557,8 +557,10 @@ fn cpu_vendor() -> [u8; 12] {
         for (d, w) in v.chunks_exact_mut(4).zip([r.ebx, r.edx, r.ecx]) {
             d.copy_from_slice(&w.to_le_bytes());
         }
+        v
     }
-    v
+    #[cfg(not(target_arch = "x86_64"))]
+    [0u8; 12]
 }
 
 /// Runs `f` once per level this CPU supports, lowest first, printing a note for each
