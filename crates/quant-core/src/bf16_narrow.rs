@@ -91,17 +91,23 @@ pub mod x86 {
         // decode loop spent a tenth of its samples on those two stores.
         match narrow32(lo, hi) {
             Some(v) => v,
-            None => narrow32_each(lo, hi),
+            None => narrow32_int(lo, hi),
         }
     }
 
-    /// The subnormal path of [`narrow32_exact`]: both halves by [`narrow16_int`] (the
-    /// bits of [`bf16_bits`]). Inlined, in registers: as a call (it once narrowed each
-    /// value through memory, `#[cold]`) it clobbered every vector register, and the loops
+    /// 32 values (`lo` then `hi`) narrowed by [`narrow16_int`], lane `i` holding value
+    /// `i`: the bits of [`bf16_bits`] on every input, without AVX-512 BF16. The subnormal
+    /// path of [`narrow32_exact`], and the streamed bf16 writer's narrowing on CPUs
+    /// without BF16. Inlined, in registers: as a call (it once narrowed each value
+    /// through memory, `#[cold]`) it clobbered every vector register, and the loops
     /// around it kept their constants on the stack, reloading them every step.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and BW (a caller without those features enabled
+    /// needs `unsafe` and a run-time check).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    fn narrow32_each(lo: __m512, hi: __m512) -> __m512i {
+    pub fn narrow32_int(lo: __m512, hi: __m512) -> __m512i {
         _mm512_inserti64x4::<1>(_mm512_castsi256_si512(narrow16_int(lo)), narrow16_int(hi))
     }
 

@@ -200,11 +200,15 @@ pub fn write_f32<T: Element>(
             };
         }
         if T::DTYPE == DType::BF16
-            && crate::simd::has(crate::simd::Ext::Bf16)
             && let Ok(d) = bytemuck::try_cast_slice_mut::<T, u16>(dst)
         {
-            // SAFETY: as above, and the CPU has AVX-512 BF16 (checked).
-            return unsafe { x86::write_bf16(src, d, fence) };
+            return if crate::simd::has(crate::simd::Ext::Bf16) {
+                // SAFETY: as above, and the CPU has AVX-512 BF16 (checked).
+                unsafe { x86::write_bf16(src, d, fence) }
+            } else {
+                // SAFETY: as above (the integer narrowing needs no BF16).
+                unsafe { x86::write_bf16_int(src, d, fence) }
+            };
         }
         if T::DTYPE == DType::F16
             && let Ok(d) = bytemuck::try_cast_slice_mut::<T, u16>(dst)
@@ -456,6 +460,27 @@ pub mod x86 {
     pub(super) fn write_bf16(src: &[f32], dst: &mut [u16], fence: &Fence) {
         let how = (StoreMode::Streaming, fence);
         write_bf16_steps(dst, how, |j| load16(src, j), |j| src[j]);
+    }
+
+    /// [`write_bf16`] on a CPU without AVX-512 BF16: each 32 values narrowed by
+    /// [`crate::bf16_narrow::x86::narrow32_int`] (the same bits), streamed.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) fn write_bf16_int(src: &[f32], dst: &mut [u16], fence: &Fence) {
+        let main = dst.len() / 32 * 32;
+        let (head, tail) = dst.split_at_mut(main);
+        {
+            let mut w =
+                LineWriter::fenced_by(fence, StoreMode::Streaming, bytemuck::cast_slice_mut(head));
+            for j in (0..main).step_by(32) {
+                w.push(crate::bf16_narrow::x86::narrow32_int(
+                    load16(src, j),
+                    load16(src, j + 16),
+                ));
+            }
+        }
+        for (o, &x) in tail.iter_mut().zip(&src[main..]) {
+            *o = bf16_bits(x);
+        }
     }
 
     /// [`super::write_f32`] into f16 bits, narrowed in registers and streamed.
