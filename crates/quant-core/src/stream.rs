@@ -462,25 +462,11 @@ pub mod x86 {
         write_bf16_steps(dst, how, |j| load16(src, j), |j| src[j]);
     }
 
-    /// [`write_bf16`] on a CPU without AVX-512 BF16: each 32 values narrowed by
-    /// [`crate::bf16_narrow::x86::narrow32_int`] (the same bits), streamed.
+    /// [`write_bf16`] on a CPU without AVX-512 BF16 (the same bits), streamed.
     #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) fn write_bf16_int(src: &[f32], dst: &mut [u16], fence: &Fence) {
-        let main = dst.len() / 32 * 32;
-        let (head, tail) = dst.split_at_mut(main);
-        {
-            let mut w =
-                LineWriter::fenced_by(fence, StoreMode::Streaming, bytemuck::cast_slice_mut(head));
-            for j in (0..main).step_by(32) {
-                w.push(crate::bf16_narrow::x86::narrow32_int(
-                    load16(src, j),
-                    load16(src, j + 16),
-                ));
-            }
-        }
-        for (o, &x) in tail.iter_mut().zip(&src[main..]) {
-            *o = bf16_bits(x);
-        }
+        let how = (StoreMode::Streaming, fence);
+        write_bf16_int_steps(dst, how, |j| load16(src, j), |j| src[j]);
     }
 
     /// [`super::write_f32`] into f16 bits, narrowed in registers and streamed.
@@ -527,36 +513,59 @@ pub mod x86 {
         }
     }
 
-    /// [`write_f32_steps`] into bf16 bits: 32 values per step, `step(j)` and
-    /// `step(j + 16)` narrowed by [`crate::bf16_narrow::x86::narrow32_exact`], the rest
-    /// by [`bf16_bits`] of `one(j)`; the bits of `bf16_bits` throughout.
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512 F, BW, DQ and BF16 (code compiled with them calls it
-    /// safely).
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
-    pub fn write_bf16_steps(
-        out: &mut [u16],
-        (mode, fence): (StoreMode, &Fence),
-        step: impl Fn(usize) -> __m512,
-        one: impl Fn(usize) -> f32,
-    ) {
-        let main = out.len() / 32 * 32;
-        let (head, tail) = out.split_at_mut(main);
-        {
-            let mut w = LineWriter::fenced_by(fence, mode, bytemuck::cast_slice_mut(head));
-            for j in (0..main).step_by(32) {
-                w.push(crate::bf16_narrow::x86::narrow32_exact(
-                    step(j),
-                    step(j + 16),
-                ));
+    /// The bf16 step writers: one loop, two narrowings, each function with the target
+    /// features of its narrowing (a function compiled without a callee's features cannot
+    /// inline it).
+    macro_rules! bf16_steps {
+        ($(#[$doc:meta])* $name:ident, $features:literal, $narrow:path) => {
+            $(#[$doc])*
+            #[inline]
+            #[target_feature(enable = $features)]
+            pub fn $name(
+                out: &mut [u16],
+                (mode, fence): (StoreMode, &Fence),
+                step: impl Fn(usize) -> __m512,
+                one: impl Fn(usize) -> f32,
+            ) {
+                let main = out.len() / 32 * 32;
+                let (head, tail) = out.split_at_mut(main);
+                {
+                    let mut w =
+                        LineWriter::fenced_by(fence, mode, bytemuck::cast_slice_mut(head));
+                    for j in (0..main).step_by(32) {
+                        w.push($narrow(step(j), step(j + 16)));
+                    }
+                }
+                for (j, o) in (main..).zip(tail) {
+                    *o = bf16_bits(one(j));
+                }
             }
-        }
-        for (j, o) in (main..).zip(tail) {
-            *o = bf16_bits(one(j));
-        }
+        };
     }
+
+    bf16_steps!(
+        /// [`write_f32_steps`] into bf16 bits: 32 values per step, `step(j)` and
+        /// `step(j + 16)` narrowed by [`crate::bf16_narrow::x86::narrow32_exact`], the
+        /// rest by [`bf16_bits`] of `one(j)`; the bits of `bf16_bits` throughout.
+        ///
+        /// # Safety
+        /// The CPU must have AVX-512 F, BW, DQ and BF16 (code compiled with them calls it
+        /// safely).
+        write_bf16_steps,
+        "avx512f,avx512bw,avx512dq,avx512bf16",
+        crate::bf16_narrow::x86::narrow32_exact
+    );
+
+    bf16_steps!(
+        /// [`write_bf16_steps`] for CPUs without AVX-512 BF16: the steps narrowed by
+        /// [`crate::bf16_narrow::x86::narrow32_int`] (integer rounding, the same bits).
+        ///
+        /// # Safety
+        /// The CPU must have AVX-512 F and BW (code compiled with them calls it safely).
+        write_bf16_int_steps,
+        "avx512f,avx512bw",
+        crate::bf16_narrow::x86::narrow32_int
+    );
 
     /// [`write_f32_steps`] into f16 bits: 32 values per step, `step(j)` and
     /// `step(j + 16)` narrowed by `vcvtps2ph` (round to nearest even; subnormal results

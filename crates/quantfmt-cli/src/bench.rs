@@ -178,13 +178,11 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
     let x = HostTensor::f32(&base, &[m, k])?.to_dtype(opts.dtype)?;
     let in_bytes = x.as_bytes().len();
     let mut records = Vec::new();
+    let simd = quant_core::simd::describe();
     if !opts.json {
         println!(
             "shape [{m}, {k}] {} usage={} threads={threads}, median of {} runs; simd {}",
-            opts.dtype,
-            opts.usage,
-            opts.runs,
-            quant_core::simd::describe()
+            opts.dtype, opts.usage, opts.runs, simd
         );
     }
     for (spec, usage) in &specs {
@@ -227,7 +225,7 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
             roofline_gbps: in_b / tq.roofline / 1e9,
             ratio: tq.ratio,
             seconds: tq.kernel,
-            simd: quant_core::simd::describe(),
+            simd: simd.clone(),
         });
         let dir = usage.preferred().unwrap_or(Direction::Rowwise);
         let dq_out = in_bytes / opts.dtype.size() * opts.dtype.size();
@@ -263,7 +261,7 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
             roofline_gbps: dq_out as f64 / td.roofline / 1e9,
             ratio: td.ratio,
             seconds: td.kernel,
-            simd: quant_core::simd::describe(),
+            simd: simd.clone(),
         });
     }
     if opts.json {
