@@ -155,8 +155,9 @@ impl<'a> Operand<'a> {
 }
 
 /// Rowwise: `[m, k]` codes and scales to `out` (`[m, k]`). At AVX-512 each row is
-/// [`crate::x86::decode_row`] (f32, bf16 and f16 output); elsewhere the
-/// portable loop below, which the tests compare with it at every level.
+/// [`crate::x86::decode_row`] (f32, bf16 and f16 output), at AVX2
+/// [`crate::x86_avx2::decode_row`]; elsewhere the portable loop below, which the tests
+/// compare with both at every level.
 pub(crate) fn rowwise<T: Element>(op: &Operand<'_>, m: usize, k: usize, out: &mut [T]) {
     let stride = scale_shape(m, k)[1];
     if k == 0 {
@@ -179,6 +180,17 @@ pub(crate) fn rowwise<T: Element>(op: &Operand<'_>, m: usize, k: usize, out: &mu
                         #[cfg(target_arch = "x86_64")]
                         if level == simd::Level::Avx512
                             && crate::x86::decode_row(
+                                d,
+                                #[inline(always)]
+                                |b| op.factor(row, b, stride),
+                                o,
+                            )
+                        {
+                            continue;
+                        }
+                        #[cfg(target_arch = "x86_64")]
+                        if level == simd::Level::Avx2
+                            && crate::x86_avx2::decode_row(
                                 d,
                                 #[inline(always)]
                                 |b| op.factor(row, b, stride),

@@ -126,6 +126,9 @@ pub mod sr;
 #[allow(unsafe_code)] // AVX-512 intrinsics; every block has a SAFETY comment
 mod x86;
 #[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // AVX2 intrinsics; every block has a SAFETY comment
+mod x86_avx2;
+#[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)] // AVX-512 intrinsics; every block has a SAFETY comment
 mod x86_encode;
 
