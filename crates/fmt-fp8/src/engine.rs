@@ -252,7 +252,7 @@ fn rowwise_1d<T: Element>(
 
 /// How [`span_maxima`] read a span, which its encoder then reads the same way.
 enum SpanRead<'a> {
-    /// bf16 or f16 at AVX-512, as bit patterns (nothing widened).
+    /// bf16 or f16 at AVX-512 (bf16 at AVX2), as bit patterns (nothing widened).
     Bits(Bits16<'a>),
     /// Widened into the caller's span (f32 input in place).
     Wide(&'a [f32]),
@@ -260,7 +260,8 @@ enum SpanRead<'a> {
 
 /// The amax keys (f32 magnitude bits, NaN ignored) of the 128-value blocks of `xs` (at
 /// most [`STEP`] blocks, a ragged last one included) into `keys`. bf16 and f16 at
-/// AVX-512 are read as bits; f32 is read in place. Returns the input as read.
+/// AVX-512, and bf16 at AVX2, are read as bits; f32 is read in place. Returns the input
+/// as read.
 #[inline(always)]
 fn span_maxima<'a, T: Element>(
     level: Level,
@@ -269,7 +270,13 @@ fn span_maxima<'a, T: Element>(
     keys: &mut [u32; STEP],
 ) -> SpanRead<'a> {
     let whole = xs.len() / BLOCK;
-    if let Some(b) = Bits16::of(xs).filter(|_| level == Level::Avx512) {
+    // AVX2 has the 16-bit block maxima and encoder for bf16 only.
+    let bits = Bits16::of(xs).filter(|b| match level {
+        Level::Avx512 => true,
+        Level::Avx2 => matches!(b, Bits16::Bf16(_)),
+        Level::Scalar => false,
+    });
+    if let Some(b) = bits {
         let (head, tail) = (b.slice(..whole * BLOCK), b.slice(whole * BLOCK..));
         block_abs_max_bits(level, head, NanRule::Ignore, &mut keys[..whole]);
         if !tail.is_empty() {
@@ -479,10 +486,10 @@ struct Pow2Plan {
 
 impl Pow2Plan {
     /// One exponent per 128-value block (at most [`STEP`] blocks); `None` unless at
-    /// AVX-512 every scale is a power of two.
+    /// AVX-512 or AVX2 (where the encoders have kernels) every scale is a power of two.
     #[inline(always)]
     fn per_block(level: Level, scales: &[f32]) -> Option<Self> {
-        if level != Level::Avx512 {
+        if level == Level::Scalar {
             return None;
         }
         let mut ks = [0i32; STEP];

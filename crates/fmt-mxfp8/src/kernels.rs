@@ -471,14 +471,17 @@ struct Ahead<'a> {
 }
 
 impl<'a> Ahead<'a> {
-    /// `Some` where [`span_bits_pow2`] may encode the row (bf16 or f16 input at AVX-512), with
+    /// `Some` where [`span_bits_pow2`] may encode the row (bf16 or f16 input at AVX-512,
+    /// bf16 at AVX2), with
     /// the first span's maxima taken when `maxima` (not when the caller has the keys).
     #[inline(always)]
     fn new<T: Element>(cfg: Cfg, xr: &'a [T], run: usize, maxima: bool) -> Option<Ahead<'a>> {
-        if cfg.level != Level::Avx512 {
-            return None;
-        }
-        let bits = Bits16::of(xr)?;
+        // AVX2 has the 16-bit encoder and block maxima for bf16 only.
+        let bits = match (cfg.level, Bits16::of(xr)?) {
+            (Level::Avx512, bits) => bits,
+            (Level::Avx2, bits @ Bits16::Bf16(_)) => bits,
+            _ => return None,
+        };
         let mut a = Ahead {
             cfg,
             bits,

@@ -28,6 +28,9 @@
 use crate::dtype::Bits16;
 use crate::simd::Level;
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
 /// How NaN inputs count in a block maximum.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NanRule {
@@ -69,8 +72,8 @@ impl NanRule {
 /// `out.len()` equal blocks of `xs` (a pattern: `f32::from_bits` gives the amax).
 ///
 /// At [`Level::Avx512`], with blocks a multiple of 16 values long, sixteen blocks are
-/// folded together (see the module docs); otherwise, and for the last `< 16` blocks,
-/// each block is folded alone with the same integer maxima, so every level gives the
+/// folded together (see the module docs), at [`Level::Avx2`] (blocks a multiple of 8)
+/// eight; otherwise, and for the last `< 16` blocks at AVX-512, each block is folded alone with the same integer maxima, so every level gives the
 /// same bits. Call it from inside a [`crate::simd::dispatch`]ed kernel: it is
 /// `#[inline(always)]` and compiles at the caller's width.
 ///
@@ -86,6 +89,13 @@ pub fn block_abs_max(level: Level, xs: &[f32], nan: NanRule, out: &mut [u32]) {
         // SAFETY: the CPU has AVX-512 F (checked just above); `xs` holds `out.len()`
         // blocks of `n` values, `n` a nonzero multiple of 16 (checked above).
         unsafe { x86::block_abs_max(xs, n, nan, out) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx2 && Level::Avx2.is_supported() && n.is_multiple_of(8) {
+        // SAFETY: the CPU has AVX2 (checked just above); `xs` holds `out.len()` blocks
+        // of `n` values, `n` a nonzero multiple of 8 (checked above).
+        unsafe { avx2::block_abs_max(xs, n, nan, out) };
         return;
     }
     let _ = level;
@@ -111,7 +121,8 @@ fn portable(xs: &[f32], nan: NanRule) -> u32 {
 /// widened values, without widening them. At [`Level::Avx512`] with blocks a multiple of
 /// 32 values, each block is one 32-lane maximum per vector (16-bit lanes), then sixteen
 /// blocks fold together as in [`block_abs_max`]; a block of 16 (NVFP4's) is one vector
-/// widened in the register.
+/// widened in the register. At [`Level::Avx2`] (blocks a multiple of 16) eight blocks
+/// fold together on their 16-bit keys.
 ///
 /// ```
 /// use half::bf16;
@@ -138,6 +149,13 @@ pub fn block_abs_max_bf16(level: Level, xs: &[u16], nan: NanRule, out: &mut [u32
         // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512`, checked just above);
         // `xs` holds `out.len()` blocks of `n` values, `n` 16 or a nonzero multiple of 32.
         unsafe { x86::block_abs_max_bf16(xs, n, nan, out) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx2 && Level::Avx2.is_supported() && n.is_multiple_of(16) {
+        // SAFETY: the CPU has AVX2 (checked just above); `xs` holds `out.len()` blocks
+        // of `n` values, `n` a nonzero multiple of 16 (checked above).
+        unsafe { avx2::block_abs_max_bf16(xs, n, nan, out) };
         return;
     }
     let _ = level;

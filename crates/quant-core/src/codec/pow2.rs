@@ -52,6 +52,8 @@ use crate::codec::{e4m3, e5m2};
 use crate::dtype::Bits16;
 use crate::simd::Level;
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod f16;
 mod from_f32;
 
@@ -243,31 +245,37 @@ impl Fp8 {
     }
 }
 
-/// Whether the AVX-512 kernels can take a call: the level is [`Level::Avx512`] and the
-/// CPU has it, `block` is a nonzero multiple of 32, the source and destination hold
-/// `exps.len()` blocks, and `exact` accepts every exponent.
+/// Which kernel can take a call, if any: `level` where the CPU has it ([`Level::Avx512`],
+/// or [`Level::Avx2`] where `avx2` allows it), `block` a nonzero multiple of 32, the
+/// source and destination holding `exps.len()` blocks, and `exact` accepting every
+/// exponent.
 #[inline(always)]
 fn runs_fit(
     level: Level,
-    src: usize,
-    dst: usize,
+    avx2: bool,
+    (src, dst): (usize, usize),
     block: usize,
     exps: &[i32],
     exact: impl Fn(i32) -> bool,
-) -> bool {
-    block > 0
+) -> Option<Level> {
+    let fits = block > 0
         && block.is_multiple_of(32)
         && src == exps.len() * block
         && dst == src
         // A fold, not `all`: no early exit, so it vectorizes.
-        && exps.iter().fold(true, |ok, &e| ok & exact(e))
-        && level == Level::Avx512
-        && Level::Avx512.is_supported()
+        && exps.iter().fold(true, |ok, &e| ok & exact(e));
+    let kernel = match level {
+        Level::Avx512 => true,
+        Level::Avx2 => avx2,
+        Level::Scalar => false,
+    };
+    (fits && kernel && level.is_supported()).then_some(level)
 }
 
 /// `dst[i] = fp8.encode(src[i], ks[i / block], plus_zero)` with AVX-512, 32 values per
-/// step ([`Fp8::encode`] for bf16 `src`, [`Fp8::encode_f16`] for f16). Returns `false`
-/// and writes nothing unless `level` is [`Level::Avx512`] and the CPU has it, `block` is
+/// step ([`Fp8::encode`] for bf16 `src`, [`Fp8::encode_f16`] for f16), or for bf16 with
+/// AVX2, 16 per step. Returns `false` and writes nothing unless `level` is
+/// [`Level::Avx512`] (or [`Level::Avx2`], bf16 only) and the CPU has it, `block` is
 /// a nonzero multiple of 32, `src` and `dst` hold `ks.len()` blocks, and every `k`
 /// satisfies [`Fp8::pow2_exact`] (bf16) or [`Fp8::pow2_exact_f16`] (f16); the caller then
 /// takes its f32 route. `#[inline(always)]`: call it from a [`crate::simd::dispatch`]ed
@@ -296,30 +304,39 @@ pub fn encode_blocks(
     plus_zero: bool,
     dst: &mut [u8],
 ) -> bool {
-    let fits = match src {
-        Bits16::Bf16(b) => runs_fit(level, b.len(), dst.len(), block, ks, |k| fp8.pow2_exact(k)),
-        Bits16::F16(b) => runs_fit(level, b.len(), dst.len(), block, ks, |k| {
+    let kernel = match src {
+        Bits16::Bf16(b) => runs_fit(level, true, (b.len(), dst.len()), block, ks, |k| {
+            fp8.pow2_exact(k)
+        }),
+        Bits16::F16(b) => runs_fit(level, false, (b.len(), dst.len()), block, ks, |k| {
             fp8.pow2_exact_f16(k)
         }),
     };
-    if !fits {
-        return false;
-    }
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both); the
-        // lengths and exponents were checked above, against the range of `src`'s kernel.
-        unsafe {
-            match src {
-                Bits16::Bf16(b) => x86::encode_blocks(fp8, b, block, ks, plus_zero, dst),
-                Bits16::F16(b) => f16::x86::encode_blocks(fp8, b, block, ks, plus_zero, dst),
-            }
-        };
+        match (kernel, src) {
+            // SAFETY: the CPU has AVX-512 F and BW (`runs_fit` checked that it has the
+            // level, which includes both); the lengths and exponents were checked there,
+            // against the range of `src`'s kernel.
+            (Some(Level::Avx512), Bits16::Bf16(b)) => unsafe {
+                x86::encode_blocks(fp8, b, block, ks, plus_zero, dst)
+            },
+            // SAFETY: as above.
+            (Some(Level::Avx512), Bits16::F16(b)) => unsafe {
+                f16::x86::encode_blocks(fp8, b, block, ks, plus_zero, dst)
+            },
+            // SAFETY: the CPU has AVX2 (checked by `runs_fit`), which takes bf16 only; the
+            // lengths and exponents were checked there.
+            (Some(Level::Avx2), Bits16::Bf16(b)) => unsafe {
+                avx2::encode_blocks(fp8, b, block, ks, plus_zero, dst)
+            },
+            _ => return false,
+        }
         true
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = plus_zero;
+        let _ = (kernel, plus_zero);
         false
     }
 }
@@ -348,9 +365,10 @@ pub fn decode_blocks(
     js: &[i32],
     dst: &mut [u16],
 ) -> bool {
-    if !runs_fit(level, src.len(), dst.len(), block, js, |j| {
+    let kernel = runs_fit(level, false, (src.len(), dst.len()), block, js, |j| {
         fp8.decode_exact(j)
-    }) {
+    });
+    if kernel != Some(Level::Avx512) {
         return false;
     }
     #[cfg(target_arch = "x86_64")]
@@ -984,11 +1002,17 @@ mod tests {
 
     #[test]
     fn vector_equals_scalar_on_every_input() {
-        let level = crate::simd::level();
-        if level != Level::Avx512 {
-            eprintln!("skipped: this CPU has no AVX-512 (the vector kernel is not built to run)");
-            return;
+        for level in [Level::Avx512, Level::Avx2] {
+            if level.is_supported() {
+                vector_equals_scalar_at(level);
+            } else {
+                eprintln!("skipped at {level}: this CPU does not have it");
+            }
         }
+    }
+
+    /// [`vector_equals_scalar_on_every_input`] at one level the CPU has.
+    fn vector_equals_scalar_at(level: Level) {
         let src: Vec<u16> = (0..=u16::MAX).collect();
         for fp8 in [Fp8::E4M3, Fp8::E5M2] {
             for &k in &some_ks(fp8) {
@@ -1207,6 +1231,16 @@ mod tests {
             Bits16::Bf16(&src),
             32,
             &[0, 120],
+            false,
+            &mut dst
+        ));
+        // f16 has no AVX2 kernel.
+        assert!(!encode_blocks(
+            Level::Avx2,
+            Fp8::E4M3,
+            Bits16::F16(&src),
+            32,
+            &[0, 0],
             false,
             &mut dst
         ));

@@ -83,8 +83,8 @@ pub fn bf16_round_to_odd(x: f32) -> u16 {
 }
 
 /// `dst[i] = fp8.encode_f32(src[i], ks[i / block], plus_zero)` with AVX-512, 32 values
-/// per step. Returns `false` and writes nothing unless `level` is [`Level::Avx512`] and
-/// the CPU has it, `block` is a nonzero multiple of 32, `src` and `dst` hold `ks.len()`
+/// per step, or AVX2, 16. Returns `false` and writes nothing unless `level` is
+/// [`Level::Avx512`] or [`Level::Avx2`] and the CPU has it, `block` is a nonzero multiple of 32, `src` and `dst` hold `ks.len()`
 /// blocks, and every `k` satisfies [`Fp8::pow2_exact_f32`]; the caller then takes its
 /// f32 route (the same codes, through a multiply). `#[inline(always)]`: call it from a
 /// [`crate::simd::dispatch`]ed kernel.
@@ -111,21 +111,28 @@ pub fn encode_blocks_f32(
     plus_zero: bool,
     dst: &mut [u8],
 ) -> bool {
-    if !super::runs_fit(level, src.len(), dst.len(), block, ks, |k| {
+    let kernel = super::runs_fit(level, true, (src.len(), dst.len()), block, ks, |k| {
         fp8.pow2_exact_f32(k)
-    }) {
-        return false;
-    }
+    });
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both); the
-        // lengths and exponents were checked above.
-        unsafe { x86::encode_blocks(fp8, src, block, ks, plus_zero, dst) };
+        match kernel {
+            // SAFETY: the CPU has AVX-512 F and BW (`runs_fit` checked that it has the
+            // level, which includes both); the lengths and exponents were checked there.
+            Some(Level::Avx512) => unsafe {
+                x86::encode_blocks(fp8, src, block, ks, plus_zero, dst)
+            },
+            // SAFETY: the CPU has AVX2 (checked by `runs_fit`); as above.
+            Some(Level::Avx2) => unsafe {
+                super::avx2::encode_blocks_f32(fp8, src, block, ks, plus_zero, dst)
+            },
+            _ => return false,
+        }
         true
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = plus_zero;
+        let _ = (kernel, plus_zero);
         false
     }
 }
@@ -264,10 +271,13 @@ mod tests {
     /// Runs the kernel on `src` under one exponent `k` for the run and then one per
     /// 32-value block, against [`Fp8::encode_f32`]. `false` where the CPU has no AVX-512.
     fn check(fp8: Fp8, src: &[f32], ks: &[i32]) -> bool {
-        let level = crate::simd::level();
-        if level != Level::Avx512 {
-            return false;
-        }
+        let levels = [Level::Avx512, Level::Avx2]
+            .map(|l| l.is_supported().then(|| check_at(l, fp8, src, ks)));
+        levels.iter().any(Option::is_some)
+    }
+
+    /// [`check`] at one level the CPU has.
+    fn check_at(level: Level, fp8: Fp8, src: &[f32], ks: &[i32]) {
         let mut dst = vec![0u8; src.len()];
         for &k in ks {
             for plus_zero in [false, true] {
@@ -303,7 +313,6 @@ mod tests {
                 s.to_bits()
             );
         }
-        true
     }
 
     #[test]
@@ -364,7 +373,7 @@ mod tests {
         let mut dst = [1u8; 64];
         let e4 = Fp8::E4M3;
         // An exponent without a normal f32 multiplier, a block not a multiple of 32,
-        // mismatched lengths, a level below AVX-512.
+        // mismatched lengths, the scalar level.
         assert!(!encode_blocks_f32(
             Level::Avx512,
             e4,
@@ -393,7 +402,7 @@ mod tests {
             &mut dst
         ));
         assert!(!encode_blocks_f32(
-            Level::Avx2,
+            Level::Scalar,
             e4,
             &src,
             32,

@@ -1,0 +1,221 @@
+//! The bf16 encoder of the parent module at AVX2: 16 values per 256-bit vector, two
+//! vectors (32 codes) per store.
+//!
+//! The fast route is the AVX-512 kernel's, operation for operation, with AVX2's
+//! substitutes: an unsigned 16-bit `>=` is `max_epu16(a, b) == a`, and the masks are
+//! vectors (`vptest` asks whether any lane needs the general route). A chunk that does
+//! (a subnormal code, a bf16 subnormal input, infinity or NaN: rare in data under a
+//! block scale) is encoded value by value with [`Fp8::encode`], the specification
+//! itself, instead of a vector form of the general steps: AVX2 has no 16-bit variable
+//! shifts.
+//!
+//! f32 input is narrowed to bf16 by rounding to odd first ([`super::bf16_round_to_odd`],
+//! exact for both FP8 formats: the `from_f32` module's docs), as at AVX-512.
+
+use std::arch::x86_64::{
+    __m128i, __m256, __m256i, _mm_cvtsi32_si128, _mm256_add_epi16, _mm256_and_si256,
+    _mm256_andnot_si256, _mm256_castps_si256, _mm256_cmpeq_epi16, _mm256_cmpeq_epi32,
+    _mm256_loadu_ps, _mm256_loadu_si256, _mm256_max_epu16, _mm256_min_epi16, _mm256_or_si256,
+    _mm256_packus_epi16, _mm256_packus_epi32, _mm256_permute4x64_epi64, _mm256_set1_epi16,
+    _mm256_set1_epi32, _mm256_setzero_si256, _mm256_srl_epi16, _mm256_srli_epi16,
+    _mm256_srli_epi32, _mm256_storeu_si256, _mm256_sub_epi16, _mm256_subs_epu16,
+    _mm256_testz_si256,
+};
+
+use super::Fp8;
+use super::x86::Blocks;
+
+/// The call's constant vectors.
+struct Consts {
+    fp8: Fp8,
+    abs: __m256i,
+    one: __m256i,
+    zero: __m256i,
+    max_code: __m256i,
+    sign: __m256i,
+    /// `7 - MBITS`, the normal shift, as a shift count.
+    sh: __m128i,
+    /// `2^(7 - MBITS - 1) - 1`, the rounding addend of the normal shift.
+    round: __m256i,
+}
+
+impl Consts {
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn new(fp8: Fp8) -> Consts {
+        let sh = 7 - fp8.mbits as i32;
+        Consts {
+            fp8,
+            abs: _mm256_set1_epi16(0x7FFF),
+            one: _mm256_set1_epi16(1),
+            zero: _mm256_setzero_si256(),
+            max_code: _mm256_set1_epi16(i16::from(fp8.max_code)),
+            sign: _mm256_set1_epi16(0x80),
+            sh: _mm_cvtsi32_si128(sh),
+            round: _mm256_set1_epi16((1 << (sh - 1)) - 1),
+        }
+    }
+}
+
+/// One block's constants ([`Fp8::block_consts`]) and its exponent.
+#[derive(Clone, Copy)]
+struct Block {
+    normal_from: __m256i,
+    normal_span: __m256i,
+    rebias: __m256i,
+    k: i32,
+}
+
+impl Block {
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn new(fp8: Fp8, k: i32) -> Block {
+        let [normal_from, normal_span, rebias, _] = fp8.block_consts(k).map(|v| v as i16);
+        Block {
+            normal_from: _mm256_set1_epi16(normal_from),
+            normal_span: _mm256_set1_epi16(normal_span),
+            rebias: _mm256_set1_epi16(rebias),
+            k,
+        }
+    }
+}
+
+/// [`Fp8::encode`] of 16 bf16 values, codes in u16 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn encode16(c: &Consts, blk: &Block, x: __m256i, plus_zero: bool) -> __m256i {
+    let mag = _mm256_and_si256(x, c.abs);
+    let zero = _mm256_cmpeq_epi16(mag, c.zero);
+    // Outside `normal_from .. 0x7F80` (an unsigned compare after a wrapping subtraction),
+    // zero excepted.
+    let t = _mm256_sub_epi16(mag, blk.normal_from);
+    let outside = _mm256_cmpeq_epi16(_mm256_max_epu16(t, blk.normal_span), t);
+    let general = _mm256_andnot_si256(zero, outside);
+    if _mm256_testz_si256(general, general) == 0 {
+        return encode16_scalar(c.fp8, blk.k, x, plus_zero);
+    }
+    let lsb = _mm256_and_si256(_mm256_srl_epi16(mag, c.sh), c.one);
+    let q = _mm256_srl_epi16(_mm256_add_epi16(_mm256_add_epi16(mag, c.round), lsb), c.sh);
+    // Zero saturates to 0.
+    let code = _mm256_min_epi16(_mm256_subs_epu16(q, blk.rebias), c.max_code);
+    let sign = _mm256_srli_epi16::<8>(x);
+    let sign = if plus_zero {
+        _mm256_andnot_si256(zero, sign)
+    } else {
+        sign
+    };
+    _mm256_or_si256(code, _mm256_and_si256(sign, c.sign))
+}
+
+/// [`Fp8::encode`] of each of 16 values: the general route, kept out of line (rare).
+#[cold]
+#[inline(never)]
+#[target_feature(enable = "avx2")]
+fn encode16_scalar(fp8: Fp8, k: i32, x: __m256i, plus_zero: bool) -> __m256i {
+    // SAFETY: both types are 32 bytes of plain data; every bit pattern is valid for either.
+    let bits: [u16; 16] = unsafe { std::mem::transmute(x) };
+    let codes = bits.map(|b| u16::from(fp8.encode(b, k, plus_zero)));
+    // SAFETY: as above.
+    unsafe { std::mem::transmute(codes) }
+}
+
+/// Stores the codes of `chunks` 32-value chunks into `dst`, `codes(j)` giving chunk
+/// `j`'s two halves as u16 lanes, in order: `vpackuswb` (the codes are below 256)
+/// interleaves their 128-bit halves, one `vpermq` restores the order.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn store_codes(chunks: usize, dst: &mut [u8], mut codes: impl FnMut(usize) -> (__m256i, __m256i)) {
+    for (j, d) in dst[..32 * chunks].chunks_exact_mut(32).enumerate() {
+        let (lo, hi) = codes(j);
+        let bytes = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(lo, hi));
+        // SAFETY: `d` is 32 bytes (one unaligned 256-bit store).
+        unsafe { _mm256_storeu_si256(d.as_mut_ptr().cast(), bytes) };
+    }
+}
+
+/// [`super::encode_blocks`] for bf16 bits at AVX2, after its checks.
+///
+/// # Safety
+/// The CPU must have AVX2; `src.len() == dst.len() == ks.len() * block`, `block` a
+/// multiple of 32; every `k` satisfies [`Fp8::pow2_exact`].
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn encode_blocks(
+    fp8: Fp8,
+    src: &[u16],
+    block: usize,
+    ks: &[i32],
+    plus_zero: bool,
+    dst: &mut [u8],
+) {
+    let c = Consts::new(fp8);
+    let mut blocks = Blocks::new(ks, block / 32, |k| Block::new(fp8, k));
+    store_codes(src.len() / 32, dst, |j| {
+        let blk = blocks.next();
+        let s = &src[32 * j..32 * j + 32];
+        // SAFETY: `s` is 32 u16 (two unaligned 256-bit loads).
+        let (lo, hi) = unsafe {
+            (
+                _mm256_loadu_si256(s.as_ptr().cast()),
+                _mm256_loadu_si256(s[16..].as_ptr().cast()),
+            )
+        };
+        (
+            encode16(&c, blk, lo, plus_zero),
+            encode16(&c, blk, hi, plus_zero),
+        )
+    });
+}
+
+/// [`super::encode_blocks_f32`] at AVX2, after its checks.
+///
+/// # Safety
+/// The CPU must have AVX2; `src.len() == dst.len() == ks.len() * block`, `block` a
+/// multiple of 32; every `k` satisfies [`Fp8::pow2_exact_f32`].
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn encode_blocks_f32(
+    fp8: Fp8,
+    src: &[f32],
+    block: usize,
+    ks: &[i32],
+    plus_zero: bool,
+    dst: &mut [u8],
+) {
+    let c = Consts::new(fp8);
+    let mut blocks = Blocks::new(ks, block / 32, |k| Block::new(fp8, k));
+    let load = |s: &[f32]| {
+        // SAFETY: `s` holds 16 f32 (two unaligned 256-bit loads).
+        unsafe {
+            round_to_odd(
+                _mm256_loadu_ps(s.as_ptr()),
+                _mm256_loadu_ps(s[8..].as_ptr()),
+            )
+        }
+    };
+    store_codes(src.len() / 32, dst, |j| {
+        let blk = blocks.next();
+        let s = &src[32 * j..32 * j + 32];
+        (
+            encode16(&c, blk, load(&s[..16]), plus_zero),
+            encode16(&c, blk, load(&s[16..]), plus_zero),
+        )
+    });
+}
+
+/// [`super::bf16_round_to_odd`] of 16 f32 lanes (`lo` then `hi`), as bf16 bits in order:
+/// the high halves, or'ed with 1 where the low half is nonzero, packed by `vpackusdw`
+/// (each at most `0xFFFF`) and put in order by `vpermq`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn round_to_odd(lo: __m256, hi: __m256) -> __m256i {
+    let odd = |v: __m256| {
+        let b = _mm256_castps_si256(v);
+        let low = _mm256_and_si256(b, _mm256_set1_epi32(0xFFFF));
+        // 1 where the low half is nonzero (not all ones from the compare, masked to 1).
+        let exact = _mm256_cmpeq_epi32(low, _mm256_setzero_si256());
+        let sticky = _mm256_andnot_si256(exact, _mm256_set1_epi32(1));
+        _mm256_or_si256(_mm256_srli_epi32::<16>(b), sticky)
+    };
+    _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(odd(lo), odd(hi)))
+}
