@@ -35,7 +35,7 @@ use quant_core::block_max::{
 };
 use quant_core::codec::{e2m1, e4m3};
 use quant_core::cpu::{amax_f32, fmax_nan_loses};
-use quant_core::dtype::{Bits16, f32_from_bf16_bits};
+use quant_core::dtype::{Bits16, bf16_bits, f32_from_bf16_bits};
 use quant_core::simd::Level;
 use quant_core::stream::{Fence, StoreMode, write_bytes};
 use quant_core::strips::{Strip, column_strips};
@@ -1336,9 +1336,13 @@ fn group_values<'a>(
             &local[..]
         }
     };
-    // The sums into `buf`, with AVX-512 or portably, then rounded to bf16 in place.
+    // The sums into `buf`, with AVX-512, AVX2 or portably, then rounded to bf16 in place.
     #[cfg(target_arch = "x86_64")]
-    let summed = p.level == Level::Avx512 && crate::rht_x86::hadamard_sums(rows, CHUNK, cw, buf);
+    let summed = match p.level {
+        Level::Avx512 => crate::rht_x86::hadamard_sums(rows, CHUNK, cw, buf),
+        Level::Avx2 => crate::rht_avx2::hadamard_sums(rows, CHUNK, cw, buf),
+        Level::Scalar => false,
+    };
     #[cfg(not(target_arch = "x86_64"))]
     let summed = false;
     if !summed {
@@ -1354,9 +1358,10 @@ fn group_values<'a>(
             }
         }
     }
+    // `bf16_bits` is `bf16::from_f32` without its branches, so the loop vectorizes.
     for o in buf.iter_mut() {
         for o in &mut o[..cw] {
-            *o = bf16::from_f32(*o).to_f32();
+            *o = f32_from_bf16_bits(bf16_bits(*o));
         }
     }
     (buf, false)

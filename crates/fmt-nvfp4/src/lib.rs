@@ -118,6 +118,9 @@ mod quantizer;
 pub mod reference;
 pub mod rht;
 #[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // AVX2 intrinsics; every block has a SAFETY comment
+mod rht_avx2;
+#[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)] // AVX-512 intrinsics; every block has a SAFETY comment
 mod rht_x86;
 pub mod scale;
