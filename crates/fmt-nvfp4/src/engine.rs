@@ -1103,6 +1103,10 @@ fn rowwise_run<T: Element>(
         (None, None)
             if p.level == Level::Avx512
                 && crate::x86_encode::encode_run_rn(Run::F32(w), &enc[..nb], out) => {}
+        #[cfg(target_arch = "x86_64")]
+        (None, None)
+            if p.level == Level::Avx2
+                && crate::x86_avx2::encode_run_rn(&w[..nb * BLOCK], &enc[..nb], out) => {}
         (None, _) => {
             for ((o, v), &e) in out
                 .chunks_exact_mut(BLOCK / 2)
