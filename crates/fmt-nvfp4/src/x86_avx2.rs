@@ -190,8 +190,8 @@ fn encode_blocks_rn(w: &[f32], enc: &[f32], out: &mut [u8]) {
             )
         };
         let bytes = pack16(encode8(_mm256_mul_ps(lo, e)), encode8(_mm256_mul_ps(hi, e)));
-        let o: &mut [u8; 8] = o.try_into().expect("8 bytes per block");
-        // SAFETY: `o` is 8 bytes (one unaligned 64-bit store).
+        // SAFETY: `o` is 8 bytes (a `chunks_exact_mut(8)` chunk; one unaligned 64-bit
+        // store).
         unsafe { _mm_storel_epi64(o.as_mut_ptr().cast(), _mm256_castsi256_si128(bytes)) };
     }
 }
