@@ -325,7 +325,7 @@ mod tests {
         ]);
         xs.extend([f32::MAX, 1.0e30, 0.2, 0.3, 0.7, 0.8]);
         let mut rng = quantfmt_testkit::XorShift32::new(17);
-        while xs.len() % BLOCK != 0 || xs.len() < 40 * BLOCK {
+        while !xs.len().is_multiple_of(BLOCK) || xs.len() < 40 * BLOCK {
             xs.push(f32::from_bits(rng.next_u32()));
         }
         let factors = [1.0f32, 0.5, 3.0, 1.0e-3, 0.0];
