@@ -226,7 +226,7 @@ fn rowwise_1d<T: Element>(
                 }
                 SpanRead::Bits(Bits16::F16(_)) => {
                     for ((o, &s), v) in blocks.zip(xs[done..].chunks(BLOCK)) {
-                        encode_scaled(dt, v, s, o, &mut scratch.wide);
+                        encode_scaled(level, dt, v, s, o, &mut scratch.wide);
                     }
                 }
                 SpanRead::Wide(w) => {
@@ -416,7 +416,7 @@ fn whole_rows<T: Element>(
                     .zip(xs[done..].chunks(BLOCK))
                     .zip(&ss[done / BLOCK..])
                 {
-                    encode_scaled(dt, b, s, o, wide);
+                    encode_scaled(level, dt, b, s, o, wide);
                 }
                 if let Some(nr) = nr {
                     let c0 = si * step * BLOCK;

@@ -35,21 +35,34 @@ pub(crate) fn encode_f32(dt: Fp8Dtype, src: &[f32], scale: f32, dst: &mut [u8]) 
     encode_values(dt, src.iter().map(|&v| v * scale), dst);
 }
 
-/// `dst[i] = fp8(float(src[i]) * scale)` for any input element type.
+/// `dst[i] = fp8(float(src[i]) * scale)` for any input element type. At
+/// [`Level::Avx2`] through the AVX2 encoder (`x86_avx2`, the same codes), which LLVM's
+/// vectorization of the portable loop does not match there.
 #[inline(always)]
 pub(crate) fn encode_scaled<T: Element>(
+    level: Level,
     dt: Fp8Dtype,
     src: &[T],
     scale: f32,
     dst: &mut [u8],
     buf: &mut Wide,
 ) {
+    let avx2 = cfg!(target_arch = "x86_64") && level == Level::Avx2;
     if let Some(bits) = quant_core::dtype::bf16_slice_bits(src) {
+        #[cfg(target_arch = "x86_64")]
+        if avx2 && crate::x86_avx2::encode_bf16(dt, bits, scale, dst) {
+            return;
+        }
         encode_bf16_bits(dt, bits, Scales::One(scale), dst);
         return;
     }
     for (s, d) in src.chunks(BLOCK).zip(dst.chunks_mut(BLOCK)) {
-        encode_f32(dt, widened(s, &mut buf[..s.len()]), scale, d);
+        let w = widened(s, &mut buf[..s.len()]);
+        #[cfg(target_arch = "x86_64")]
+        if avx2 && crate::x86_avx2::encode_f32(dt, w, scale, d) {
+            continue;
+        }
+        encode_f32(dt, w, scale, d);
     }
 }
 
