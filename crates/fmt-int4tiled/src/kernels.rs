@@ -479,7 +479,8 @@ impl<T> RowTables<T> {
 /// arithmetic of [`group_values`]; then every output is a lookup of its nibble. At
 /// AVX-512 each table is built in a register as the row goes
 /// ([`crate::x86::dequant_row`]); below, the row's tables are computed into memory first
-/// and looked up block by block from [`unpack32`]. Only the logical `k` is read: `k` is
+/// and looked up block by block: at AVX2 by [`crate::x86_avx2::lookup`], otherwise from
+/// [`unpack32`]. Only the logical `k` is read: `k` is
 /// a multiple of the group size, hence of 32.
 #[inline(always)]
 pub(crate) fn dequantize_rows<T: Element>(
@@ -491,7 +492,7 @@ pub(crate) fn dequantize_rows<T: Element>(
     out: &mut [T],
     scratch: &mut RowTables<T>,
 ) {
-    let _ = level; // only the x86-64 build has a kernel to choose
+    let _ = level; // only the x86-64 build has kernels to choose
     let (k, g) = (geo.k, geo.group_size);
     let half = geo.inner_k_tiles / 2;
     let groups = k / g;
@@ -543,6 +544,11 @@ pub(crate) fn dequantize_rows<T: Element>(
         }
         T::narrow_slice(&scratch.wide, bytemuck::cast_slice_mut(&mut scratch.tables));
         let tables = &scratch.tables;
+        #[cfg(target_arch = "x86_64")]
+        if level == Level::Avx2 && crate::x86_avx2::lookup(tables, g, |b| lanes.block_words(b), row)
+        {
+            continue;
+        }
         for (block, ob) in row.chunks_exact_mut(32).enumerate() {
             let table = &tables[block * 32 / g];
             for (o, u) in ob.iter_mut().zip(unpack32(lanes.block_words(block))) {

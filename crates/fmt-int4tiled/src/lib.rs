@@ -52,6 +52,9 @@ mod tensor;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)] // AVX-512 intrinsics; every block has a SAFETY comment
 mod x86;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // AVX2 intrinsics; every block has a SAFETY comment
+mod x86_avx2;
 
 pub use format::{
     Eps, GROUP_SIZES, Geometry, INNER_K_TILES, Int4TiledQuantizer, Padding, TORCHAO_K_MULTIPLE,
