@@ -102,7 +102,7 @@ fn block_values(bytes: &[u8], table: __m256, f: f32) -> (__m256, __m256) {
 
 /// Calls `store(b, lo, hi)` for every block `b` of `codes` (8 bytes each).
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
 fn for_each_block(
     codes: &[u8],
     factor: impl Fn(usize) -> f32,
@@ -116,8 +116,10 @@ fn for_each_block(
     }
 }
 
-/// [`decode_row`] into f32.
-#[target_feature(enable = "avx2")]
+/// [`decode_row`] into f32. The row functions and [`for_each_block`] carry all of the
+/// AVX2 level's features: `factor` is a closure of the dispatched caller, which a
+/// function with fewer features could not inline.
+#[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
 fn decode_row_f32(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [f32]) {
     for_each_block(codes, factor, |b, lo, hi| {
         let o = &mut out[b * BLOCK..(b + 1) * BLOCK];
@@ -130,7 +132,7 @@ fn decode_row_f32(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [f32]) 
 }
 
 /// [`decode_row`] into bf16 bits.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
 fn decode_row_bf16(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [u16]) {
     for_each_block(codes, factor, |b, lo, hi| {
         let o = &mut out[b * BLOCK..(b + 1) * BLOCK];
@@ -140,7 +142,7 @@ fn decode_row_bf16(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [u16])
 }
 
 /// [`decode_row`] into f16 bits, rounded to nearest even by `vcvtps2ph`.
-#[target_feature(enable = "avx2,f16c")]
+#[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
 fn decode_row_f16(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [u16]) {
     for_each_block(codes, factor, |b, lo, hi| {
         let o = &mut out[b * BLOCK..(b + 1) * BLOCK];
