@@ -47,7 +47,10 @@ pub(crate) fn encode_scaled<T: Element>(
     dst: &mut [u8],
     buf: &mut Wide,
 ) {
-    let avx2 = cfg!(target_arch = "x86_64") && level == Level::Avx2;
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = level == Level::Avx2;
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = level;
     if let Some(bits) = quant_core::dtype::bf16_slice_bits(src) {
         #[cfg(target_arch = "x86_64")]
         if avx2 && crate::x86_avx2::encode_bf16(dt, bits, scale, dst) {

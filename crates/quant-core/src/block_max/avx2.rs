@@ -82,6 +82,7 @@ fn fold_blocks(out: &mut [u32], lanes: impl Fn(usize) -> __m256i) {
 ///
 /// # Safety
 /// The CPU must have AVX2.
+#[inline]
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn block_abs_max(xs: &[f32], n: usize, nan: NanRule, out: &mut [u32]) {
     debug_assert!(n > 0 && n.is_multiple_of(8) && xs.len() == n * out.len());
@@ -105,6 +106,7 @@ pub(super) unsafe fn block_abs_max(xs: &[f32], n: usize, nan: NanRule, out: &mut
 ///
 /// # Safety
 /// The CPU must have AVX2.
+#[inline]
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn block_abs_max_bf16(xs: &[u16], n: usize, nan: NanRule, out: &mut [u32]) {
     debug_assert!(n > 0 && n.is_multiple_of(16) && xs.len() == n * out.len());
