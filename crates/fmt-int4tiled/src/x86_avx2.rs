@@ -64,6 +64,17 @@ fn nibbles(words: [u32; 4]) -> [__m256i; 2] {
     [_mm256_and_si256(lo, mask), _mm256_and_si256(hi, mask)]
 }
 
+/// Whether the lookups can take a row: the CPU has AVX2, the row is whole 32-wide
+/// blocks, groups are whole blocks and there is a table per group.
+#[inline(always)]
+fn fits(tables: usize, g: usize, out: usize) -> bool {
+    out.is_multiple_of(32)
+        && g > 0
+        && g.is_multiple_of(32)
+        && tables * g >= out
+        && Level::Avx2.is_supported()
+}
+
 /// Looks up every 32-wide block of a 16-bit row: `out[32b + j] = tables[32b / g][u_j]`
 /// for nibble `u_j` of `words(b)`. `false` (nothing written) unless the CPU has AVX2
 /// and the lengths fit (`out` whole blocks, `g` a multiple of 32, a table per group).
@@ -74,14 +85,10 @@ pub(crate) fn lookup_u16(
     words: impl Fn(usize) -> [u32; 4],
     out: &mut [u16],
 ) -> bool {
-    let fits = out.len().is_multiple_of(32)
-        && g > 0
-        && g.is_multiple_of(32)
-        && tables.len() * g >= out.len();
-    if !fits || !Level::Avx2.is_supported() {
+    if !fits(tables.len(), g, out.len()) {
         return false;
     }
-    // SAFETY: the CPU has AVX2 (checked above); the lengths were checked above.
+    // SAFETY: the CPU has AVX2 and the lengths fit (both checked by `fits`).
     unsafe { lookup_u16_avx2(tables, g, words, out) };
     true
 }
@@ -146,14 +153,10 @@ pub(crate) fn lookup_f32(
     words: impl Fn(usize) -> [u32; 4],
     out: &mut [f32],
 ) -> bool {
-    let fits = out.len().is_multiple_of(32)
-        && g > 0
-        && g.is_multiple_of(32)
-        && tables.len() * g >= out.len();
-    if !fits || !Level::Avx2.is_supported() {
+    if !fits(tables.len(), g, out.len()) {
         return false;
     }
-    // SAFETY: the CPU has AVX2 (checked above); the lengths were checked above.
+    // SAFETY: the CPU has AVX2 and the lengths fit (both checked by `fits`).
     unsafe { lookup_f32_avx2(tables, g, words, out) };
     true
 }

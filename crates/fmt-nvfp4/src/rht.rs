@@ -119,6 +119,57 @@ pub(crate) fn transposed_rht<T: Element>(x: &[T], m: usize, k: usize) -> Vec<bf1
     out
 }
 
+/// What the tests of the vector Hadamard sums share: an input and the index-order
+/// specification to check the sums against.
+#[cfg(test)]
+pub(crate) mod sums_check {
+    use super::{DIM, R};
+    use quantfmt_testkit::XorShift32;
+
+    /// 16 rows of `stride` values of wide magnitudes (so the order of the sums shows),
+    /// with a `-0.0`, an infinity, a subnormal and a NaN among them.
+    pub(crate) fn rows(stride: usize) -> Vec<f32> {
+        let mut rng = XorShift32::new(0x9E37_79B9);
+        let mut x: Vec<f32> = (0..DIM * stride)
+            .map(|_| {
+                let s = rng.next_u32();
+                f32::from_bits(0x3000_0000 + (s >> 4) % 0x1C00_0000)
+                    * if s & 1 == 1 { -1.0 } else { 1.0 }
+            })
+            .collect();
+        x[3] = -0.0;
+        x[stride + 5] = f32::INFINITY;
+        x[2 * stride + 6] = f32::from_bits(1);
+        x[4 * stride + 9] = f32::NAN;
+        x
+    }
+
+    /// `out[j][c]` is `sum_i x[i * stride + c] * R[i][j]` summed in index order from
+    /// `+0.0`, for every `c < cols`: bit for bit, except that a NaN sum is only required
+    /// to be NaN (Rust leaves a NaN result's sign unspecified; E2M1 encodes every NaN
+    /// alike and the amaxes ignore NaN).
+    pub(crate) fn assert_index_order<const N: usize>(
+        x: &[f32],
+        stride: usize,
+        cols: usize,
+        out: &[[f32; N]; DIM],
+    ) {
+        for c in 0..cols {
+            for j in 0..DIM {
+                let mut want = 0f32;
+                for i in 0..DIM {
+                    want += x[i * stride + c] * R[i][j];
+                }
+                if want.is_nan() {
+                    assert!(out[j][c].is_nan(), "c {c} j {j}");
+                } else {
+                    assert_eq!(out[j][c].to_bits(), want.to_bits(), "c {c} j {j}");
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -92,7 +92,7 @@ unsafe fn sums<const N: usize>(x: &[f32], stride: usize, cols: usize, out: &mut 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use quantfmt_testkit::XorShift32;
+    use crate::rht::sums_check;
 
     #[test]
     fn equals_the_product_form_in_index_order() {
@@ -101,36 +101,10 @@ mod tests {
             return;
         }
         let stride = 40;
-        let mut rng = XorShift32::new(0x9E37_79B9);
-        let mut x: Vec<f32> = (0..DIM * stride)
-            .map(|_| {
-                let s = rng.next_u32();
-                // Wide magnitudes, so the order of the sums shows.
-                f32::from_bits(0x3000_0000 + (s >> 4) % 0x1C00_0000)
-                    * if s & 1 == 1 { -1.0 } else { 1.0 }
-            })
-            .collect();
-        x[3] = -0.0;
-        x[stride + 5] = f32::INFINITY;
-        x[2 * stride + 6] = f32::from_bits(1); // subnormal
-        x[4 * stride + 9] = f32::NAN;
+        let x = sums_check::rows(stride);
         let mut out = [[0f32; 256]; DIM];
         assert!(hadamard_sums(&x, stride, 32, &mut out));
-        for c in 0..32 {
-            for j in 0..DIM {
-                let mut want = 0f32;
-                for i in 0..DIM {
-                    want += x[i * stride + c] * R[i][j];
-                }
-                // A NaN sum is NaN on both routes; Rust leaves a NaN result's sign
-                // unspecified, so only that is compared (E2M1 encodes every NaN alike).
-                if want.is_nan() {
-                    assert!(out[j][c].is_nan(), "c {c} j {j}");
-                } else {
-                    assert_eq!(out[j][c].to_bits(), want.to_bits(), "c {c} j {j}");
-                }
-            }
-        }
+        sums_check::assert_index_order(&x, stride, 32, &out);
         // Lengths that do not fit are refused.
         assert!(!hadamard_sums(&x, stride, 36, &mut out));
         assert!(!hadamard_sums(&x[..15 * stride + 31], stride, 32, &mut out));

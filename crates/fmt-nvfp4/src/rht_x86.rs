@@ -548,29 +548,10 @@ mod tests {
             return;
         }
         let stride = 40;
-        let mut rng = XorShift32::new(0x9E37_79B9);
-        let mut x: Vec<f32> = (0..DIM * stride)
-            .map(|_| {
-                let s = rng.next_u32();
-                // Wide magnitudes, so the order of the sums shows.
-                f32::from_bits(0x3000_0000 + (s >> 4) % 0x1C00_0000)
-                    * if s & 1 == 1 { -1.0 } else { 1.0 }
-            })
-            .collect();
-        x[3] = -0.0;
-        x[stride + 5] = f32::INFINITY;
-        x[2 * stride + 6] = f32::from_bits(1); // subnormal
+        let x = crate::rht::sums_check::rows(stride);
         let mut out = [[0f32; 256]; DIM];
         assert!(hadamard_sums(&x, stride, 32, &mut out));
-        for c in 0..32 {
-            for j in 0..DIM {
-                let mut want = 0f32;
-                for i in 0..DIM {
-                    want += x[i * stride + c] * R[i][j];
-                }
-                assert_eq!(out[j][c].to_bits(), want.to_bits(), "c {c} j {j}");
-            }
-        }
+        crate::rht::sums_check::assert_index_order(&x, stride, 32, &out);
         // Lengths that do not fit are refused.
         assert!(!hadamard_sums(&x, stride, 48, &mut out));
         assert!(!hadamard_sums(&x[..15 * stride + 31], stride, 32, &mut out));
