@@ -133,6 +133,30 @@ fn store_codes(chunks: usize, dst: &mut [u8], mut codes: impl FnMut(usize) -> (_
     }
 }
 
+/// Encodes `chunks` 32-value chunks into `dst`, `load(j)` giving chunk `j`'s bf16 bits
+/// as two vectors of 16, chunk `j` under `ks[32 j / block]`: the loop both input types
+/// share.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn encode_chunks(
+    fp8: Fp8,
+    (block, ks): (usize, &[i32]),
+    plus_zero: bool,
+    (chunks, dst): (usize, &mut [u8]),
+    load: impl Fn(usize) -> [__m256i; 2],
+) {
+    let c = Consts::new(fp8);
+    let mut blocks = Blocks::new(ks, block / 32, |k| Block::new(fp8, k));
+    store_codes(chunks, dst, |j| {
+        let blk = blocks.next();
+        let [lo, hi] = load(j);
+        (
+            encode16(&c, blk, lo, plus_zero),
+            encode16(&c, blk, hi, plus_zero),
+        )
+    });
+}
+
 /// [`super::encode_blocks`] for bf16 bits at AVX2, after its checks.
 ///
 /// # Safety
@@ -148,22 +172,15 @@ pub(super) unsafe fn encode_blocks(
     plus_zero: bool,
     dst: &mut [u8],
 ) {
-    let c = Consts::new(fp8);
-    let mut blocks = Blocks::new(ks, block / 32, |k| Block::new(fp8, k));
-    store_codes(src.len() / 32, dst, |j| {
-        let blk = blocks.next();
+    encode_chunks(fp8, (block, ks), plus_zero, (src.len() / 32, dst), |j| {
         let s = &src[32 * j..32 * j + 32];
         // SAFETY: `s` is 32 u16 (two unaligned 256-bit loads).
-        let (lo, hi) = unsafe {
-            (
+        unsafe {
+            [
                 _mm256_loadu_si256(s.as_ptr().cast()),
                 _mm256_loadu_si256(s[16..].as_ptr().cast()),
-            )
-        };
-        (
-            encode16(&c, blk, lo, plus_zero),
-            encode16(&c, blk, hi, plus_zero),
-        )
+            ]
+        }
     });
 }
 
@@ -182,24 +199,21 @@ pub(super) unsafe fn encode_blocks_f32(
     plus_zero: bool,
     dst: &mut [u8],
 ) {
-    let c = Consts::new(fp8);
-    let mut blocks = Blocks::new(ks, block / 32, |k| Block::new(fp8, k));
-    let load = |s: &[f32]| {
-        // SAFETY: `s` holds 16 f32 (two unaligned 256-bit loads).
-        unsafe {
-            round_to_odd(
-                _mm256_loadu_ps(s.as_ptr()),
-                _mm256_loadu_ps(s[8..].as_ptr()),
-            )
-        }
-    };
-    store_codes(src.len() / 32, dst, |j| {
-        let blk = blocks.next();
+    encode_chunks(fp8, (block, ks), plus_zero, (src.len() / 32, dst), |j| {
         let s = &src[32 * j..32 * j + 32];
-        (
-            encode16(&c, blk, load(&s[..16]), plus_zero),
-            encode16(&c, blk, load(&s[16..]), plus_zero),
-        )
+        // SAFETY: `s` is 32 f32 (four unaligned 256-bit loads).
+        unsafe {
+            [
+                round_to_odd(
+                    _mm256_loadu_ps(s.as_ptr()),
+                    _mm256_loadu_ps(s[8..].as_ptr()),
+                ),
+                round_to_odd(
+                    _mm256_loadu_ps(s[16..].as_ptr()),
+                    _mm256_loadu_ps(s[24..].as_ptr()),
+                ),
+            ]
+        }
     });
 }
 
