@@ -186,68 +186,36 @@ pub fn write_f32<T: Element>(
     fence: &Fence,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if mode == StoreMode::Streaming
-        && level == Level::Avx2
-        && level.is_supported()
-        && src.len() == dst.len()
-    {
-        match T::DTYPE {
-            DType::F32 => {
-                if let Ok(d) = bytemuck::try_cast_slice_mut::<T, f32>(dst) {
-                    // SAFETY: the CPU has AVX2 (checked). f32 output is a byte copy.
-                    return unsafe { avx2::write_f32(src, d) };
+    if mode == StoreMode::Streaming && level.is_supported() && src.len() == dst.len() {
+        if T::DTYPE == DType::F32
+            && let Ok(d) = bytemuck::try_cast_slice_mut::<T, f32>(dst)
+        {
+            // f32 output is a byte copy, streamed at either level.
+            let (s, d) = (bytemuck::cast_slice(src), bytemuck::cast_slice_mut(d));
+            return write_bytes(level, s, d, mode, fence);
+        }
+        if let Ok(d) = bytemuck::try_cast_slice_mut::<T, u16>(dst) {
+            let bf16_hw = crate::simd::has(crate::simd::Ext::Bf16);
+            match (level, T::DTYPE) {
+                (Level::Avx512, DType::BF16) if bf16_hw => {
+                    // SAFETY: the CPU has AVX-512 F and BW (checked: `Level::Avx512`
+                    // includes both) and BF16 (`bf16_hw`).
+                    return unsafe { x86::write_bf16(src, d, fence) };
                 }
-            }
-            DType::BF16 => {
-                if let Ok(d) = bytemuck::try_cast_slice_mut::<T, u16>(dst) {
+                (Level::Avx512, DType::BF16) => {
+                    // SAFETY: as above; the integer narrowing needs no BF16.
+                    return unsafe { x86::write_bf16_int(src, d, fence) };
+                }
+                (Level::Avx512, DType::F16) => {
                     // SAFETY: as above.
-                    return unsafe { avx2::write_bf16(src, d) };
+                    return unsafe { x86::write_f16(src, d, fence) };
                 }
+                // SAFETY: the CPU has AVX2 (checked).
+                (Level::Avx2, DType::BF16) => return unsafe { avx2::write_bf16(src, d) },
+                // SAFETY: as above (`Level::Avx2` includes F16C).
+                (Level::Avx2, DType::F16) => return unsafe { avx2::write_f16(src, d) },
+                _ => {}
             }
-            DType::F16 => {
-                if let Ok(d) = bytemuck::try_cast_slice_mut::<T, u16>(dst) {
-                    // SAFETY: as above (`Level::Avx2` includes F16C).
-                    return unsafe { avx2::write_f16(src, d) };
-                }
-            }
-            _ => {}
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    if mode == StoreMode::Streaming
-        && level == Level::Avx512
-        && level.is_supported()
-        && src.len() == dst.len()
-    {
-        if let Ok(d) = bytemuck::try_cast_slice_mut::<T, f32>(dst)
-            && T::DTYPE == DType::F32
-        {
-            // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` is only active where
-            // it does). f32 output is a byte copy.
-            return unsafe {
-                x86::write_bytes(
-                    bytemuck::cast_slice(src),
-                    bytemuck::cast_slice_mut(d),
-                    fence,
-                )
-            };
-        }
-        if T::DTYPE == DType::BF16
-            && let Ok(d) = bytemuck::try_cast_slice_mut::<T, u16>(dst)
-        {
-            return if crate::simd::has(crate::simd::Ext::Bf16) {
-                // SAFETY: as above, and the CPU has AVX-512 BF16 (checked).
-                unsafe { x86::write_bf16(src, d, fence) }
-            } else {
-                // SAFETY: as above (the integer narrowing needs no BF16).
-                unsafe { x86::write_bf16_int(src, d, fence) }
-            };
-        }
-        if T::DTYPE == DType::F16
-            && let Ok(d) = bytemuck::try_cast_slice_mut::<T, u16>(dst)
-        {
-            // SAFETY: as above.
-            return unsafe { x86::write_f16(src, d, fence) };
         }
     }
     let _ = (level, mode, fence);
@@ -397,16 +365,6 @@ pub mod avx2 {
             unsafe { stream32(d.as_mut_ptr(), _mm256_loadu_si256(s.as_ptr().cast())) };
         }
         tail.copy_from_slice(&src[h + l..]);
-    }
-
-    /// [`super::write_f32`] into f32, streamed (AVX2).
-    ///
-    /// # Safety
-    /// The CPU must have AVX2.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn write_f32(src: &[f32], dst: &mut [f32]) {
-        // SAFETY: the CPU has AVX2 (this function's feature).
-        unsafe { write_bytes(bytemuck::cast_slice(src), bytemuck::cast_slice_mut(dst)) }
     }
 
     /// [`super::write_f32`] into bf16 bits: 16 values per 32-byte streaming store,
