@@ -83,7 +83,7 @@ pub(crate) fn encode_bf16_bits(dt: Fp8Dtype, src: &[u16], scale: Scales<'_>, dst
 
 /// `dst[i] = fp8(scaled[i])`, the dtype matched once per call.
 #[inline(always)]
-fn encode_values(dt: Fp8Dtype, scaled: impl Iterator<Item = f32>, dst: &mut [u8]) {
+pub(crate) fn encode_values(dt: Fp8Dtype, scaled: impl Iterator<Item = f32>, dst: &mut [u8]) {
     match dt {
         Fp8Dtype::E4M3 => {
             for (d, v) in dst.iter_mut().zip(scaled) {

@@ -24,6 +24,7 @@ use std::arch::x86_64::{
 use quant_core::codec::{e4m3, e5m2};
 use quant_core::simd::Level;
 
+use crate::kernels::encode_values;
 use crate::scale::Fp8Dtype;
 
 /// `dst[i] = fp8(src[i] * scale)` for f32 `src` ([`e4m3::encode`] or [`e5m2::encode`]
@@ -34,19 +35,10 @@ pub(crate) fn encode_f32(dt: Fp8Dtype, src: &[f32], scale: f32, dst: &mut [u8]) 
     if !Level::Avx2.is_supported() || src.len() != dst.len() {
         return false;
     }
-    // SAFETY: the CPU has AVX2 (checked above).
-    unsafe {
-        match dt {
-            Fp8Dtype::E4M3 => {
-                run::<3, 7, false>(src.len(), scale, dst, |j| load_f32(src, j), e4m3::MAX_CODE)
-            }
-            Fp8Dtype::E5M2 => {
-                run::<2, 15, false>(src.len(), scale, dst, |j| load_f32(src, j), e5m2::MAX_CODE)
-            }
-        }
-    }
+    // SAFETY: the CPU has AVX2 (checked above); `dst` holds `src.len()` codes.
+    unsafe { steps(dt, src.len(), scale, dst, |j| load_f32(src, j)) };
     let tail = src.len() / 32 * 32;
-    portable(dt, src[tail..].iter().map(|&v| v * scale), &mut dst[tail..]);
+    encode_values(dt, src[tail..].iter().map(|&v| v * scale), &mut dst[tail..]);
     true
 }
 
@@ -56,31 +48,33 @@ pub(crate) fn encode_bf16(dt: Fp8Dtype, src: &[u16], scale: f32, dst: &mut [u8])
     if !Level::Avx2.is_supported() || src.len() != dst.len() {
         return false;
     }
-    // SAFETY: the CPU has AVX2 (checked above).
-    unsafe {
-        match dt {
-            Fp8Dtype::E4M3 => {
-                run::<3, 7, true>(src.len(), scale, dst, |j| load_bf16(src, j), e4m3::MAX_CODE)
-            }
-            Fp8Dtype::E5M2 => {
-                run::<2, 15, true>(src.len(), scale, dst, |j| load_bf16(src, j), e5m2::MAX_CODE)
-            }
-        }
-    }
+    // SAFETY: the CPU has AVX2 (checked above); `dst` holds `src.len()` codes.
+    unsafe { steps(dt, src.len(), scale, dst, |j| load_bf16(src, j)) };
     let tail = src.len() / 32 * 32;
     let wide = |b: u16| quant_core::dtype::f32_from_bf16_bits(b) * scale;
-    portable(dt, src[tail..].iter().map(|&b| wide(b)), &mut dst[tail..]);
+    encode_values(dt, src[tail..].iter().map(|&b| wide(b)), &mut dst[tail..]);
     true
 }
 
-/// The portable encoder on a run's last `< 32` values.
-#[inline(always)]
-fn portable(dt: Fp8Dtype, scaled: impl Iterator<Item = f32>, dst: &mut [u8]) {
-    for (d, v) in dst.iter_mut().zip(scaled) {
-        *d = match dt {
-            Fp8Dtype::E4M3 => e4m3::encode(v),
-            Fp8Dtype::E5M2 => e5m2::encode(v),
-        };
+/// [`run`] with `dt`'s mantissa bits, bias and largest code.
+///
+/// # Safety
+/// As for [`run`].
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn steps(
+    dt: Fp8Dtype,
+    len: usize,
+    scale: f32,
+    dst: &mut [u8],
+    load: impl Fn(usize) -> [__m256; 4],
+) {
+    // SAFETY: the caller's promises are `run`'s.
+    unsafe {
+        match dt {
+            Fp8Dtype::E4M3 => run::<3, 7>(len, scale, dst, load, e4m3::MAX_CODE),
+            Fp8Dtype::E5M2 => run::<2, 15>(len, scale, dst, load, e5m2::MAX_CODE),
+        }
     }
 }
 
@@ -127,7 +121,7 @@ fn load_bf16(src: &[u16], j: usize) -> [__m256; 4] {
 /// The CPU must have AVX2; `dst.len() >= len`.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn run<const MBITS: u32, const BIAS: i32, const BF16: bool>(
+unsafe fn run<const MBITS: u32, const BIAS: i32>(
     len: usize,
     scale: f32,
     dst: &mut [u8],
@@ -205,7 +199,7 @@ mod tests {
         for dt in [Fp8Dtype::E4M3, Fp8Dtype::E5M2] {
             for scale in [1.0f32, 3.0, 0.7, 1.0e-3, 448.0 / 3.3, 2.0f32.powi(-20), 0.0] {
                 let mut want = vec![0u8; bits.len()];
-                portable(dt, wide.iter().map(|&v| v * scale), &mut want);
+                encode_values(dt, wide.iter().map(|&v| v * scale), &mut want);
                 for len in [bits.len(), bits.len() - 31, 33, 31, 0] {
                     let mut got = vec![0u8; len];
                     assert!(encode_bf16(dt, &bits[..len], scale, &mut got));
@@ -235,7 +229,7 @@ mod tests {
         for dt in [Fp8Dtype::E4M3, Fp8Dtype::E5M2] {
             for scale in [1.0f32, 0.37] {
                 let mut want = vec![0u8; xs.len()];
-                portable(dt, xs.iter().map(|&v| v * scale), &mut want);
+                encode_values(dt, xs.iter().map(|&v| v * scale), &mut want);
                 let mut got = vec![0u8; xs.len()];
                 assert!(encode_f32(dt, &xs, scale, &mut got));
                 assert_eq!(got, want, "{dt:?} scale {scale}");
