@@ -37,14 +37,10 @@ pub(crate) fn hadamard_sums<const N: usize>(
     cols: usize,
     out: &mut [[f32; N]; DIM],
 ) -> bool {
-    let fits = cols.is_multiple_of(COLS)
-        && cols <= stride
-        && cols <= N
-        && (DIM - 1) * stride + cols <= x.len();
-    if !fits || !Level::Avx2.is_supported() {
+    if !crate::rht_x86::fits_at(Level::Avx2, x.len(), (DIM, stride), cols, COLS, N) {
         return false;
     }
-    // SAFETY: the CPU has AVX2 (checked above); the lengths were checked above.
+    // SAFETY: the CPU has AVX2 and the lengths fit (both checked above).
     unsafe { sums(x, stride, cols, out) };
     true
 }

@@ -49,15 +49,29 @@ const NEG: [[bool; DIM]; DIM] = {
     neg
 };
 
-/// Whether the AVX-512 kernels can take a call: the CPU has AVX-512, and `cols` columns
-/// (a multiple of the kernel's `step`, at most `stride` and the output rows' `n`) of
-/// `rows` rows `stride` apart lie inside an input of `len` values.
-fn fits(len: usize, (rows, stride): (usize, usize), cols: usize, step: usize, n: usize) -> bool {
+/// Whether the AVX-512 kernels can take a call: the CPU has AVX-512 and the lengths
+/// fit ([`fits_at`]).
+fn fits(len: usize, rows: (usize, usize), cols: usize, step: usize, n: usize) -> bool {
+    fits_at(Level::Avx512, len, rows, cols, step, n)
+}
+
+/// Whether a kernel of `level` can take a call: the CPU has the level, and `cols`
+/// columns (a multiple of the kernel's `step`, at most `stride` and the output rows'
+/// `n`) of `rows` rows `stride` apart lie inside an input of `len` values. The AVX2 sums
+/// ([`crate::rht_avx2`]) check their calls with it too.
+pub(crate) fn fits_at(
+    level: Level,
+    len: usize,
+    (rows, stride): (usize, usize),
+    cols: usize,
+    step: usize,
+    n: usize,
+) -> bool {
     cols.is_multiple_of(step)
         && cols <= stride
         && cols <= n
         && (rows - 1) * stride + cols <= len
-        && Level::Avx512.is_supported()
+        && level.is_supported()
 }
 
 /// Columns per step (f32 lanes of one vector).
