@@ -2,9 +2,9 @@
 //! from their group's 16-entry table, 16 nibbles per vector.
 //!
 //! The nibbles come out of a block's four words as [`crate::kernels`]' portable
-//! `unpack32` takes them (word `c`, shifted by `4q` and masked with `0x000F000F`, holds
-//! nibbles `4q + c` and `16 + 4q + c`... in u16 lanes), here two variable shifts of the
-//! words broadcast to both halves. A 16-bit output (bf16, f16) looks its nibble up in
+//! `unpack32` takes them (word `c` shifted right by `4q` and masked with `0x000F000F`
+//! holds nibbles `2i` and `2i + 1`, `i = 4q + c`, as two u16 lanes), here by two
+//! variable shifts of the words broadcast to both halves. A 16-bit output (bf16, f16) looks its nibble up in
 //! the table's low and high bytes with two `vpshufb`; an f32 output in the table's two
 //! halves with two `vpermd`, the nibble's bit 3 choosing between them. The portable
 //! loop, an indexed load per output, was 40 % of the int4tiled dequantize at AVX2.
@@ -93,9 +93,9 @@ pub(crate) fn lookup_u16(
     true
 }
 
-/// [`lookup_u16`] after its checks.
-/// All of the AVX2 level's features: `words` is a closure of the dispatched caller,
-/// which a function with fewer features could not inline.
+/// [`lookup_u16`] after its checks. It carries all of the AVX2 level's features:
+/// `words` is a closure of the dispatched caller, which a function with fewer features
+/// could not inline.
 #[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
 fn lookup_u16_avx2(
     tables: &[[u16; 16]],
@@ -161,8 +161,8 @@ pub(crate) fn lookup_f32(
     true
 }
 
-/// [`lookup_f32`] after its checks.
-/// All of the AVX2 level's features, as [`lookup_u16_avx2`].
+/// [`lookup_f32`] after its checks, with all of the AVX2 level's features as
+/// [`lookup_u16_avx2`].
 #[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
 fn lookup_f32_avx2(
     tables: &[[f32; 16]],

@@ -472,8 +472,8 @@ struct Ahead<'a> {
 
 impl<'a> Ahead<'a> {
     /// `Some` where [`span_bits_pow2`] may encode the row (bf16 or f16 input at AVX-512,
-    /// bf16 at AVX2), with
-    /// the first span's maxima taken when `maxima` (not when the caller has the keys).
+    /// bf16 at AVX2), with the first span's maxima taken when `maxima` (not when the
+    /// caller has the keys).
     #[inline(always)]
     fn new<T: Element>(cfg: Cfg, xr: &'a [T], run: usize, maxima: bool) -> Option<Ahead<'a>> {
         // AVX2 has the 16-bit encoder and block maxima for bf16 only.

@@ -73,8 +73,8 @@ impl NanRule {
 ///
 /// At [`Level::Avx512`], with blocks a multiple of 16 values long, sixteen blocks are
 /// folded together (see the module docs), at [`Level::Avx2`] (blocks a multiple of 8)
-/// eight; otherwise, and for the last `< 16` blocks at AVX-512, each block is folded alone with the same integer maxima, so every level gives the
-/// same bits. Call it from inside a [`crate::simd::dispatch`]ed kernel: it is
+/// eight; otherwise, and for the last `< 16` blocks at AVX-512, each block is folded
+/// alone with the same integer maxima, so every level gives the same bits. Call it from inside a [`crate::simd::dispatch`]ed kernel: it is
 /// `#[inline(always)]` and compiles at the caller's width.
 ///
 /// Panics if `xs.len()` is not a multiple of `out.len()` (an internal indexing bug of

@@ -84,8 +84,9 @@ pub fn bf16_round_to_odd(x: f32) -> u16 {
 
 /// `dst[i] = fp8.encode_f32(src[i], ks[i / block], plus_zero)` with AVX-512, 32 values
 /// per step, or AVX2, 16. Returns `false` and writes nothing unless `level` is
-/// [`Level::Avx512`] or [`Level::Avx2`] and the CPU has it, `block` is a nonzero multiple of 32, `src` and `dst` hold `ks.len()`
-/// blocks, and every `k` satisfies [`Fp8::pow2_exact_f32`]; the caller then takes its
+/// [`Level::Avx512`] or [`Level::Avx2`] and the CPU has it, `block` is a nonzero
+/// multiple of 32, `src` and `dst` hold `ks.len()` blocks, and every `k` satisfies
+/// [`Fp8::pow2_exact_f32`]; the caller then takes its
 /// f32 route (the same codes, through a multiply). `#[inline(always)]`: call it from a
 /// [`crate::simd::dispatch`]ed kernel.
 ///
@@ -268,12 +269,18 @@ mod tests {
         at
     }
 
-    /// Runs the kernel on `src` under one exponent `k` for the run and then one per
-    /// 32-value block, against [`Fp8::encode_f32`]. `false` where the CPU has no AVX-512.
+    /// Runs the kernel of every vector level the CPU has on `src` under one exponent `k`
+    /// for the run and then one per 32-value block, against [`Fp8::encode_f32`]. `false`
+    /// where the CPU has neither AVX-512 nor AVX2.
     fn check(fp8: Fp8, src: &[f32], ks: &[i32]) -> bool {
-        let levels = [Level::Avx512, Level::Avx2]
-            .map(|l| l.is_supported().then(|| check_at(l, fp8, src, ks)));
-        levels.iter().any(Option::is_some)
+        let mut ran = false;
+        for level in [Level::Avx512, Level::Avx2] {
+            if level.is_supported() {
+                check_at(level, fp8, src, ks);
+                ran = true;
+            }
+        }
+        ran
     }
 
     /// [`check`] at one level the CPU has.
