@@ -391,10 +391,11 @@ fn decode_pairs(pairs: &[u8], f: &[f32], vals: &mut [f32]) {
 
 /// The inverse Hadamard transform of one 16-row group (its transposed code bytes and
 /// per-column factors), vectorized across columns: `v_i = sum_j y_j * R[i][j]` in
-/// f64, index order, rounded once to `T`. With AVX-512 the codes are decoded and summed
-/// in registers by a fast Walsh-Hadamard transform, equal wherever the sums are finite,
-/// rounded to the f32 whose narrowing to `T` is that one rounding
-/// ([`crate::rht_x86::inverse_nibbles`]), into `wide`; the rows are then narrowed.
+/// f64, index order, rounded once to `T`. With AVX-512 or AVX2 the codes are decoded
+/// and summed in registers by a fast Walsh-Hadamard transform, equal wherever the sums
+/// are finite, rounded to the f32 whose narrowing to `T` is that one rounding
+/// ([`crate::rht_x86::inverse_nibbles`], [`crate::rht_avx2::inverse_nibbles`]), into
+/// `wide`; the rows are then narrowed.
 /// Elsewhere the group is decoded into `vals` and summed in index order.
 #[inline(always)]
 fn inverse_group<T: Element>(
@@ -408,7 +409,7 @@ fn inverse_group<T: Element>(
 ) {
     let cw = f.len();
     #[cfg(target_arch = "x86_64")]
-    if level == simd::Level::Avx512 {
+    {
         use crate::rht_x86::Narrow;
         // f32 output is the nearest f32; narrower ones round the round-to-odd f32 once
         // more, which is one rounding of the f64 (`Element::from_f64`).
@@ -417,7 +418,12 @@ fn inverse_group<T: Element>(
         } else {
             Narrow::Odd
         };
-        if crate::rht_x86::inverse_nibbles(pairs, CHUNK, f, narrow, wide) {
+        let fused = match level {
+            simd::Level::Avx512 => crate::rht_x86::inverse_nibbles(pairs, CHUNK, f, narrow, wide),
+            simd::Level::Avx2 => crate::rht_avx2::inverse_nibbles(pairs, CHUNK, f, narrow, wide),
+            _ => false,
+        };
+        if fused {
             for (i, w) in wide.iter().enumerate() {
                 let o = &mut out[i * k + c0..i * k + c0 + cw];
                 write_f32(level, &w[..cw], o, mode, fence);

@@ -204,6 +204,7 @@ macro_rules! butterflies {
         }
     }};
 }
+pub(crate) use butterflies;
 
 /// The forward sums of one 16-column step whose partial sums are all exact
 /// ([`sums_exact`]): `y = H16 (s * 0.25 * v)` by a fast Walsh-Hadamard transform, 64
@@ -535,14 +536,140 @@ unsafe fn fwht_nibbles<const N: usize>(
             // SAFETY: `c + 8 <= f.len() <= N`; one unaligned 256-bit store.
             unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(c), r) };
         }
-        if finite != 0xFF {
-            for l in (0..INVERSE_COLS).filter(|l| finite & (1 << l) == 0) {
-                let col: [f32; DIM] = std::array::from_fn(|j| {
-                    let (lo, hi) = e2m1::unpack(pairs[j / 2 * stride + c + l]);
-                    e2m1::decode_fast(if j.is_multiple_of(2) { lo } else { hi }) * f[c + l]
-                });
-                for (o, s) in out.iter_mut().zip(crate::rht::inverse_16(&col)) {
-                    o[c + l] = narrow.round(s);
+        for l in (0..INVERSE_COLS).filter(|l| finite & (1 << l) == 0) {
+            index_order_column(pairs, stride, f, c + l, narrow, out);
+        }
+    }
+}
+
+/// Column `c` of an inverse kernel's output summed in index order
+/// ([`crate::rht::inverse_16`]): what the kernels do for a column with a non-finite
+/// value, where the fast transform's order would differ.
+pub(crate) fn index_order_column<const N: usize>(
+    pairs: &[u8],
+    stride: usize,
+    f: &[f32],
+    c: usize,
+    narrow: Narrow,
+    out: &mut [[f32; N]; DIM],
+) {
+    let col: [f32; DIM] = std::array::from_fn(|j| {
+        let (lo, hi) = e2m1::unpack(pairs[j / 2 * stride + c]);
+        e2m1::decode_fast(if j.is_multiple_of(2) { lo } else { hi }) * f[c]
+    });
+    for (o, s) in out.iter_mut().zip(crate::rht::inverse_16(&col)) {
+        o[c] = narrow.round(s);
+    }
+}
+
+/// What the tests of the inverse kernels (AVX-512 and AVX2) share: one set of codes
+/// and factors, and the check of a kernel's output against the index-order sums.
+#[cfg(test)]
+pub(crate) mod inverse_check {
+    use super::{DIM, NEG, Narrow};
+    use quant_core::codec::e2m1;
+    use quantfmt_testkit::XorShift32;
+
+    /// Codes (8 byte rows `stride` apart), `stride` and 768 per-column factors.
+    ///
+    /// One column per factor: every exponent field (0..=255) twice, with random
+    /// mantissas and signs, so both sides of the AVX-512 sticky-bit range (fields
+    /// 27..=249) and subnormal, huge and non-finite factors all occur; then special
+    /// factors. The sticky-bit bound (field 4) and its edges: fields 1..=3 give sums
+    /// with bits below `2^-149`.
+    pub(crate) fn case() -> (Vec<u8>, usize, Vec<f32>) {
+        let (cols, stride) = (768, 776);
+        let mut rng = XorShift32::new(0x1234_5678);
+        let mut f: Vec<f32> = (0..cols)
+            .map(|c| {
+                let field = (c % 256) as u32;
+                let s = rng.next_u32();
+                f32::from_bits((s & 0x8000_0000) | field << 23 | (s >> 9))
+            })
+            .collect();
+        let special = [
+            0.0,
+            -0.0,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            f32::from_bits(1),
+            f32::from_bits(4 << 23),
+            f32::from_bits((3 << 23) | 0x7F_FFFF),
+            f32::from_bits((4 << 23) | 0x40_0001),
+            f32::from_bits((251 << 23) | 0x7F_FFFF),
+            f32::INFINITY,
+            f32::NAN,
+            1.0,
+        ];
+        f[512..512 + special.len()].copy_from_slice(&special);
+        // Many columns just below the bound, where a small sum can fall below the normal
+        // range with bits under the subnormal spacing.
+        for (c, fc) in f.iter_mut().enumerate().skip(640) {
+            let s = rng.next_u32();
+            *fc = f32::from_bits((1 + c as u32 % 3) << 23 | (s >> 9));
+        }
+        let mut pairs: Vec<u8> = (0..DIM / 2 * stride)
+            .map(|_| rng.next_u32() as u8)
+            .collect();
+        // Columns whose sums cancel or add up: one code everywhere (6.0, -6.0, 1.5),
+        // and the signs of a row of R with the largest code (every sum but one zero).
+        for (c, byte) in [
+            (600, 0x77u8),
+            (601, 0xFF),
+            (602, 0x33),
+            (603, 0x00),
+            (604, 0x88),
+        ] {
+            for p in 0..DIM / 2 {
+                pairs[p * stride + c] = byte;
+            }
+        }
+        for c in [605, 606] {
+            f[c] = if c == 605 { f32::MAX } else { 3.0e38 };
+            for p in 0..DIM / 2 {
+                let code = |j: usize| 0x7 | if NEG[0][j] { 0x8 } else { 0 };
+                pairs[p * stride + c] = code(2 * p) | code(2 * p + 1) << 4;
+            }
+        }
+        // One value 0.5 * f, the rest zero: every sum is `±f / 8`, below the normal
+        // range with its last bit `2^(e - 153)`, under the subnormal spacing for fields
+        // 1..=3 (odd mantissas) and on it for field 4.
+        // Each in a step of its own: one such factor takes its whole AVX-512 step off
+        // the sticky-bit test.
+        for (c, field) in [(616, 1), (624, 2), (632, 3), (611, 4)] {
+            f[c] = f32::from_bits(field << 23 | 1);
+            for p in 0..DIM / 2 {
+                pairs[p * stride + c] = u8::from(p == 0);
+            }
+        }
+        (pairs, stride, f)
+    }
+
+    /// That `kernel(pairs, stride, f, narrow, out)` takes [`case`] and writes
+    /// [`crate::rht::inverse_16`] of every column, rounded as `narrow` says, bit for
+    /// bit, with both roundings.
+    pub(crate) fn assert_index_order(
+        kernel: impl Fn(&[u8], usize, &[f32], Narrow, &mut [[f32; 1024]; DIM]) -> bool,
+    ) {
+        let (pairs, stride, f) = case();
+        let value = |c: usize, j: usize| {
+            let (lo, hi) = e2m1::unpack(pairs[j / 2 * stride + c]);
+            e2m1::decode_fast(if j.is_multiple_of(2) { lo } else { hi }) * f[c]
+        };
+        for narrow in [Narrow::Nearest, Narrow::Odd] {
+            let mut out = Box::new([[0f32; 1024]; DIM]);
+            assert!(kernel(&pairs, stride, &f, narrow, &mut out));
+            for c in 0..f.len() {
+                let col: [f32; DIM] = std::array::from_fn(|j| value(c, j));
+                let want = crate::rht::inverse_16(&col);
+                for i in 0..DIM {
+                    let want = narrow.round(want[i]);
+                    assert_eq!(
+                        out[i][c].to_bits(),
+                        want.to_bits(),
+                        "{narrow:?} c {c} f {:e} i {i}",
+                        f[c]
+                    );
                 }
             }
         }
@@ -911,95 +1038,10 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX-512");
             return;
         }
-        // One column per factor: every exponent field (0..=255) twice, with random
-        // mantissas and signs, so both sides of the sticky-bit range (fields 27..=249)
-        // and subnormal, huge and non-finite factors all occur; then special factors.
-        // The sticky-bit bound (field 4) and its edges: fields 1..=3 give sums with bits
-        // below `2^-149`.
-        let (cols, stride) = (768, 776);
-        let mut rng = XorShift32::new(0x1234_5678);
-        let mut f: Vec<f32> = (0..cols)
-            .map(|c| {
-                let field = (c % 256) as u32;
-                let s = rng.next_u32();
-                f32::from_bits((s & 0x8000_0000) | field << 23 | (s >> 9))
-            })
-            .collect();
-        let special = [
-            0.0,
-            -0.0,
-            f32::MAX,
-            f32::MIN_POSITIVE,
-            f32::from_bits(1),
-            f32::from_bits(4 << 23),
-            f32::from_bits((3 << 23) | 0x7F_FFFF),
-            f32::from_bits((4 << 23) | 0x40_0001),
-            f32::from_bits((251 << 23) | 0x7F_FFFF),
-            f32::INFINITY,
-            f32::NAN,
-            1.0,
-        ];
-        f[512..512 + special.len()].copy_from_slice(&special);
-        // Many columns just below the bound, where a small sum can fall below the normal
-        // range with bits under the subnormal spacing.
-        for (c, fc) in f.iter_mut().enumerate().skip(640) {
-            let s = rng.next_u32();
-            *fc = f32::from_bits((1 + c as u32 % 3) << 23 | (s >> 9));
-        }
-        let mut pairs: Vec<u8> = (0..DIM / 2 * stride)
-            .map(|_| rng.next_u32() as u8)
-            .collect();
-        // Columns whose sums cancel or add up: one code everywhere (6.0, -6.0, 1.5),
-        // and the signs of a row of R with the largest code (every sum but one zero).
-        for (c, byte) in [
-            (600, 0x77u8),
-            (601, 0xFF),
-            (602, 0x33),
-            (603, 0x00),
-            (604, 0x88),
-        ] {
-            for p in 0..DIM / 2 {
-                pairs[p * stride + c] = byte;
-            }
-        }
-        for c in [605, 606] {
-            f[c] = if c == 605 { f32::MAX } else { 3.0e38 };
-            for p in 0..DIM / 2 {
-                let code = |j: usize| 0x7 | if NEG[0][j] { 0x8 } else { 0 };
-                pairs[p * stride + c] = code(2 * p) | code(2 * p + 1) << 4;
-            }
-        }
-        // One value 0.5 * f, the rest zero: every sum is `±f / 8`, below the normal
-        // range with its last bit `2^(e - 153)`, under the subnormal spacing for fields
-        // 1..=3 (odd mantissas) and on it for field 4.
-        // Each in a step of its own: one such factor takes its whole step off the test.
-        for (c, field) in [(616, 1), (624, 2), (632, 3), (611, 4)] {
-            f[c] = f32::from_bits(field << 23 | 1);
-            for p in 0..DIM / 2 {
-                pairs[p * stride + c] = u8::from(p == 0);
-            }
-        }
-        let value = |c: usize, j: usize| {
-            let (lo, hi) = e2m1::unpack(pairs[j / 2 * stride + c]);
-            e2m1::decode_fast(if j.is_multiple_of(2) { lo } else { hi }) * f[c]
-        };
-        for narrow in [Narrow::Nearest, Narrow::Odd] {
-            let mut out = Box::new([[0f32; 1024]; DIM]);
-            assert!(inverse_nibbles(&pairs, stride, &f, narrow, &mut out));
-            for c in 0..cols {
-                let col: [f32; DIM] = std::array::from_fn(|j| value(c, j));
-                let want = crate::rht::inverse_16(&col);
-                for i in 0..DIM {
-                    let want = narrow.round(want[i]);
-                    assert_eq!(
-                        out[i][c].to_bits(),
-                        want.to_bits(),
-                        "{narrow:?} c {c} f {:e} i {i}",
-                        f[c]
-                    );
-                }
-            }
-        }
+        super::inverse_check::assert_index_order(|pairs, stride, f, narrow, out| {
+            inverse_nibbles(pairs, stride, f, narrow, out)
+        });
+        let (pairs, stride, f) = super::inverse_check::case();
         // Lengths that do not fit are refused.
         let mut out = Box::new([[0f32; 1024]; DIM]);
         assert!(!inverse_nibbles(
