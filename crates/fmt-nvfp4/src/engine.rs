@@ -414,17 +414,23 @@ fn block_bytes(bits: &[[u32; LANES]; 4], out: &mut [[u8; BLOCK]]) {
 }
 
 /// The rowwise random bytes ([`block_bytes`]) of blocks `blocks[..out.len()]` (at most
-/// 16) of row `row`. Sixteen at [`Level::Avx512`] go through `philox_x86`, which keeps
-/// the words in registers from the rounds to the stores: through [`philox_lanes`] and
-/// [`block_bytes`] LLVM spilled and copied them a word at a time.
+/// 16) of row `row`. Sixteen at [`Level::Avx512`] or [`Level::Avx2`] go through
+/// `philox_x86` or `philox_avx2`, which keep the words in registers from the rounds to
+/// the stores: through [`philox_lanes`] and [`block_bytes`] LLVM spilled and copied
+/// them a word at a time.
 #[inline(always)]
 fn row_bytes(level: Level, blocks: &[u32; LANES], row: u64, seed: u64, out: &mut [[u8; BLOCK]]) {
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512
-        && let Ok(all) = <&mut [[u8; BLOCK]; LANES]>::try_from(&mut *out)
-        && crate::philox_x86::block_bytes16(blocks, row, sr::DIR_ROWWISE, seed, all)
-    {
-        return;
+    if let Ok(all) = <&mut [[u8; BLOCK]; LANES]>::try_from(&mut *out) {
+        let dir = sr::DIR_ROWWISE;
+        let done = match level {
+            Level::Avx512 => crate::philox_x86::block_bytes16(blocks, row, dir, seed, all),
+            Level::Avx2 => crate::philox_avx2::block_bytes16(blocks, row, dir, seed, all),
+            Level::Scalar => false,
+        };
+        if done {
+            return;
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = level;
@@ -1129,6 +1135,17 @@ fn rowwise_run<T: Element>(
                     None => None,
                 };
                 if run.is_some_and(|r| encode_run_sr(r, &enc[..nb], &bytes[..nb], out)) {
+                    return sdb;
+                }
+                if bits16.is_none()
+                    && p.level == Level::Avx2
+                    && crate::x86_avx2::encode_run_sr(
+                        &w[..nb * BLOCK],
+                        &enc[..nb],
+                        &bytes[..nb],
+                        out,
+                    )
+                {
                     return sdb;
                 }
             }

@@ -112,6 +112,9 @@ mod engine;
 mod kernel;
 pub mod layout;
 #[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // AVX2 intrinsics; every block has a SAFETY comment
+mod philox_avx2;
+#[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)] // AVX-512 intrinsics; every block has a SAFETY comment
 mod philox_x86;
 mod quantizer;

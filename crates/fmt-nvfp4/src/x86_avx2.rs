@@ -22,13 +22,15 @@
 //! instruction at AVX-512), was a quarter of the NVFP4 quantize at AVX2.
 
 use std::arch::x86_64::{
-    __m256, __m256i, _MM_FROUND_TO_NEAREST_INT, _mm_loadl_epi64, _mm_srli_si128, _mm_storel_epi64,
-    _mm_storeu_si128, _mm_unpacklo_epi8, _mm256_add_epi32, _mm256_add_ps, _mm256_and_si256,
-    _mm256_blendv_epi8, _mm256_castps_si256, _mm256_castsi256_ps, _mm256_castsi256_si128,
-    _mm256_cmpgt_epi32, _mm256_cvtepu8_epi32, _mm256_cvtps_ph, _mm256_loadu_ps, _mm256_min_epu32,
-    _mm256_mul_ps, _mm256_or_si256, _mm256_packus_epi32, _mm256_permute4x64_epi64,
-    _mm256_permutevar8x32_epi32, _mm256_permutevar8x32_ps, _mm256_set1_epi32, _mm256_set1_ps,
-    _mm256_setr_epi8, _mm256_setr_epi32, _mm256_shuffle_epi8, _mm256_slli_epi32, _mm256_srli_epi32,
+    __m256, __m256i, _CMP_GE_OQ, _CMP_UNORD_Q, _MM_FROUND_TO_NEAREST_INT, _mm_loadl_epi64,
+    _mm_loadu_si128, _mm_srli_si128, _mm_storel_epi64, _mm_storeu_si128, _mm_unpacklo_epi8,
+    _mm256_add_epi32, _mm256_add_ps, _mm256_and_si256, _mm256_blendv_epi8, _mm256_blendv_ps,
+    _mm256_castps_si256, _mm256_castsi256_ps, _mm256_castsi256_si128, _mm256_cmp_ps,
+    _mm256_cmpgt_epi32, _mm256_cvtepi32_ps, _mm256_cvtepu8_epi32, _mm256_cvtps_ph, _mm256_loadu_ps,
+    _mm256_max_epi32, _mm256_min_epi32, _mm256_min_epu32, _mm256_mul_ps, _mm256_or_si256,
+    _mm256_packus_epi32, _mm256_permute4x64_epi64, _mm256_permutevar8x32_epi32,
+    _mm256_permutevar8x32_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi8,
+    _mm256_setr_epi32, _mm256_shuffle_epi8, _mm256_slli_epi32, _mm256_srli_epi32,
     _mm256_srlv_epi32, _mm256_storeu_ps, _mm256_storeu_si256, _mm256_sub_epi32, _mm256_xor_ps,
 };
 
@@ -175,13 +177,60 @@ pub(crate) fn encode_run_rn(w: &[f32], enc: &[f32], out: &mut [u8]) -> bool {
     true
 }
 
+/// Stochastic-rounding [`encode_run_rn`]: value `e` of block `b` takes the random
+/// byte `rnd[b][e]`, the codes of the portable `sr_code` (TE's rule,
+/// [`crate::sr::stochastic_round_e2m1`]). Also `false` unless `rnd` has a row per
+/// block.
+#[inline(always)]
+pub(crate) fn encode_run_sr(w: &[f32], enc: &[f32], rnd: &[[u8; BLOCK]], out: &mut [u8]) -> bool {
+    if !Level::Avx2.is_supported()
+        || w.len() != enc.len() * BLOCK
+        || out.len() * 2 != w.len()
+        || rnd.len() != enc.len()
+    {
+        return false;
+    }
+    // SAFETY: the CPU has AVX2 (checked above).
+    unsafe { encode_blocks_sr(w, enc, rnd, out) };
+    true
+}
+
 /// [`encode_run_rn`] after its checks.
 #[target_feature(enable = "avx2")]
 fn encode_blocks_rn(w: &[f32], enc: &[f32], out: &mut [u8]) {
-    for ((v, &e), o) in w
+    encode_blocks(w, enc, out, |_, lo, hi| (encode8(lo), encode8(hi)));
+}
+
+/// [`encode_run_sr`] after its checks.
+#[target_feature(enable = "avx2")]
+fn encode_blocks_sr(w: &[f32], enc: &[f32], rnd: &[[u8; BLOCK]], out: &mut [u8]) {
+    encode_blocks(w, enc, out, |b, lo, hi| {
+        // SAFETY: `rnd[b]` is 16 bytes (one unaligned 128-bit load).
+        let r = unsafe { _mm_loadu_si128(rnd[b].as_ptr().cast()) };
+        let r_hi = _mm_srli_si128::<8>(r);
+        (
+            sr_code8(lo, _mm256_cvtepu8_epi32(r)),
+            sr_code8(hi, _mm256_cvtepu8_epi32(r_hi)),
+        )
+    });
+}
+
+/// The block loop of the encoders: block `b`'s 16 values times `enc[b]` (values 0..8,
+/// then 8..16) go to `codes(b, lo, hi)`, whose two vectors of codes (u32 lanes) pack
+/// into the block's 8 bytes of `out`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn encode_blocks(
+    w: &[f32],
+    enc: &[f32],
+    out: &mut [u8],
+    codes: impl Fn(usize, __m256, __m256) -> (__m256i, __m256i),
+) {
+    for (b, ((v, &e), o)) in w
         .chunks_exact(BLOCK)
         .zip(enc)
         .zip(out.chunks_exact_mut(BLOCK / 2))
+        .enumerate()
     {
         let e = _mm256_set1_ps(e);
         // SAFETY: `v` is 16 f32 (two unaligned 256-bit loads).
@@ -191,11 +240,44 @@ fn encode_blocks_rn(w: &[f32], enc: &[f32], out: &mut [u8]) {
                 _mm256_loadu_ps(v[8..].as_ptr()),
             )
         };
-        let bytes = pack16(encode8(_mm256_mul_ps(lo, e)), encode8(_mm256_mul_ps(hi, e)));
+        let (lo, hi) = codes(b, _mm256_mul_ps(lo, e), _mm256_mul_ps(hi, e));
+        let bytes = pack16(lo, hi);
         // SAFETY: `o` is 8 bytes (a `chunks_exact_mut(8)` chunk; one unaligned 64-bit
         // store).
         unsafe { _mm_storel_epi64(o.as_mut_ptr().cast(), _mm256_castsi256_si128(bytes)) };
     }
+}
+
+/// The engine's `sr_code` of 8 values `v` and their random bytes `r` (u32 lanes below
+/// 256), codes in u32 lanes, operation for operation: `t = |v| + r * jitter` (the
+/// jitter `step / 256` by `|v|`'s interval), code `max((bits(t) >> 22) - 252, t >=
+/// 0.5)` saturated at 7, `v`'s sign, and 7 for a NaN `v`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn sr_code8(v: __m256, r: __m256i) -> __m256i {
+    let bits = _mm256_castps_si256(v);
+    let a = _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF_FFFF)));
+    let ge = |x: __m256, t: f32| _mm256_cmp_ps::<_CMP_GE_OQ>(x, _mm256_set1_ps(t));
+    let jitter = _mm256_blendv_ps(
+        _mm256_blendv_ps(
+            _mm256_set1_ps(0.5 / 256.0),
+            _mm256_set1_ps(1.0 / 256.0),
+            ge(a, 2.0),
+        ),
+        _mm256_set1_ps(2.0 / 256.0),
+        ge(a, 4.0),
+    );
+    // `r * jitter` is exact (8-bit `r`, power-of-two jitter); one rounding in the add.
+    let t = _mm256_add_ps(a, _mm256_mul_ps(_mm256_cvtepi32_ps(r), jitter));
+    let e = _mm256_sub_epi32(
+        _mm256_srli_epi32::<22>(_mm256_castps_si256(t)),
+        _mm256_set1_epi32(252),
+    );
+    let half = _mm256_srli_epi32::<31>(_mm256_castps_si256(ge(t, 0.5)));
+    let code = _mm256_min_epi32(_mm256_max_epi32(e, half), _mm256_set1_epi32(7));
+    let sign = _mm256_and_si256(_mm256_srli_epi32::<28>(bits), _mm256_set1_epi32(0x8));
+    let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+    _mm256_blendv_epi8(_mm256_or_si256(sign, code), _mm256_set1_epi32(0x7), nan)
 }
 
 /// [`e2m1::encode`] of 8 values, codes in u32 lanes (the same integer and float steps).
@@ -299,15 +381,9 @@ mod tests {
     }
 
     /// Every E2M1 rounding decision (each grid value, the midpoints and their
-    /// neighbours, both signs), zeros, subnormals, infinities, NaN and random values,
-    /// under several block factors: the codes of the portable encoder, packed as
-    /// [`e2m1::pack_slice`] packs them.
-    #[test]
-    fn encode_equals_the_portable_encoder() {
-        if !Level::Avx2.is_supported() {
-            eprintln!("skipped: this CPU has no AVX2");
-            return;
-        }
+    /// neighbours, both signs), zeros, subnormals, infinities, NaN and random values, in
+    /// whole blocks, and a block factor per block (zero among them).
+    fn encoder_input() -> (Vec<f32>, Vec<f32>) {
         let mut xs: Vec<f32> = Vec::new();
         for g in [
             0.0f32, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0,
@@ -334,6 +410,18 @@ mod tests {
         let enc: Vec<f32> = (0..xs.len() / BLOCK)
             .map(|b| factors[b % factors.len()])
             .collect();
+        (xs, enc)
+    }
+
+    /// [`encoder_input`] under round to nearest: the codes of the portable encoder,
+    /// packed as [`e2m1::pack_slice`] packs them.
+    #[test]
+    fn encode_equals_the_portable_encoder() {
+        if !Level::Avx2.is_supported() {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        let (xs, enc) = encoder_input();
         let codes: Vec<u8> = xs
             .iter()
             .enumerate()
@@ -347,5 +435,56 @@ mod tests {
         // Lengths that do not fit are declined.
         assert!(!encode_run_rn(&xs[..BLOCK], &enc[..2], &mut got[..8]));
         assert!(!encode_run_rn(&xs[..BLOCK], &enc[..1], &mut got[..7]));
+    }
+
+    /// [`encoder_input`] and the values of every SR bucket edge under stochastic
+    /// rounding, each with random bytes and with the extreme bytes 0 and 255: TE's rule
+    /// ([`crate::sr::stochastic_round_e2m1`]), then the exact code of its grid value.
+    #[test]
+    fn sr_encode_equals_the_rule() {
+        if !Level::Avx2.is_supported() {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        let (mut xs, mut enc) = encoder_input();
+        // The jitter's interval edges and the grid around them, one factor.
+        for v in [0.0f32, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0] {
+            for d in [-2i32, -1, 0, 1] {
+                let v = f32::from_bits((v.to_bits() as i32 + d).max(0) as u32);
+                xs.extend([v, -v]);
+            }
+        }
+        while !xs.len().is_multiple_of(BLOCK) {
+            xs.push(5.9);
+        }
+        enc.resize(xs.len() / BLOCK, 1.0);
+        let mut rng = quantfmt_testkit::XorShift32::new(99);
+        for fill in [None, Some(0u8), Some(255)] {
+            let rnd: Vec<[u8; BLOCK]> = (0..enc.len())
+                .map(|_| std::array::from_fn(|_| fill.unwrap_or_else(|| rng.next_u32() as u8)))
+                .collect();
+            let codes: Vec<u8> = xs
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| {
+                    let r = u32::from(rnd[i / BLOCK][i % BLOCK]);
+                    e2m1::encode(crate::sr::stochastic_round_e2m1(x * enc[i / BLOCK], r))
+                })
+                .collect();
+            let mut want = vec![0u8; xs.len() / 2];
+            e2m1::pack_slice(&codes, &mut want);
+            let mut got = vec![0u8; xs.len() / 2];
+            assert!(encode_run_sr(&xs, &enc, &rnd, &mut got));
+            assert_eq!(got, want, "bytes {fill:?}");
+        }
+        // Lengths that do not fit are declined.
+        let mut out = [0u8; 8];
+        assert!(!encode_run_sr(&xs[..BLOCK], &enc[..1], &[], &mut out));
+        assert!(!encode_run_sr(
+            &xs[..BLOCK],
+            &enc[..1],
+            &[[0; BLOCK]; 2],
+            &mut out
+        ));
     }
 }
