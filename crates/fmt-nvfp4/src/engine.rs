@@ -128,6 +128,8 @@ struct Scratch {
     /// The per-block arrays of [`rowwise_span`].
     #[cfg(target_arch = "x86_64")]
     span: Box<SpanScratch>,
+    /// The Philox words of one 16-row group of a columnwise chunk ([`group_words`]).
+    words: Box<[[u32; CHUNK]; 4]>,
 }
 
 impl Scratch {
@@ -146,6 +148,7 @@ impl Scratch {
                 enc: [0.0; SPAN_NB],
                 rnd: [[0; BLOCK]; SPAN_NB],
             }),
+            words: Box::new([[0; CHUNK]; 4]),
         }
     }
 }
@@ -1296,17 +1299,17 @@ enum Src<'a> {
     /// The widened chunk in the scratch.
     Wide,
     /// The slab's bf16 bits (row stride `k`), summed straight into the rotated groups
-    /// ([`crate::rht_x86::rounded_sums_bf16`]): RHT on bf16 with AVX-512.
+    /// ([`rounded_sums_bf16`]): RHT on bf16 with AVX-512 or AVX2.
     Bits(&'a [u16], usize),
 }
 
 impl<'a> Src<'a> {
     /// [`Src::Bits`] where it applies to the slab `x` (`[rows, k]`): RHT, bf16 input,
-    /// AVX-512, and chunks of whole 16-column steps; else [`Src::Wide`].
+    /// AVX-512 or AVX2, and chunks of whole 16-column steps; else [`Src::Wide`].
     fn of<T: Element>(p: &Params<'_>, x: &'a [T], k: usize) -> Src<'a> {
         let fits = p.rht
             && cfg!(target_arch = "x86_64")
-            && p.level == Level::Avx512
+            && p.level >= Level::Avx2
             && k.is_multiple_of(crate::rht::DIM);
         match quant_core::dtype::bf16_slice_bits(x) {
             Some(bits) if fits => Src::Bits(bits, k),
@@ -1342,12 +1345,12 @@ fn group_values<'a>(
         Src::Bits(bits, k) => {
             let group = &bits[g * BLOCK * k + c0..];
             #[cfg(target_arch = "x86_64")]
-            if crate::rht_x86::rounded_sums_bf16(group, k, cw, buf, amax) {
+            if rounded_sums_bf16(p.level, group, k, cw, buf, amax) {
                 return (buf, true);
             }
-            // Not reached where `Src::of` chose the bits (AVX-512, widths of whole
-            // blocks); widened here so that any call still gets the exact sums.
-            let _ = &amax; // filled by the AVX-512 sums only
+            // Not reached where `Src::of` chose the bits (AVX-512 or AVX2, widths of
+            // whole blocks); widened here so that any call still gets the exact sums.
+            let _ = &amax; // filled by the vector sums only
             local = [0f32; BLOCK * CHUNK];
             for (i, row) in local.chunks_exact_mut(CHUNK).enumerate() {
                 for (d, &b) in row[..cw].iter_mut().zip(&group[i * k..]) {
@@ -1388,6 +1391,39 @@ fn group_values<'a>(
     (buf, false)
 }
 
+/// The rotated operand of a 16-row group of bf16 bits, rounded, with its column maxima,
+/// by the kernel of `level` ([`crate::rht_x86::rounded_sums_bf16`],
+/// [`crate::rht_avx2::rounded_sums_bf16`]); `false` where there is none or it declines.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn rounded_sums_bf16(
+    level: Level,
+    group: &[u16],
+    k: usize,
+    cw: usize,
+    buf: &mut [[f32; CHUNK]; BLOCK],
+    amax: &mut [f32; CHUNK],
+) -> bool {
+    match level {
+        Level::Avx512 => crate::rht_x86::rounded_sums_bf16(group, k, cw, buf, amax),
+        Level::Avx2 => crate::rht_avx2::rounded_sums_bf16(group, k, cw, buf, amax),
+        Level::Scalar => false,
+    }
+}
+
+/// The largest `|x|` and unrounded `|y|` of a 16-row group of bf16 bits by the kernel
+/// of `level` ([`crate::rht_x86::sums_abs_max_bf16`],
+/// [`crate::rht_avx2::sums_abs_max_bf16`]); `None` where there is none or it declines.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn sums_abs_max_bf16(level: Level, group: &[u16], k: usize, cw: usize) -> Option<(f32, f32)> {
+    match level {
+        Level::Avx512 => crate::rht_x86::sums_abs_max_bf16(group, k, cw),
+        Level::Avx2 => crate::rht_avx2::sums_abs_max_bf16(group, k, cw),
+        Level::Scalar => None,
+    }
+}
+
 /// `S_enc` and `S_dec` of columns `c0..c0 + cw` of the columnwise operand (one global
 /// amax, or one per stored row when row-scaled).
 #[inline(always)]
@@ -1418,7 +1454,7 @@ enum Pair<'a> {
 }
 
 impl<'a> Pair<'a> {
-    /// The two rows as the AVX-512 encoder's runs.
+    /// The two rows as the vector encoders' runs.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     fn runs(self) -> (Run<'a>, Run<'a>) {
@@ -1437,14 +1473,20 @@ fn f32_from_f16_bits(b: u16) -> f32 {
 }
 
 /// `out[c] = code(lo[c] * enc[c]) | code(hi[c] * enc[c]) << 4` (round to nearest): the
-/// packed bytes of two stored rows' worth of a columnwise group, with the AVX-512
-/// encoder where it runs ([`crate::x86_encode::encode_pairs_rn`]), else portably.
+/// packed bytes of two stored rows' worth of a columnwise group, with the AVX-512 or
+/// AVX2 encoder where it runs ([`crate::x86_encode::encode_pairs_rn`],
+/// [`crate::x86_avx2::encode_pairs_rn`]), else portably.
 #[inline(always)]
 fn pairs_rn(level: Level, pair: Pair<'_>, enc: &[f32], out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512 {
+    {
         let (lo, hi) = pair.runs();
-        if crate::x86_encode::encode_pairs_rn(lo, hi, enc, out) {
+        let done = match level {
+            Level::Avx512 => crate::x86_encode::encode_pairs_rn(lo, hi, enc, out),
+            Level::Avx2 => crate::x86_avx2::encode_pairs_rn(lo, hi, enc, out),
+            Level::Scalar => false,
+        };
+        if done {
             return;
         }
     }
@@ -1475,14 +1517,20 @@ fn pairs_rn(level: Level, pair: Pair<'_>, enc: &[f32], out: &mut [u8]) {
 /// `shift / 8` (for `lo`) and `shift / 8 + 1` (for `hi`) of `words[c]`, the Philox word
 /// of the column's block that holds the pair's two elements (`shift` 0 or 16:
 /// [`sr::element_bits`] of rows `2q`, `2q + 1` is word `q / 2`, bytes `2(q % 2)` and
-/// `2(q % 2) + 1`). With the AVX-512 encoder where it runs
-/// ([`crate::x86_encode::encode_pairs_sr`]), else [`sr_code`] per value.
+/// `2(q % 2) + 1`). With the AVX-512 or AVX2 encoder where it runs
+/// ([`crate::x86_encode::encode_pairs_sr`], [`crate::x86_avx2::encode_pairs_sr`]), else
+/// [`sr_code`] per value.
 #[inline(always)]
 fn pairs_sr(level: Level, pair: Pair<'_>, enc: &[f32], words: &[u32], shift: u32, out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512 {
+    {
         let (lo, hi) = pair.runs();
-        if crate::x86_encode::encode_pairs_sr(lo, hi, enc, words, shift, out) {
+        let done = match level {
+            Level::Avx512 => crate::x86_encode::encode_pairs_sr(lo, hi, enc, words, shift, out),
+            Level::Avx2 => crate::x86_avx2::encode_pairs_sr(lo, hi, enc, words, shift, out),
+            Level::Scalar => false,
+        };
+        if done {
             return;
         }
     }
@@ -1514,22 +1562,39 @@ fn pairs_sr(level: Level, pair: Pair<'_>, enc: &[f32], words: &[u32], shift: u32
 
 /// The columnwise Philox words of 16-row group `group` (its block index in every
 /// column) for columns `c0..c0 + cw`: `words[w][c]` is word `w` of
-/// [`sr::block_bits`]`(seed, DIR_COLUMNWISE, c0 + c, group)`.
+/// [`sr::block_bits`]`(seed, DIR_COLUMNWISE, c0 + c, group)`, written in place (as a
+/// return value the 4 KiB array was copied once more per group). At [`Level::Avx2`]
+/// the rounds run in `philox_avx2`, where LLVM's build of [`philox_lanes`] copied the
+/// words out lane by lane; at AVX-512 the portable lanes vectorize well.
 #[inline(always)]
-fn group_words(group: u32, c0: usize, cw: usize, seed: u64) -> [[u32; CHUNK]; 4] {
-    let mut words = [[0u32; CHUNK]; 4];
+fn group_words(
+    level: Level,
+    group: u32,
+    (c0, cw): (usize, usize),
+    seed: u64,
+    words: &mut [[u32; CHUNK]; 4],
+) {
     for c in (0..cw).step_by(LANES) {
         let (mut lo, mut hi) = ([0u32; LANES], [0u32; LANES]);
         for l in 0..LANES {
             let col = (c0 + c + l) as u64;
             (lo[l], hi[l]) = (col as u32, (col >> 32) as u32);
         }
-        let b = philox_lanes(&[group; LANES], &lo, &hi, sr::DIR_COLUMNWISE, seed);
+        let block = [group; LANES];
+        let dir = sr::DIR_COLUMNWISE;
+        #[cfg(target_arch = "x86_64")]
+        if level == Level::Avx2
+            && crate::philox_avx2::words16(&block, (&lo, &hi), dir, seed, words, c)
+        {
+            continue;
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = level;
+        let b = philox_lanes(&block, &lo, &hi, dir, seed);
         for (dst, src) in words.iter_mut().zip(&b) {
             dst[c..c + LANES].copy_from_slice(src);
         }
     }
-    words
 }
 
 /// `amax[c] = max(amax[c], |row[c]|)`, NaN ignored: the f32 column maxima of a group,
@@ -1567,7 +1632,7 @@ impl<'a> GroupRows<'a> {
 /// The packed row pairs of a chunk's 16-row group (columns `c0..c0 + cw`) into the
 /// group's eight rows of `pairs` (`[8][CHUNK]`), from its block encode scales `enc`:
 /// round to nearest ([`pairs_rn`]) or, under a seed, stochastic ([`pairs_sr`], with the
-/// Philox words of `group`, the group's block index down the columns).
+/// Philox words of `group`, the group's block index down the columns, made in `words`).
 #[inline(always)]
 fn group_pairs(
     p: &Params<'_>,
@@ -1575,19 +1640,21 @@ fn group_pairs(
     group: u32,
     (c0, cw): (usize, usize),
     enc: &[f32; CHUNK],
-    pairs: &mut [u8],
+    (pairs, words): (&mut [u8], &mut [[u32; CHUNK]; 4]),
 ) {
     // Not `Option::map`: its closure was compiled out of line, without the dispatched
     // level's instructions (the Philox rounds in SSE2, a third of the profile).
-    #[allow(clippy::manual_map)]
     let words = match p.seed {
-        Some(seed) => Some(group_words(group, c0, cw, seed)),
+        Some(seed) => {
+            group_words(p.level, group, (c0, cw), seed, words);
+            Some(&*words)
+        }
         None => None,
     };
     for q in 0..BLOCK / 2 {
         let dst = &mut pairs[q * CHUNK..][..cw];
         let pair = rows.pair(q, c0, cw);
-        match &words {
+        match words {
             None => pairs_rn(p.level, pair, &enc[..cw], dst),
             Some(w) => {
                 let (w, shift) = (&w[q / 2][..cw], 16 * (q % 2) as u32);
@@ -1648,7 +1715,7 @@ fn columnwise_chunk(
             // Straight to row pairs, no codes in between.
             let rows = GroupRows::Wide(vals);
             let pairs = &mut s.pairs[g * BLOCK / 2 * CHUNK..][..BLOCK / 2 * CHUNK];
-            group_pairs(p, rows, mb, (c0, cw), &enc, pairs);
+            group_pairs(p, rows, mb, (c0, cw), &enc, (pairs, &mut s.words));
         }
         // Pack row pairs: pairs[8g + q][c] = code(2q) | code(2q+1) << 4.
         for q in (0..BLOCK / 2).filter(|_| !packed) {
@@ -1778,7 +1845,8 @@ fn columnwise_chunk_direct(
             r0: g * BLOCK,
         };
         let pairs = &mut s.pairs[g * BLOCK / 2 * CHUNK..][..BLOCK / 2 * CHUNK];
-        group_pairs(p, rows, (i0 / BLOCK + g) as u32, (c0, cw), &enc, pairs);
+        let group = (i0 / BLOCK + g) as u32;
+        group_pairs(p, rows, group, (c0, cw), &enc, (pairs, &mut s.words));
         for (sc, &code) in scales[..cw].iter_mut().zip(&sdb[..cw]) {
             sc[g] = code;
         }
@@ -1879,15 +1947,16 @@ fn four_over_six_cols(
 }
 
 /// The tensor amaxes of a slab of bf16 bits (`rows x k`) and of its Hadamard-rotated
-/// transpose, both from [`crate::rht_x86::sums_abs_max_bf16`]: 16-row group by group,
+/// transpose, both from [`sums_abs_max_bf16`] at `level`: 16-row group by group,
 /// along the rows in [`CHUNK`]-column steps, so that the slab is read once, as 16
 /// sequential streams. (Reading it whole for `|x|` first, then in column chunks across
 /// all its rows for `|y|`, read it twice, the second time as 128 streams, out of L2.)
 /// `None` where a row count is not whole groups or the kernel declines a step (no
-/// AVX-512); the caller then takes its general walk, whose maxima fold over these.
+/// AVX-512 or AVX2); the caller then takes its general walk, whose maxima fold over
+/// these.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn group_amaxes(bits: &[u16], rows: usize, k: usize) -> Option<(f32, f32)> {
+fn group_amaxes(level: Level, bits: &[u16], rows: usize, k: usize) -> Option<(f32, f32)> {
     if !rows.is_multiple_of(BLOCK) {
         return None;
     }
@@ -1895,7 +1964,7 @@ fn group_amaxes(bits: &[u16], rows: usize, k: usize) -> Option<(f32, f32)> {
     for g in 0..rows / BLOCK {
         for c0 in (0..k).step_by(CHUNK) {
             let cw = CHUNK.min(k - c0);
-            let (bx, by) = crate::rht_x86::sums_abs_max_bf16(&bits[g * BLOCK * k + c0..], k, cw)?;
+            let (bx, by) = sums_abs_max_bf16(level, &bits[g * BLOCK * k + c0..], k, cw)?;
             ax = fmax_nan_loses(ax, bx);
             ay = fmax_nan_loses(ay, by);
         }
@@ -1983,7 +2052,7 @@ pub(crate) fn amaxes<T: Element>(
                         #[cfg(target_arch = "x86_64")]
                         if let (true, None, false, Src::Bits(bits, _)) =
                             (want_y, rows.as_deref(), want_cols, Src::of(&p, x, k))
-                            && let Some((bx, by)) = group_amaxes(bits, nrows, k)
+                            && let Some((bx, by)) = group_amaxes(level, bits, nrows, k)
                         {
                             ax = fmax_nan_loses(ax, bx);
                             ay = fmax_nan_loses(ay, by);
@@ -2024,7 +2093,7 @@ pub(crate) fn amaxes<T: Element>(
                                     #[cfg(target_arch = "x86_64")]
                                     if let Src::Bits(bits, k) = src {
                                         let group = &bits[g * BLOCK * k + c0..];
-                                        let m = crate::rht_x86::sums_abs_max_bf16(group, k, cw);
+                                        let m = sums_abs_max_bf16(level, group, k, cw);
                                         if let Some((_, m)) = m {
                                             ay = fmax_nan_loses(ay, m);
                                             continue;
@@ -2134,6 +2203,36 @@ mod tests {
                 let lane = [got[0][l], got[1][l], got[2][l], got[3][l]];
                 assert_eq!(lane, want, "seed {seed} dir {dir} row {r} lane {l}");
             }
+        }
+    }
+
+    #[test]
+    fn group_words_follow_block_bits_at_every_level() {
+        for (seed, group, c0) in [
+            (0u64, 0u32, 0usize),
+            (u64::MAX, u32::MAX, (1 << 32) - 40),
+            (0x0123_4567_89AB_CDEF, 77, 1 << 40),
+        ] {
+            quant_core::simd::for_each_supported_level(|level| {
+                // Whole chunks and a ragged one (the last step's spare lanes are made
+                // too; only `cw` columns are read).
+                for cw in [CHUNK, 48, 16] {
+                    let mut words = [[0xEEEE_EEEEu32; CHUNK]; 4];
+                    group_words(level, group, (c0, cw), seed, &mut words);
+                    for (c, &w0) in words[0][..cw].iter().enumerate() {
+                        let want = sr::block_bits(seed, sr::DIR_COLUMNWISE, (c0 + c) as u64, group);
+                        let got = [w0, words[1][c], words[2][c], words[3][c]];
+                        assert_eq!(got, want, "{level} seed {seed} group {group} c0 {c0} c {c}");
+                    }
+                    for w in &words {
+                        assert!(
+                            w[cw.next_multiple_of(LANES)..]
+                                .iter()
+                                .all(|&v| v == 0xEEEE_EEEE)
+                        );
+                    }
+                }
+            });
         }
     }
 

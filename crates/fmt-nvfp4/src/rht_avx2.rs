@@ -16,17 +16,22 @@
 //! copy roofline into bf16 on Zen 4 with `QUANTFMT_SIMD=avx2`).
 
 use std::arch::x86_64::{
-    __m128, __m256, __m256d, _CMP_EQ_OQ, _CMP_GT_OQ, _CMP_NEQ_UQ, _mm_add_epi32, _mm_and_si128,
-    _mm_castps_si128, _mm_castsi128_ps, _mm_cvtsi32_si128, _mm_loadu_ps, _mm_or_si128,
-    _mm_set1_epi32, _mm_shuffle_ps, _mm_storeu_ps, _mm_unpacklo_epi32, _mm256_add_pd,
-    _mm256_add_ps, _mm256_and_si256, _mm256_andnot_pd, _mm256_castpd_ps, _mm256_castps256_ps128,
-    _mm256_castsi256_ps, _mm256_cmp_pd, _mm256_cvtepu8_epi32, _mm256_cvtpd_ps, _mm256_cvtps_pd,
-    _mm256_extractf128_ps, _mm256_loadu_ps, _mm256_movemask_pd, _mm256_mul_pd, _mm256_mul_ps,
-    _mm256_permutevar8x32_ps, _mm256_set_m128, _mm256_set1_epi32, _mm256_set1_pd, _mm256_set1_ps,
-    _mm256_setr_epi32, _mm256_setzero_pd, _mm256_setzero_ps, _mm256_slli_epi32, _mm256_srlv_epi32,
-    _mm256_storeu_ps, _mm256_sub_pd, _mm256_sub_ps, _mm256_xor_ps,
+    __m128, __m128i, __m256, __m256d, _CMP_EQ_OQ, _CMP_GT_OQ, _CMP_NEQ_UQ, _mm_add_epi16,
+    _mm_add_epi32, _mm_and_si128, _mm_andnot_si128, _mm_castps_si128, _mm_castsi128_ps,
+    _mm_cmpeq_epi16, _mm_cmpgt_epi16, _mm_cvtsi32_si128, _mm_loadu_ps, _mm_loadu_si128,
+    _mm_max_epi16, _mm_max_epu16, _mm_min_epu16, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi16,
+    _mm_set1_epi32, _mm_setzero_si128, _mm_shuffle_ps, _mm_srli_epi16, _mm_storeu_ps,
+    _mm_storeu_si128, _mm_sub_epi16, _mm_unpacklo_epi32, _mm256_add_pd, _mm256_add_ps,
+    _mm256_and_ps, _mm256_and_si256, _mm256_andnot_pd, _mm256_castpd_ps, _mm256_castps256_ps128,
+    _mm256_castsi256_ps, _mm256_cmp_pd, _mm256_cvtepu8_epi32, _mm256_cvtepu16_epi32,
+    _mm256_cvtpd_ps, _mm256_cvtps_pd, _mm256_extractf128_ps, _mm256_fmadd_ps, _mm256_loadu_ps,
+    _mm256_max_ps, _mm256_movemask_pd, _mm256_mul_pd, _mm256_mul_ps, _mm256_permutevar8x32_ps,
+    _mm256_set_m128, _mm256_set1_epi32, _mm256_set1_pd, _mm256_set1_ps, _mm256_setr_epi32,
+    _mm256_setzero_pd, _mm256_setzero_ps, _mm256_slli_epi32, _mm256_srlv_epi32, _mm256_storeu_ps,
+    _mm256_sub_pd, _mm256_sub_ps, _mm256_xor_ps,
 };
 
+use quant_core::bf16_narrow::avx2::round8;
 use quant_core::codec::e2m1;
 use quant_core::simd::Level;
 
@@ -39,6 +44,48 @@ const COLS: usize = 8;
 /// Whether `R[i][j]` is `-0.25` (otherwise `+0.25`).
 const fn neg(i: usize, j: usize) -> bool {
     R[i][j] < 0.0
+}
+
+/// The `(i, j)` steps of row `$i` for the sums `$js` of [`step_sums`]: `q = rows[i] *
+/// 0.25`, then one add or subtract of `q` per sum, each sign a constant (as a loop over
+/// `i` the signs were looked up at run time, 50 % of the quantize).
+macro_rules! steps {
+    ($y:ident, $rows:ident, $quarter:ident; $i:literal: [$($j:literal)*]) => {{
+        let q = _mm256_mul_ps($rows[$i], $quarter);
+        $(
+            $y[$j] = if neg($i, $j) {
+                _mm256_sub_ps($y[$j], q)
+            } else {
+                _mm256_add_ps($y[$j], q)
+            };
+        )*
+    }};
+}
+
+/// One pass over the rows `$i` for the sums `$js` ([`steps`]).
+macro_rules! passes {
+    ($y:ident, $rows:ident, $quarter:ident; $js:tt; $($i:literal)*) => {
+        $( steps!($y, $rows, $quarter; $i: $js); )*
+    };
+}
+
+/// The sums of one 8-column step: `y[j] = sum_i rows[i] * R[i][j]` in index order from
+/// `+0.0` for an array of 16 row vectors, each `(i, j)` step one add or subtract of
+/// `rows[i] * 0.25`, in two passes over the rows, sums 0..8 then 8..16 (8 sums, a row
+/// and the constant fit AVX2's 16 registers).
+///
+/// A macro, so that every kernel inlines it: as a `#[target_feature]` function (which
+/// cannot be `#[inline(always)]`) it stayed a call, its 512-byte result through memory
+/// (a third of the RHT quantize). The caller must have AVX2 enabled.
+macro_rules! step_sums {
+    ($rows:expr) => {{
+        let rows: &[__m256; DIM] = $rows;
+        let quarter = _mm256_set1_ps(0.25);
+        let mut y: [__m256; DIM] = [_mm256_setzero_ps(); DIM];
+        passes!(y, rows, quarter; [0 1 2 3 4 5 6 7]; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+        passes!(y, rows, quarter; [8 9 10 11 12 13 14 15]; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+        y
+    }};
 }
 
 /// For each of the `cols` columns (a multiple of 8) `c`: `out[j][c] = sum_i x[i *
@@ -67,37 +114,212 @@ pub(crate) fn hadamard_sums<const N: usize>(
 /// cols <= x.len()`.
 #[target_feature(enable = "avx2")]
 unsafe fn sums<const N: usize>(x: &[f32], stride: usize, cols: usize, out: &mut [[f32; N]; DIM]) {
-    let quarter = _mm256_set1_ps(0.25);
     for c in (0..cols).step_by(COLS) {
-        // SAFETY: `i * stride + c + 8 <= 15 * stride + cols <= x.len()` for `i < 16`;
-        // one unaligned 256-bit load.
-        let row = |i: usize| unsafe { _mm256_loadu_ps(x.as_ptr().add(i * stride + c)) };
-        let mut y: [__m256; DIM] = [_mm256_setzero_ps(); DIM];
-        // Every `(i, j)` step written out, so that each sign is a constant (as a loop
-        // over `i` the signs were looked up at run time, 50 % of the quantize).
-        macro_rules! steps {
-            ($i:literal: [$($j:literal)*]) => {{
-                let q = _mm256_mul_ps(row($i), quarter);
-                $(
-                    y[$j] = if neg($i, $j) {
-                        _mm256_sub_ps(y[$j], q)
-                    } else {
-                        _mm256_add_ps(y[$j], q)
-                    };
-                )*
-            }};
+        let mut rows = [_mm256_setzero_ps(); DIM];
+        for (i, r) in rows.iter_mut().enumerate() {
+            // SAFETY: `i * stride + c + 8 <= 15 * stride + cols <= x.len()`; one
+            // unaligned 256-bit load.
+            *r = unsafe { _mm256_loadu_ps(x.as_ptr().add(i * stride + c)) };
         }
-        // One pass over the rows per half of the sums (`$js`).
-        macro_rules! rows {
-            ($js:tt; $($i:literal)*) => {$( steps!($i: $js); )*};
-        }
-        rows!([0 1 2 3 4 5 6 7]; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
-        rows!([8 9 10 11 12 13 14 15]; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
-        for (o, y) in out.iter_mut().zip(y) {
+        for (o, y) in out.iter_mut().zip(step_sums!(&rows)) {
             // SAFETY: `c + 8 <= cols <= o.len()`; one unaligned 256-bit store.
             unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(c), y) };
         }
     }
+}
+
+/// Columns `c..c + 8` of 16 bf16 rows `stride` apart, as bit patterns.
+///
+/// # Safety
+/// `15 * stride + c + 8 <= bits.len()`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn bf16_rows(bits: &[u16], stride: usize, c: usize) -> [__m128i; DIM] {
+    let mut rows = [_mm_setzero_si128(); DIM];
+    for (i, r) in rows.iter_mut().enumerate() {
+        // SAFETY: `i * stride + c + 8 <= bits.len()` (the caller's promise); one
+        // unaligned 128-bit load of 8 patterns.
+        *r = unsafe { _mm_loadu_si128(bits.as_ptr().add(i * stride + c).cast()) };
+    }
+    rows
+}
+
+/// [`crate::rht_x86`]'s `sums_exact` for 8 columns: whether, in each column of the 16
+/// bf16 rows, the nonzero values' exponent fields span at most 12 (subnormals counted
+/// as field 1) and the largest is at most 252, so that every partial sum of the
+/// column's values times `±0.25` is exact in f32 and the sums come out the same in any
+/// order (the argument is there). Infinities and NaN (field 255) fail the test.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn sums_exact(rows: &[__m128i; DIM]) -> bool {
+    let magnitude = _mm_set1_epi16(0x7FFF);
+    let one = _mm_set1_epi16(1);
+    let mut hi = _mm_setzero_si128();
+    // Smallest nonzero magnitude minus one (a zero wraps to 0xFFFF and loses).
+    let mut lo = _mm_set1_epi16(-1);
+    for &r in rows {
+        let a = _mm_and_si128(r, magnitude);
+        hi = _mm_max_epu16(hi, a);
+        lo = _mm_min_epu16(lo, _mm_sub_epi16(a, one));
+    }
+    let emax = _mm_srli_epi16::<7>(hi);
+    // An all-zero column wraps back to 0 here: field 0, counted as 1 like subnormals.
+    let emin = _mm_max_epu16(_mm_srli_epi16::<7>(_mm_add_epi16(lo, one)), one);
+    let bound = _mm_min_epu16(_mm_add_epi16(emin, _mm_set1_epi16(12)), _mm_set1_epi16(252));
+    // `emax <= bound` in every lane: the larger of the two is the bound.
+    _mm_movemask_epi8(_mm_cmpeq_epi16(_mm_max_epu16(emax, bound), bound)) == 0xFFFF
+}
+
+/// 8 bf16 bit patterns widened exactly into f32 lanes (a shift into the high half).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn widen(h: __m128i) -> __m256 {
+    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+}
+
+/// The forward sums of an 8-column step whose partial sums are all exact
+/// ([`sums_exact`]): `y = H16 (s * 0.25 * v)` by a fast Walsh-Hadamard transform, 64
+/// adds where the index order takes 256, with the same results. `v * (±0.25) + 0.0`
+/// turns a `-0` input into `+0`, so no sum is `-0`: in index order from `+0.0` an exact
+/// zero is `+0` too. A macro, as [`step_sums`] is; the caller must have AVX2 and FMA
+/// enabled.
+macro_rules! fast_sums {
+    ($wide:expr) => {{
+        let mut w: [__m256; DIM] = $wide;
+        let zero = _mm256_setzero_ps();
+        // `R[i][0]` is `s_i * 0.25` (column 0 of `H16` is all ones); the product is
+        // exact, so the fused step rounds as a multiply and an add would.
+        for (w, ri) in w.iter_mut().zip(&R) {
+            *w = _mm256_fmadd_ps(*w, _mm256_set1_ps(ri[0]), zero);
+        }
+        butterflies!(w, _mm256_add_ps, _mm256_sub_ps);
+        w
+    }};
+}
+
+/// The forward sums of 8 columns of 16 bf16 rows ([`bf16_rows`]), widened from the
+/// bits: by the fast transform where that is exact ([`sums_exact`]), else in index
+/// order ([`step_sums`]). A macro, as those are; the caller must have AVX2 and FMA
+/// enabled.
+macro_rules! bf16_sums {
+    ($rows:expr) => {{
+        let rows: &[__m128i; DIM] = $rows;
+        let mut wide = [_mm256_setzero_ps(); DIM];
+        for (w, &h) in wide.iter_mut().zip(rows) {
+            *w = widen(h);
+        }
+        if sums_exact(rows) {
+            fast_sums!(wide)
+        } else {
+            step_sums!(&wide)
+        }
+    }};
+}
+
+/// `|v|` lane by lane (the sign bit cleared).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn abs(v: __m256) -> __m256 {
+    _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF)))
+}
+
+/// [`crate::rht_x86::rounded_sums_bf16`] at AVX2: for each of the `cols` columns (a
+/// multiple of 8) `c`, `out[j][c] = bf16(sum_i x[i * stride + c] * R[i][j])` (the sums
+/// of [`hadamard_sums`], rounded to nearest even, held as f32), and `amax[c] = max_j
+/// |out[j][c]|` ignoring NaN, from 0, all in registers: the portable path widened the
+/// group into a scratch, summed, rounded and folded the maxima in passes over it.
+/// Returns `false`, writing nothing, unless the CPU has AVX2 and the lengths fit.
+#[inline(always)]
+pub(crate) fn rounded_sums_bf16<const N: usize>(
+    bits: &[u16],
+    stride: usize,
+    cols: usize,
+    out: &mut [[f32; N]; DIM],
+    amax: &mut [f32; N],
+) -> bool {
+    if !crate::rht_x86::fits_at(Level::Avx2, bits.len(), (DIM, stride), cols, COLS, N) {
+        return false;
+    }
+    // SAFETY: the CPU has AVX2 and the lengths fit (both checked above).
+    unsafe { sums_bf16(bits, stride, cols, out, amax) };
+    true
+}
+
+/// [`rounded_sums_bf16`] after its checks.
+///
+/// # Safety
+/// The CPU must have AVX2; `cols % 8 == 0`, `cols <= N` and `15 * stride + cols <=
+/// bits.len()`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn sums_bf16<const N: usize>(
+    bits: &[u16],
+    stride: usize,
+    cols: usize,
+    out: &mut [[f32; N]; DIM],
+    amax: &mut [f32; N],
+) {
+    for c in (0..cols).step_by(COLS) {
+        // SAFETY: `15 * stride + c + 8 <= 15 * stride + cols <= bits.len()`.
+        let rows = unsafe { bf16_rows(bits, stride, c) };
+        let mut m = _mm256_setzero_ps();
+        for (o, y) in out.iter_mut().zip(bf16_sums!(&rows)) {
+            let r = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(round8(y)));
+            // `vmaxps` returns its second operand when either is NaN: a NaN loses.
+            m = _mm256_max_ps(abs(r), m);
+            // SAFETY: `c + 8 <= cols <= N`; one unaligned 256-bit store.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(c), r) };
+        }
+        // SAFETY: as the stores above.
+        unsafe { _mm256_storeu_ps(amax.as_mut_ptr().add(c), m) };
+    }
+}
+
+/// [`crate::rht_x86::sums_abs_max_bf16`] at AVX2: the largest `|x|` of a 16-row group of
+/// bf16 input and the largest `|y|` of its unrounded sums (NaN ignored, from 0), from
+/// one load of the group. `None` unless the CPU has AVX2 and the lengths fit (as
+/// [`rounded_sums_bf16`]).
+#[inline(always)]
+pub(crate) fn sums_abs_max_bf16(bits: &[u16], stride: usize, cols: usize) -> Option<(f32, f32)> {
+    let rows = (DIM, stride);
+    if !crate::rht_x86::fits_at(Level::Avx2, bits.len(), rows, cols, COLS, usize::MAX) {
+        return None;
+    }
+    // SAFETY: the CPU has AVX2 and the lengths fit (both checked above).
+    Some(unsafe { abs_max_bf16(bits, stride, cols) })
+}
+
+/// [`sums_abs_max_bf16`] after its checks.
+///
+/// # Safety
+/// The CPU must have AVX2; `cols % 8 == 0` and `15 * stride + cols <= bits.len()`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn abs_max_bf16(bits: &[u16], stride: usize, cols: usize) -> (f32, f32) {
+    let (mut mx, mut my) = (_mm_setzero_si128(), _mm256_setzero_ps());
+    for c in (0..cols).step_by(COLS) {
+        // SAFETY: `15 * stride + c + 8 <= 15 * stride + cols <= bits.len()`.
+        let rows = unsafe { bf16_rows(bits, stride, c) };
+        // Magnitude patterns order as the values do; a NaN's (above infinity's) leaves
+        // the maximum as it is.
+        for &r in &rows {
+            let a = _mm_and_si128(r, _mm_set1_epi16(0x7FFF));
+            let nan = _mm_cmpgt_epi16(a, _mm_set1_epi16(0x7F80));
+            mx = _mm_max_epi16(mx, _mm_andnot_si128(nan, a));
+        }
+        // `vmaxps` returns its second operand when either is NaN: a NaN loses.
+        for y in bf16_sums!(&rows) {
+            my = _mm256_max_ps(abs(y), my);
+        }
+    }
+    // No lane is NaN (none entered), so the lanes fold in any order.
+    let mut lanes = [0f32; COLS];
+    // SAFETY: `lanes` is 8 f32; one unaligned 256-bit store.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), my) };
+    let y = lanes.into_iter().fold(0f32, f32::max);
+    let mut fields = [0u16; COLS];
+    // SAFETY: `fields` is 8 u16; one unaligned 128-bit store.
+    unsafe { _mm_storeu_si128(fields.as_mut_ptr().cast(), mx) };
+    let x = fields.into_iter().max().unwrap_or(0);
+    (quant_core::dtype::f32_from_bf16_bits(x), y)
 }
 
 /// Columns per step of [`inverse_nibbles`] (f64 lanes of one vector).
@@ -238,6 +460,86 @@ mod tests {
         // Lengths that do not fit are refused.
         assert!(!hadamard_sums(&x, stride, 36, &mut out));
         assert!(!hadamard_sums(&x[..15 * stride + 31], stride, 32, &mut out));
+    }
+
+    #[test]
+    fn rounded_bf16_sums_equal_forward_16() {
+        if !Level::Avx2.is_supported() {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        use crate::rht_x86::bf16_check;
+        bf16_check::narrow_windows(|x, stride, out, amax| {
+            rounded_sums_bf16(x, stride, 64, out, amax)
+        });
+        let (x, stride) = bf16_check::wide();
+        let mut out = [[0f32; 64]; DIM];
+        let mut amax = [0f32; 64];
+        assert!(rounded_sums_bf16(&x, stride, 64, &mut out, &mut amax));
+        bf16_check::assert_forward_16(&x, stride, &out, &amax, "wide");
+        bf16_check::maxima(
+            |x, stride, out, amax| rounded_sums_bf16(x, stride, 48, out, amax),
+            |x, stride| sums_abs_max_bf16(x, stride, 48),
+        );
+        // Lengths that do not fit are refused.
+        assert!(!rounded_sums_bf16(&x, stride, 36, &mut out, &mut amax));
+        let short = &x[..15 * stride + 63];
+        assert!(!rounded_sums_bf16(short, stride, 64, &mut out, &mut amax));
+        assert_eq!(sums_abs_max_bf16(&[0u16; DIM * 16], 16, 32), None);
+        assert_eq!(sums_abs_max_bf16(&[0u16; DIM * 16], 16, 4), None);
+    }
+
+    /// The exactness test and the fast transform of the 16 columns at `c` (two 8-column
+    /// steps): exact where both steps are.
+    fn fast(x: &[u16], stride: usize, c: usize) -> (bool, [[f32; 16]; DIM]) {
+        let _ = &x[15 * stride + c..][..16]; // the rows' ends inside `x`
+        let mut y = [[0f32; 16]; DIM];
+        let mut exact = true;
+        for half in 0..2 {
+            // SAFETY: the callers checked `Level::Avx2` (AVX2 and FMA); the rows' ends
+            // were checked above.
+            let (e, h) = unsafe { fast8(x, stride, c + 8 * half) };
+            exact &= e;
+            for (y, h) in y.iter_mut().zip(h) {
+                y[8 * half..][..8].copy_from_slice(&h);
+            }
+        }
+        (exact, y)
+    }
+
+    /// One step of [`fast`].
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; `15 * stride + c + 8 <= x.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn fast8(x: &[u16], stride: usize, c: usize) -> (bool, [[f32; 8]; DIM]) {
+        // SAFETY: the caller's promise.
+        let rows = unsafe { bf16_rows(x, stride, c) };
+        let y = fast_sums!(rows.map(|h| widen(h)));
+        let mut out = [[0f32; 8]; DIM];
+        for (o, y) in out.iter_mut().zip(y) {
+            // SAFETY: 8 lanes into 8 floats.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr(), y) };
+        }
+        (sums_exact(&rows), out)
+    }
+
+    #[test]
+    fn exact_sums_take_the_fast_transform_with_index_order_results() {
+        if !Level::Avx2.is_supported() {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        crate::rht_x86::exact_check::exact_sums_take_the_fast_transform(fast);
+    }
+
+    #[test]
+    fn the_exactness_test_draws_its_lines_where_stated() {
+        if !Level::Avx2.is_supported() {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        crate::rht_x86::exact_check::lines_where_stated(fast);
     }
 
     #[test]

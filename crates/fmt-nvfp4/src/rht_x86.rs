@@ -562,6 +562,316 @@ pub(crate) fn index_order_column<const N: usize>(
     }
 }
 
+/// What the tests of the bf16 forward kernels (AVX-512 and AVX2) share: inputs, and the
+/// checks against [`crate::rht::forward_16`] and the input's maxima.
+#[cfg(test)]
+pub(crate) mod bf16_check {
+    use super::DIM;
+    use quantfmt_testkit::XorShift32;
+
+    /// That `out` and `amax` (from a kernel's rounded sums of the bf16 rows `x`, `stride`
+    /// apart) hold `forward_16` of every column, and each column's maximum of it.
+    pub(crate) fn assert_forward_16<const N: usize>(
+        x: &[u16],
+        stride: usize,
+        out: &[[f32; N]; DIM],
+        amax: &[f32; N],
+        what: &str,
+    ) {
+        use half::bf16;
+        for c in 0..N {
+            let v: [bf16; DIM] = std::array::from_fn(|i| bf16::from_bits(x[i * stride + c]));
+            let want = crate::rht::forward_16(&v);
+            let mut m = 0f32;
+            for j in 0..DIM {
+                let w = want[j].to_f32();
+                assert_eq!(out[j][c].to_bits(), w.to_bits(), "{what} c {c} j {j}");
+                m = quant_core::cpu::fmax_nan_loses(m, w.abs());
+            }
+            assert_eq!(amax[c].to_bits(), m.to_bits(), "amax {what} c {c}");
+        }
+    }
+
+    /// 16 rows of 64 bf16 patterns (`stride` apart, returned) over the whole range:
+    /// subnormal sums, sums that round up to infinity, wide magnitudes (so the order
+    /// shows), and the specials.
+    pub(crate) fn wide() -> (Vec<u16>, usize) {
+        let stride = 72;
+        let mut rng = XorShift32::new(0x0BAD_F00D);
+        let mut x: Vec<u16> = (0..DIM * stride)
+            .map(|_| {
+                let s = rng.next_u32();
+                match s % 11 {
+                    0 => (s >> 16) as u16 & 0x807F,    // zero or subnormal
+                    1 => 0x7F7F | (s as u16 & 0x8000), // bf16::MAX
+                    _ => ((s >> 16) as u16 % 0x7F80) | (s as u16 & 0x8000),
+                }
+            })
+            .collect();
+        x[7] = 0x7FC0; // NaN
+        x[stride + 9] = 0xFF81; // signalling NaN, negative
+        x[2 * stride + 20] = 0x7F80; // +inf
+        x[3 * stride + 21] = 0xFF80; // -inf, with +inf in the same column below
+        x[4 * stride + 21] = 0x7F80;
+        for i in 0..DIM {
+            x[i * stride + 40] = 0x0001 + i as u16; // all subnormal
+            x[i * stride + 41] = if i % 2 == 0 { 0x4040 } else { 0xC040 }; // cancels to +0
+            x[i * stride + 42] = 0x8000; // -0 everywhere
+        }
+        (x, stride)
+    }
+
+    /// The rounded sums of narrow exponent windows (the steps the AVX-512 fast transform
+    /// takes), value by value against `forward_16`, from `kernel(x, stride, out, amax)`
+    /// over 64 columns: windows of normal sums, windows whose smallest field is 10 (sums
+    /// down to `2^-126`) or 9 (subnormal sums, which `vcvtneps2bf16` would flush), sums
+    /// that cancel to zero, all-zero columns, and steps mixed with one small field.
+    pub(crate) fn narrow_windows(
+        kernel: impl Fn(&[u16], usize, &mut [[f32; 64]; DIM], &mut [f32; 64]) -> bool,
+    ) {
+        let stride = 80;
+        let mut rng = XorShift32::new(0x5EED_CAFE);
+        for case in 0..400 {
+            let (base, span) = [(120u32, 4u32), (10, 6), (9, 3), (127, 12), (60, 0)][case % 5];
+            let mut x: Vec<u16> = (0..DIM * stride)
+                .map(|_| {
+                    let r = rng.next_u32();
+                    let e = (base + (r >> 8) % (span + 1)) as u16;
+                    (e << 7) | (r >> 20) as u16 & 0x7F | (r as u16 & 0x8000)
+                })
+                .collect();
+            for i in 0..DIM {
+                x[i * stride + 3] = 0; // an all-zero column
+                // A column that cancels in every sum but the first.
+                x[i * stride + 17] = 10 << 7;
+            }
+            if case % 7 == 0 {
+                x[(case / 7) % (DIM * stride)] = 0x8000 | (3 << 7); // a small field
+            }
+            // Two nonzero values one unit apart: half the sums are `(v - w) / 4`, at
+            // field 9 the subnormal 2^-127, at field 10 the smallest normal 2^-126.
+            for (col, field) in [(30, 9u16), (40, 10)] {
+                for i in 0..DIM {
+                    x[i * stride + col] = 0;
+                }
+                x[col] = (field << 7) | 1;
+                x[stride + col] = field << 7;
+            }
+            let mut out = [[0f32; 64]; DIM];
+            let mut amax = [0f32; 64];
+            assert!(kernel(&x, stride, &mut out, &mut amax));
+            assert_forward_16(&x, stride, &out, &amax, &format!("case {case}"));
+        }
+    }
+
+    /// That `maxima(x, stride)` over 48 columns gives the largest `|x|` and the largest
+    /// unrounded sum, whose rounding is the largest of `rounded(x, stride, ..)`'s column
+    /// maxima: narrow exponent windows (the fast transform) and wide ones (index order),
+    /// sometimes a NaN or an infinity, sometimes all zero.
+    pub(crate) fn maxima(
+        rounded: impl Fn(&[u16], usize, &mut [[f32; 48]; DIM], &mut [f32; 48]) -> bool,
+        maxima: impl Fn(&[u16], usize) -> Option<(f32, f32)>,
+    ) {
+        use half::bf16;
+        let stride = 48;
+        let mut rng = XorShift32::new(0xA11C_E5ED);
+        let round = |v: f32| bf16::from_f32(v).to_f32();
+        for case in 0..3000 {
+            let (base, span) = [(120u32, 4u32), (127, 12), (60, 200), (1, 3), (250, 4)][case % 5];
+            let mut x: Vec<u16> = (0..DIM * stride)
+                .map(|_| {
+                    let r = rng.next_u32();
+                    let e = (base + (r >> 8) % (span + 1)).min(254) as u16;
+                    (e << 7) | (r >> 20) as u16 & 0x7F | (r as u16 & 0x8000)
+                })
+                .collect();
+            match case % 7 {
+                0 => x[(case / 7) % (DIM * stride)] = 0x7FC0 | (case as u16 & 0x8000),
+                1 => x[(case / 7) % (DIM * stride)] = 0xFF80,
+                2 => x.fill(0x8000),
+                _ => {}
+            }
+            let mut out = [[0f32; 48]; DIM];
+            let mut amax = [0f32; 48];
+            assert!(rounded(&x, stride, &mut out, &mut amax));
+            let want = amax
+                .iter()
+                .fold(0f32, |m, &a| quant_core::cpu::fmax_nan_loses(m, a));
+            let (gx, gy) = maxima(&x, stride).expect("fits");
+            assert_eq!(round(gy).to_bits(), want.to_bits(), "case {case}");
+            // The input's own maximum: the 48 columns the call covers, NaN ignored.
+            let wx = (0..DIM * stride)
+                .filter(|n| n % stride < 48)
+                .map(|n| quant_core::dtype::f32_from_bf16_bits(x[n]).abs())
+                .fold(0f32, quant_core::cpu::fmax_nan_loses);
+            assert_eq!(gx.to_bits(), wx.to_bits(), "x, case {case}");
+        }
+    }
+}
+
+/// What the tests of the exactness test and the fast forward transform (AVX-512 and
+/// AVX2) share: the index-order specification, column generators and the two checks.
+#[cfg(test)]
+pub(crate) mod exact_check {
+    use super::{DIM, R};
+    use crate::rht::SIGN_MASK;
+    use quantfmt_testkit::XorShift32;
+
+    /// A kernel's exactness test and fast transform of the 16 columns at `c` of 16 bf16
+    /// rows `stride` apart: `(exact, y)`, `y[j][c]` the fast sums (whether or not exact).
+    pub(crate) type Fast = fn(&[u16], usize, usize) -> (bool, [[f32; 16]; DIM]);
+
+    /// The index-order f32 sums of column `c` of 16 bf16 rows, `stride` apart.
+    fn index_order(x: &[u16], stride: usize, c: usize) -> [f32; DIM] {
+        let mut y = [0f32; DIM];
+        for (i, ri) in R.iter().enumerate() {
+            let v = quant_core::dtype::f32_from_bf16_bits(x[i * stride + c]);
+            for (a, &r) in y.iter_mut().zip(ri) {
+                *a += v * r;
+            }
+        }
+        y
+    }
+
+    /// One column of 16 bf16 values from `rng`: field spread `spread` below `emax`
+    /// (clamped at 0), random signs, sometimes a zero or `-0`, or, with `aligned`, 15
+    /// values that all add up in `y[0]` (largest magnitude, the sign of `s_i`) and one
+    /// of the smallest granularity, the case that needs every bit of the bound.
+    fn column(rng: &mut XorShift32, emax: u16, spread: u16, aligned: bool) -> [u16; DIM] {
+        let emin = emax.saturating_sub(spread);
+        std::array::from_fn(|i| {
+            let r = rng.next_u32();
+            let s_neg = (SIGN_MASK >> i) & 1;
+            if aligned {
+                return if i == 7 {
+                    (emin << 7) | 0x01 | ((r as u16) & 0x8000)
+                } else {
+                    (s_neg << 15) | (emax << 7) | 0x7F
+                };
+            }
+            let e = match r % 8 {
+                0 => emax,
+                1 => emin,
+                _ => emin + (r >> 8) as u16 % (emax - emin + 1),
+            };
+            let v = (e << 7) | ((r >> 20) as u16 & 0x7F) | ((r as u16) & 0x8000);
+            match r % 29 {
+                0 => 0,
+                1 => 0x8000,
+                _ => v,
+            }
+        })
+    }
+
+    /// Columns of narrow and wide exponent spreads, aligned so that every bit of the
+    /// bound counts or not: `fast(x, 16, 0)` (16 columns of 16 rows, 16 apart: whether
+    /// the exactness test takes them, and the fast transform's sums) takes exactly the
+    /// columns the rule says, and there its sums are the index order's.
+    pub(crate) fn exact_sums_take_the_fast_transform(fast: Fast) {
+        let mut rng = XorShift32::new(0x51DE_CAFE);
+        let (mut taken, mut refused) = (0, 0);
+        for case in 0..4000 {
+            let emax = [1u16, 12, 13, 127, 200, 252, 253][case % 7]
+                .max((rng.next_u32() % 254) as u16 * (case % 3 == 0) as u16);
+            let spread = [0u16, 5, 11, 12, 13, 20][case % 6];
+            let aligned = case % 5 < 2;
+            let cols: [[u16; DIM]; 16] =
+                std::array::from_fn(|_| column(&mut rng, emax.min(254), spread, aligned));
+            let x: Vec<u16> = (0..DIM * 16).map(|n| cols[n % 16][n / 16]).collect();
+            let (exact, y) = fast(&x, 16, 0);
+            // The test's rule, column by column: fields of the nonzero values, a
+            // subnormal counted as 1.
+            let want_exact = cols.iter().all(|col| {
+                let fields = col
+                    .iter()
+                    .filter(|&&b| b & 0x7FFF != 0)
+                    .map(|&b| (b >> 7) & 0xFF);
+                let hi = fields.clone().max().unwrap_or(0);
+                let lo = fields.min().unwrap_or(0).max(1);
+                hi <= 252 && hi <= lo + 12
+            });
+            assert_eq!(
+                exact, want_exact,
+                "case {case}: emax {emax} spread {spread}"
+            );
+            if !exact {
+                refused += 1;
+                continue;
+            }
+            taken += 1;
+            for c in 0..16 {
+                let want = index_order(&x, 16, c);
+                for (j, (yj, w)) in y.iter().zip(want).enumerate() {
+                    assert_eq!(yj[c].to_bits(), w.to_bits(), "case {case} c {c} j {j}");
+                }
+            }
+        }
+        assert!(
+            taken > 1000 && refused > 1000,
+            "taken {taken}, refused {refused}"
+        );
+    }
+
+    /// The exactness test's lines, one column varied at a time (the other columns
+    /// zero): the spread of 12 and 13, zeros, subnormals, field 252 and 253, infinities
+    /// and NaN; columns of signed zeros; and that a spread of 14 does sum differently in
+    /// the fast transform (so the test must refuse it).
+    pub(crate) fn lines_where_stated(fast: Fast) {
+        // One column varied (column 5), the others zero.
+        let check = |vals: &[u16]| {
+            let mut x = [0u16; DIM * 16];
+            for (i, &v) in vals.iter().enumerate() {
+                x[i * 16 + 5] = v;
+            }
+            fast(&x, 16, 0).0
+        };
+        let f = |e: u16| e << 7 | 0x55;
+        assert!(check(&[]), "all zero");
+        assert!(check(&[0x8000, 0x8000]), "-0");
+        assert!(check(&[f(100), f(88)]), "spread 12");
+        assert!(!check(&[f(100), f(87)]), "spread 13");
+        assert!(check(&[f(100), 0, f(88) | 0x8000]), "zeros do not count");
+        assert!(check(&[f(13), 0x0001]), "subnormal counts as field 1");
+        assert!(!check(&[f(14), 0x0001]), "subnormal and field 14");
+        assert!(check(&[f(252), f(252) | 0x8000]), "field 252");
+        assert!(!check(&[f(253)]), "field 253 may overflow");
+        assert!(!check(&[0x7F80]), "infinity");
+        assert!(!check(&[0x7FC1, f(100)]), "NaN");
+        // Columns of signed zeros: every sum `+0`, as in index order from `+0.0`.
+        let mut x = [0u16; DIM * 16];
+        for (n, v) in x.iter_mut().enumerate() {
+            *v = if (n * 7 + n / 16) % 3 == 0 { 0x8000 } else { 0 };
+        }
+        x[..16].fill(0x8000);
+        let (exact, y) = fast(&x, 16, 0);
+        assert!(exact);
+        for c in 0..16 {
+            let want = index_order(&x, 16, c);
+            for (j, (yj, w)) in y.iter().zip(want).enumerate() {
+                assert_eq!(yj[c].to_bits(), w.to_bits(), "zeros: c {c} j {j}");
+            }
+        }
+        // The bound is near the edge: columns of spread 14 (15 large values that add up
+        // in `y[0]` and one small one) sum differently from the index order. (Spread 13
+        // needs several small values to round twice; the bound keeps to what it proves.)
+        let mut differ = 0;
+        for pos in 0..DIM {
+            for small in (0..0x100u16).map(|m| (86 << 7) | (m & 0x7F) | (m & 0x80) << 8) {
+                let mut x = [0u16; DIM * 16];
+                for i in 0..DIM {
+                    x[i * 16] = ((SIGN_MASK >> i) & 1) << 15 | (100 << 7) | 0x7F;
+                }
+                x[pos * 16] = small;
+                let (exact, y) = fast(&x, 16, 0);
+                assert!(!exact);
+                let want = index_order(&x, 16, 0);
+                differ += (0..DIM).any(|j| y[j][0].to_bits() != want[j].to_bits()) as usize;
+            }
+        }
+        assert!(differ > 0);
+    }
+}
+
 /// What the tests of the inverse kernels (AVX-512 and AVX2) share: one set of codes
 /// and factors, and the check of a kernel's output against the index-order sums.
 #[cfg(test)]
@@ -679,8 +989,6 @@ pub(crate) mod inverse_check {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rht::SIGN_MASK;
-    use quantfmt_testkit::XorShift32;
 
     #[test]
     fn equals_the_product_form_in_index_order() {
@@ -698,73 +1006,17 @@ mod tests {
         assert!(!hadamard_sums(&x[..15 * stride + 31], stride, 32, &mut out));
     }
 
-    /// The rounded sums of steps the fast transform takes (narrow exponent windows),
-    /// value by value against `forward_16` (the other tests check these steps' maxima
-    /// only): windows of normal sums, windows whose smallest field is 10 (sums down to
-    /// `2^-126`) or 9 (subnormal sums, which `vcvtneps2bf16` would flush), sums that
-    /// cancel to zero, all-zero columns, and steps mixed with one small field.
+    use super::bf16_check;
+
     #[test]
     fn rounded_bf16_sums_of_fast_steps_equal_forward_16() {
         if !Level::Avx512.is_supported() {
             eprintln!("skipped: this CPU has no AVX-512");
             return;
         }
-        let stride = 80;
-        let mut rng = XorShift32::new(0x5EED_CAFE);
-        for case in 0..400 {
-            let (base, span) = [(120u32, 4u32), (10, 6), (9, 3), (127, 12), (60, 0)][case % 5];
-            let mut x: Vec<u16> = (0..DIM * stride)
-                .map(|_| {
-                    let r = rng.next_u32();
-                    let e = (base + (r >> 8) % (span + 1)) as u16;
-                    (e << 7) | (r >> 20) as u16 & 0x7F | (r as u16 & 0x8000)
-                })
-                .collect();
-            for i in 0..DIM {
-                x[i * stride + 3] = 0; // an all-zero column
-                // A column that cancels in every sum but the first.
-                x[i * stride + 17] = 10 << 7;
-            }
-            if case % 7 == 0 {
-                x[(case / 7) % (DIM * stride)] = 0x8000 | (3 << 7); // a small field
-            }
-            // Two nonzero values one unit apart: half the sums are `(v - w) / 4`, at
-            // field 9 the subnormal 2^-127, at field 10 the smallest normal 2^-126.
-            for (col, field) in [(30, 9u16), (40, 10)] {
-                for i in 0..DIM {
-                    x[i * stride + col] = 0;
-                }
-                x[col] = (field << 7) | 1;
-                x[stride + col] = field << 7;
-            }
-            let mut out = [[0f32; 64]; DIM];
-            let mut amax = [0f32; 64];
-            assert!(rounded_sums_bf16(&x, stride, 64, &mut out, &mut amax));
-            assert_forward_16(&x, stride, &out, &amax, &format!("case {case}"));
-        }
-    }
-
-    /// That `out` and `amax` (from [`rounded_sums_bf16`] of the bf16 rows `x`, `stride`
-    /// apart) hold `forward_16` of every column, and each column's maximum of it.
-    fn assert_forward_16<const N: usize>(
-        x: &[u16],
-        stride: usize,
-        out: &[[f32; N]; DIM],
-        amax: &[f32; N],
-        what: &str,
-    ) {
-        use half::bf16;
-        for c in 0..N {
-            let v: [bf16; DIM] = std::array::from_fn(|i| bf16::from_bits(x[i * stride + c]));
-            let want = crate::rht::forward_16(&v);
-            let mut m = 0f32;
-            for j in 0..DIM {
-                let w = want[j].to_f32();
-                assert_eq!(out[j][c].to_bits(), w.to_bits(), "{what} c {c} j {j}");
-                m = quant_core::cpu::fmax_nan_loses(m, w.abs());
-            }
-            assert_eq!(amax[c].to_bits(), m.to_bits(), "amax {what} c {c}");
-        }
+        bf16_check::narrow_windows(|x, stride, out, amax| {
+            rounded_sums_bf16(x, stride, 64, out, amax)
+        });
     }
 
     #[test]
@@ -773,43 +1025,15 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX-512");
             return;
         }
-        let stride = 72;
-        let mut rng = XorShift32::new(0x0BAD_F00D);
-        // bf16 patterns over the whole range: subnormal sums, sums that round up to
-        // infinity, wide magnitudes (so the order shows), and the specials.
-        let mut x: Vec<u16> = (0..DIM * stride)
-            .map(|_| {
-                let s = rng.next_u32();
-                match s % 11 {
-                    0 => (s >> 16) as u16 & 0x807F,    // zero or subnormal
-                    1 => 0x7F7F | (s as u16 & 0x8000), // bf16::MAX
-                    _ => ((s >> 16) as u16 % 0x7F80) | (s as u16 & 0x8000),
-                }
-            })
-            .collect();
-        x[7] = 0x7FC0; // NaN
-        x[stride + 9] = 0xFF81; // signalling NaN, negative
-        x[2 * stride + 20] = 0x7F80; // +inf
-        x[3 * stride + 21] = 0xFF80; // -inf, with +inf in the same column below
-        x[4 * stride + 21] = 0x7F80;
-        for i in 0..DIM {
-            x[i * stride + 40] = 0x0001 + i as u16; // all subnormal
-            x[i * stride + 41] = if i % 2 == 0 { 0x4040 } else { 0xC040 }; // cancels to +0
-            x[i * stride + 42] = 0x8000; // -0 everywhere
-        }
+        let (x, stride) = bf16_check::wide();
         let mut out = [[0f32; 64]; DIM];
         let mut amax = [0f32; 64];
         assert!(rounded_sums_bf16(&x, stride, 64, &mut out, &mut amax));
-        assert_forward_16(&x, stride, &out, &amax, "wide");
+        bf16_check::assert_forward_16(&x, stride, &out, &amax, "wide");
         // Lengths that do not fit are refused.
         assert!(!rounded_sums_bf16(&x, stride, 40, &mut out, &mut amax));
-        assert!(!rounded_sums_bf16(
-            &x[..15 * stride + 63],
-            stride,
-            64,
-            &mut out,
-            &mut amax
-        ));
+        let short = &x[..15 * stride + 63];
+        assert!(!rounded_sums_bf16(short, stride, 64, &mut out, &mut amax));
     }
 
     #[test]
@@ -818,56 +1042,12 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX-512");
             return;
         }
-        use half::bf16;
-        let stride = 48;
-        let mut rng = XorShift32::new(0xA11C_E5ED);
-        let round = |v: f32| bf16::from_f32(v).to_f32();
-        for case in 0..3000 {
-            // Narrow exponent windows (the fast transform) and wide ones (index order),
-            // sometimes a NaN or an infinity, sometimes all zero.
-            let (base, span) = [(120u32, 4u32), (127, 12), (60, 200), (1, 3), (250, 4)][case % 5];
-            let mut x: Vec<u16> = (0..DIM * stride)
-                .map(|_| {
-                    let r = rng.next_u32();
-                    let e = (base + (r >> 8) % (span + 1)).min(254) as u16;
-                    (e << 7) | (r >> 20) as u16 & 0x7F | (r as u16 & 0x8000)
-                })
-                .collect();
-            match case % 7 {
-                0 => x[(case / 7) % (DIM * stride)] = 0x7FC0 | (case as u16 & 0x8000),
-                1 => x[(case / 7) % (DIM * stride)] = 0xFF80,
-                2 => x.fill(0x8000),
-                _ => {}
-            }
-            let mut out = [[0f32; 48]; DIM];
-            let mut amax = [0f32; 48];
-            assert!(rounded_sums_bf16(&x, stride, 48, &mut out, &mut amax));
-            let want = amax
-                .iter()
-                .fold(0f32, |m, &a| quant_core::cpu::fmax_nan_loses(m, a));
-            let (gx, gy) = sums_abs_max_bf16(&x, stride, 48).expect("fits");
-            assert_eq!(round(gy).to_bits(), want.to_bits(), "case {case}");
-            // The input's own maximum: the 48 columns the call covers, NaN ignored.
-            let wx = (0..DIM * stride)
-                .filter(|n| n % stride < 48)
-                .map(|n| quant_core::dtype::f32_from_bf16_bits(x[n]).abs())
-                .fold(0f32, quant_core::cpu::fmax_nan_loses);
-            assert_eq!(gx.to_bits(), wx.to_bits(), "x, case {case}");
-        }
+        bf16_check::maxima(
+            |x, stride, out, amax| rounded_sums_bf16(x, stride, 48, out, amax),
+            |x, stride| sums_abs_max_bf16(x, stride, 48),
+        );
         assert_eq!(sums_abs_max_bf16(&[0u16; DIM * 16], 16, 32), None);
         assert_eq!(sums_abs_max_bf16(&[0u16; DIM * 16], 16, 8), None);
-    }
-
-    /// The index-order f32 sums of column `c` of 16 bf16 rows, `stride` apart.
-    fn index_order(x: &[u16], stride: usize, c: usize) -> [f32; DIM] {
-        let mut y = [0f32; DIM];
-        for (i, ri) in R.iter().enumerate() {
-            let v = quant_core::dtype::f32_from_bf16_bits(x[i * stride + c]);
-            for (a, &r) in y.iter_mut().zip(ri) {
-                *a += v * r;
-            }
-        }
-        y
     }
 
     /// Whether [`sums_exact`] takes the 16 columns at `c` of 16 rows `stride` apart, and
@@ -892,84 +1072,13 @@ mod tests {
         (exact, out)
     }
 
-    /// One column of 16 bf16 values from `rng`: field spread `spread` below `emax`
-    /// (clamped at 0), random signs, sometimes a zero or `-0`, or, with `aligned`, 15
-    /// values that all add up in `y[0]` (largest magnitude, the sign of `s_i`) and one
-    /// of the smallest granularity, the case that needs every bit of the bound.
-    fn column(rng: &mut XorShift32, emax: u16, spread: u16, aligned: bool) -> [u16; DIM] {
-        let emin = emax.saturating_sub(spread);
-        std::array::from_fn(|i| {
-            let r = rng.next_u32();
-            let s_neg = (SIGN_MASK >> i) & 1;
-            if aligned {
-                return if i == 7 {
-                    (emin << 7) | 0x01 | ((r as u16) & 0x8000)
-                } else {
-                    (s_neg << 15) | (emax << 7) | 0x7F
-                };
-            }
-            let e = match r % 8 {
-                0 => emax,
-                1 => emin,
-                _ => emin + (r >> 8) as u16 % (emax - emin + 1),
-            };
-            let v = (e << 7) | ((r >> 20) as u16 & 0x7F) | ((r as u16) & 0x8000);
-            match r % 29 {
-                0 => 0,
-                1 => 0x8000,
-                _ => v,
-            }
-        })
-    }
-
     #[test]
     fn exact_sums_take_the_fast_transform_with_index_order_results() {
         if !Level::Avx512.is_supported() {
             eprintln!("skipped: this CPU has no AVX-512");
             return;
         }
-        let mut rng = XorShift32::new(0x51DE_CAFE);
-        let (mut taken, mut refused) = (0, 0);
-        for case in 0..4000 {
-            let emax = [1u16, 12, 13, 127, 200, 252, 253][case % 7]
-                .max((rng.next_u32() % 254) as u16 * (case % 3 == 0) as u16);
-            let spread = [0u16, 5, 11, 12, 13, 20][case % 6];
-            let aligned = case % 5 < 2;
-            let cols: [[u16; DIM]; 16] =
-                std::array::from_fn(|_| column(&mut rng, emax.min(254), spread, aligned));
-            let x: Vec<u16> = (0..DIM * 16).map(|n| cols[n % 16][n / 16]).collect();
-            let (exact, y) = fast(&x, 16, 0);
-            // The test's rule, column by column: fields of the nonzero values, a
-            // subnormal counted as 1.
-            let want_exact = cols.iter().all(|col| {
-                let fields = col
-                    .iter()
-                    .filter(|&&b| b & 0x7FFF != 0)
-                    .map(|&b| (b >> 7) & 0xFF);
-                let hi = fields.clone().max().unwrap_or(0);
-                let lo = fields.min().unwrap_or(0).max(1);
-                hi <= 252 && hi <= lo + 12
-            });
-            assert_eq!(
-                exact, want_exact,
-                "case {case}: emax {emax} spread {spread}"
-            );
-            if !exact {
-                refused += 1;
-                continue;
-            }
-            taken += 1;
-            for c in 0..16 {
-                let want = index_order(&x, 16, c);
-                for (j, (yj, w)) in y.iter().zip(want).enumerate() {
-                    assert_eq!(yj[c].to_bits(), w.to_bits(), "case {case} c {c} j {j}");
-                }
-            }
-        }
-        assert!(
-            taken > 1000 && refused > 1000,
-            "taken {taken}, refused {refused}"
-        );
+        super::exact_check::exact_sums_take_the_fast_transform(fast);
     }
 
     #[test]
@@ -978,58 +1087,7 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX-512");
             return;
         }
-        // One column varied (column 5), the others zero.
-        let check = |vals: &[u16]| {
-            let mut x = [0u16; DIM * 16];
-            for (i, &v) in vals.iter().enumerate() {
-                x[i * 16 + 5] = v;
-            }
-            fast(&x, 16, 0).0
-        };
-        let f = |e: u16| e << 7 | 0x55;
-        assert!(check(&[]), "all zero");
-        assert!(check(&[0x8000, 0x8000]), "-0");
-        assert!(check(&[f(100), f(88)]), "spread 12");
-        assert!(!check(&[f(100), f(87)]), "spread 13");
-        assert!(check(&[f(100), 0, f(88) | 0x8000]), "zeros do not count");
-        assert!(check(&[f(13), 0x0001]), "subnormal counts as field 1");
-        assert!(!check(&[f(14), 0x0001]), "subnormal and field 14");
-        assert!(check(&[f(252), f(252) | 0x8000]), "field 252");
-        assert!(!check(&[f(253)]), "field 253 may overflow");
-        assert!(!check(&[0x7F80]), "infinity");
-        assert!(!check(&[0x7FC1, f(100)]), "NaN");
-        // Columns of signed zeros: every sum `+0`, as in index order from `+0.0`.
-        let mut x = [0u16; DIM * 16];
-        for (n, v) in x.iter_mut().enumerate() {
-            *v = if (n * 7 + n / 16) % 3 == 0 { 0x8000 } else { 0 };
-        }
-        x[..16].fill(0x8000);
-        let (exact, y) = fast(&x, 16, 0);
-        assert!(exact);
-        for c in 0..16 {
-            let want = index_order(&x, 16, c);
-            for (j, (yj, w)) in y.iter().zip(want).enumerate() {
-                assert_eq!(yj[c].to_bits(), w.to_bits(), "zeros: c {c} j {j}");
-            }
-        }
-        // The bound is near the edge: columns of spread 14 (15 large values that add up
-        // in `y[0]` and one small one) sum differently from the index order. (Spread 13
-        // needs several small values to round twice; the bound keeps to what it proves.)
-        let mut differ = 0;
-        for pos in 0..DIM {
-            for small in (0..0x100u16).map(|m| (86 << 7) | (m & 0x7F) | (m & 0x80) << 8) {
-                let mut x = [0u16; DIM * 16];
-                for i in 0..DIM {
-                    x[i * 16] = ((SIGN_MASK >> i) & 1) << 15 | (100 << 7) | 0x7F;
-                }
-                x[pos * 16] = small;
-                let (exact, y) = fast(&x, 16, 0);
-                assert!(!exact);
-                let want = index_order(&x, 16, 0);
-                differ += (0..DIM).any(|j| y[j][0].to_bits() != want[j].to_bits()) as usize;
-            }
-        }
-        assert!(differ > 0);
+        super::exact_check::lines_where_stated(fast);
     }
 
     #[test]

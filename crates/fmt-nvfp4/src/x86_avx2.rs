@@ -22,16 +22,18 @@
 //! instruction at AVX-512), was a quarter of the NVFP4 quantize at AVX2.
 
 use std::arch::x86_64::{
-    __m256, __m256i, _CMP_GE_OQ, _CMP_UNORD_Q, _MM_FROUND_TO_NEAREST_INT, _mm_loadl_epi64,
-    _mm_loadu_si128, _mm_srli_si128, _mm_storel_epi64, _mm_storeu_si128, _mm_unpacklo_epi8,
-    _mm256_add_epi32, _mm256_add_ps, _mm256_and_si256, _mm256_blendv_epi8, _mm256_blendv_ps,
-    _mm256_castps_si256, _mm256_castsi256_ps, _mm256_castsi256_si128, _mm256_cmp_ps,
-    _mm256_cmpgt_epi32, _mm256_cvtepi32_ps, _mm256_cvtepu8_epi32, _mm256_cvtps_ph, _mm256_loadu_ps,
-    _mm256_max_epi32, _mm256_min_epi32, _mm256_min_epu32, _mm256_mul_ps, _mm256_or_si256,
-    _mm256_packus_epi32, _mm256_permute4x64_epi64, _mm256_permutevar8x32_epi32,
-    _mm256_permutevar8x32_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi8,
-    _mm256_setr_epi32, _mm256_shuffle_epi8, _mm256_slli_epi32, _mm256_srli_epi32,
-    _mm256_srlv_epi32, _mm256_storeu_ps, _mm256_storeu_si256, _mm256_sub_epi32, _mm256_xor_ps,
+    __m128i, __m256, __m256i, _CMP_GE_OQ, _CMP_UNORD_Q, _MM_FROUND_TO_NEAREST_INT,
+    _mm_cvtsi32_si128, _mm_loadl_epi64, _mm_loadu_si128, _mm_srli_si128, _mm_storel_epi64,
+    _mm_storeu_si128, _mm_unpacklo_epi8, _mm256_add_epi32, _mm256_add_ps, _mm256_and_si256,
+    _mm256_blendv_epi8, _mm256_blendv_ps, _mm256_castps_si256, _mm256_castsi256_ps,
+    _mm256_castsi256_si128, _mm256_cmp_ps, _mm256_cmpgt_epi32, _mm256_cvtepi32_ps,
+    _mm256_cvtepu8_epi32, _mm256_cvtepu16_epi32, _mm256_cvtph_ps, _mm256_cvtps_ph, _mm256_loadu_ps,
+    _mm256_loadu_si256, _mm256_max_epi32, _mm256_min_epi32, _mm256_min_epu32, _mm256_mul_ps,
+    _mm256_or_si256, _mm256_packus_epi16, _mm256_packus_epi32, _mm256_permute4x64_epi64,
+    _mm256_permutevar8x32_epi32, _mm256_permutevar8x32_ps, _mm256_set1_epi32, _mm256_set1_ps,
+    _mm256_setr_epi8, _mm256_setr_epi32, _mm256_shuffle_epi8, _mm256_slli_epi32, _mm256_srl_epi32,
+    _mm256_srli_epi32, _mm256_srlv_epi32, _mm256_storeu_ps, _mm256_storeu_si256, _mm256_sub_epi32,
+    _mm256_xor_ps,
 };
 
 use quant_core::bf16_narrow::avx2::narrow16;
@@ -40,6 +42,7 @@ use quant_core::simd::Level;
 use quant_core::{DType, Element};
 
 use crate::scale::BLOCK;
+use crate::x86_encode::Run;
 
 /// [`crate::x86::decode_row`] at AVX2: `out[16b + i] = T(e2m1(code) * factor(b))` for
 /// the row's `out.len() / 16` blocks. Returns `false` (nothing written) unless the CPU
@@ -280,6 +283,159 @@ fn sr_code8(v: __m256, r: __m256i) -> __m256i {
     _mm256_blendv_epi8(_mm256_or_si256(sign, code), _mm256_set1_epi32(0x7), nan)
 }
 
+/// [`crate::x86_encode::encode_pairs_rn`] at AVX2: two stored rows of a columnwise
+/// group at once, byte `c` holding the codes of `lo[c] * enc[c]` (low nibble) and
+/// `hi[c] * enc[c]` (high nibble), the bytes of the portable encode-then-pack of two
+/// neighbouring rows. Returns `false` (nothing written) unless the CPU has AVX2, both
+/// rows are the same kind and every length equals `enc.len()`, a multiple of 16.
+#[inline(always)]
+pub(crate) fn encode_pairs_rn(lo: Run<'_>, hi: Run<'_>, enc: &[f32], out: &mut [u8]) -> bool {
+    encode_pairs(lo, hi, enc, None, out)
+}
+
+/// [`encode_pairs_rn`] under stochastic rounding ([`crate::x86_encode::encode_pairs_sr`]
+/// at AVX2): column `c`'s random bytes are bytes `shift / 8` (for `lo`) and `shift / 8 +
+/// 1` (for `hi`) of `words[c]`. Also `false` unless `words.len() == enc.len()` and
+/// `shift` is 0 or 16.
+#[inline(always)]
+pub(crate) fn encode_pairs_sr(
+    lo: Run<'_>,
+    hi: Run<'_>,
+    enc: &[f32],
+    words: &[u32],
+    shift: u32,
+    out: &mut [u8],
+) -> bool {
+    if words.len() != enc.len() || !matches!(shift, 0 | 16) {
+        return false;
+    }
+    encode_pairs(lo, hi, enc, Some((words, shift)), out)
+}
+
+/// [`encode_pairs_rn`] (`sr` `None`) or [`encode_pairs_sr`] after their own checks.
+#[inline(always)]
+fn encode_pairs(
+    lo: Run<'_>,
+    hi: Run<'_>,
+    enc: &[f32],
+    sr: Option<(&[u32], u32)>,
+    out: &mut [u8],
+) -> bool {
+    let n = enc.len();
+    if !Level::Avx2.is_supported()
+        || lo.len() != n
+        || hi.len() != n
+        || out.len() != n
+        || !n.is_multiple_of(BLOCK)
+    {
+        return false;
+    }
+    match (lo, hi) {
+        // SAFETY: the CPU has AVX2 (checked above, with F16C and FMA in the level).
+        (Run::F32(a), Run::F32(b)) => unsafe { pairs_f32(a, b, enc, sr, out) },
+        // SAFETY: as above.
+        (Run::Bf16(a), Run::Bf16(b)) => unsafe { pairs_bf16(a, b, enc, sr, out) },
+        // SAFETY: as above.
+        (Run::F16(a), Run::F16(b)) => unsafe { pairs_f16(a, b, enc, sr, out) },
+        _ => return false,
+    }
+    true
+}
+
+/// The 8 values of `row` from `c`, widened by `widen` from 16-bit patterns.
+#[inline]
+#[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
+fn load8_bits(row: &[u16], c: usize, widen: impl Fn(__m128i) -> __m256) -> __m256 {
+    let v = &row[c..c + 8];
+    // SAFETY: `v` is 8 u16 (one unaligned 128-bit load).
+    widen(unsafe { _mm_loadu_si128(v.as_ptr().cast()) })
+}
+
+/// [`encode_pairs`] of f32 rows after its checks.
+#[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
+fn pairs_f32(a: &[f32], b: &[f32], enc: &[f32], sr: Option<(&[u32], u32)>, out: &mut [u8]) {
+    let load = |row: &[f32], c: usize| {
+        let v = &row[c..c + 8];
+        // SAFETY: `v` is 8 f32 (one unaligned 256-bit load).
+        unsafe { _mm256_loadu_ps(v.as_ptr()) }
+    };
+    pairs(|c| (load(a, c), load(b, c)), enc, sr, out);
+}
+
+/// [`encode_pairs`] of bf16 rows (bits, widened exactly in the register).
+#[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
+fn pairs_bf16(a: &[u16], b: &[u16], enc: &[f32], sr: Option<(&[u32], u32)>, out: &mut [u8]) {
+    let widen = |h| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
+    pairs(
+        |c| (load8_bits(a, c, widen), load8_bits(b, c, widen)),
+        enc,
+        sr,
+        out,
+    );
+}
+
+/// [`encode_pairs`] of f16 rows (bits, widened exactly by `vcvtph2ps`).
+#[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
+fn pairs_f16(a: &[u16], b: &[u16], enc: &[f32], sr: Option<(&[u32], u32)>, out: &mut [u8]) {
+    let widen = |h| _mm256_cvtph_ps(h);
+    pairs(
+        |c| (load8_bits(a, c, widen), load8_bits(b, c, widen)),
+        enc,
+        sr,
+        out,
+    );
+}
+
+/// The column loop of the pair encoders: `load(c)` gives columns `c..c + 8` of both
+/// rows; each value times its column's `enc`, encoded (round to nearest, or
+/// [`sr_code8`] with the random byte of its row from the column's word), the two codes
+/// of a column joined into one byte, 16 columns per store.
+#[inline]
+#[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
+fn pairs(
+    load: impl Fn(usize) -> (__m256, __m256),
+    enc: &[f32],
+    sr: Option<(&[u32], u32)>,
+    out: &mut [u8],
+) {
+    let bytes8 = |c: usize| {
+        let (x, y) = load(c);
+        let e = &enc[c..c + 8];
+        // SAFETY: `e` is 8 f32 (one unaligned 256-bit load).
+        let e = unsafe { _mm256_loadu_ps(e.as_ptr()) };
+        let (x, y) = (_mm256_mul_ps(x, e), _mm256_mul_ps(y, e));
+        let (cx, cy) = match sr {
+            None => (encode8(x), encode8(y)),
+            Some((words, shift)) => {
+                let w = &words[c..c + 8];
+                // SAFETY: `w` is 8 u32 (one unaligned 256-bit load).
+                let w = unsafe { _mm256_loadu_si256(w.as_ptr().cast()) };
+                let byte = |s: u32| {
+                    let count = _mm_cvtsi32_si128(s as i32);
+                    _mm256_and_si256(_mm256_srl_epi32(w, count), _mm256_set1_epi32(0xFF))
+                };
+                (sr_code8(x, byte(shift)), sr_code8(y, byte(shift + 8)))
+            }
+        };
+        _mm256_or_si256(cx, _mm256_slli_epi32::<4>(cy))
+    };
+    for (c, o) in (0..enc.len())
+        .step_by(BLOCK)
+        .zip(out.chunks_exact_mut(BLOCK))
+    {
+        // Bytes (one per u32 lane, below 256) of columns `c..c + 8` and `c + 8..c + 16`:
+        // `vpackusdw` and `vpackuswb` pack within 128-bit halves, so half 0 holds
+        // columns 0..4 and 8..12 and half 1 columns 4..8 and 12..16; one `vpermd`
+        // puts their dwords in order.
+        let w = _mm256_packus_epi32(bytes8(c), bytes8(c + 8));
+        let b = _mm256_packus_epi16(w, w);
+        let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0));
+        // SAFETY: `o` is 16 bytes (a `chunks_exact_mut(16)` chunk; one unaligned
+        // 128-bit store).
+        unsafe { _mm_storeu_si128(o.as_mut_ptr().cast(), _mm256_castsi256_si128(b)) };
+    }
+}
+
 /// [`e2m1::encode`] of 8 values, codes in u32 lanes (the same integer and float steps).
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -486,5 +642,94 @@ mod tests {
             &[[0; BLOCK]; 2],
             &mut out
         ));
+    }
+
+    /// Two rows of [`encoder_input`]'s values (the second reversed) under per-column
+    /// factors, as f32, bf16 and f16 rows (the 16-bit ones rounded first, so their
+    /// values are exact): the pair bytes of the portable encoders, under round to
+    /// nearest and under stochastic rounding with either half of each column's word.
+    #[test]
+    fn pair_encoders_equal_the_portable_rules() {
+        if !Level::Avx2.is_supported() {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        let (xs, factors) = encoder_input();
+        let n = xs.len() / 2;
+        let enc: Vec<f32> = (0..n).map(|c| factors[c % factors.len()]).collect();
+        let mut rng = quantfmt_testkit::XorShift32::new(7);
+        let words: Vec<u32> = (0..n).map(|_| rng.next_u32()).collect();
+        let sr = |x: f32, r: u32| e2m1::encode(crate::sr::stochastic_round_e2m1(x, r & 0xFF));
+        let rows = |to: fn(f32) -> u16, from: fn(u16) -> f32| {
+            let a: Vec<u16> = xs[..n].iter().map(|&x| to(x)).collect();
+            let b: Vec<u16> = xs[n..].iter().rev().map(|&x| to(x)).collect();
+            let widen = |v: &[u16]| v.iter().map(|&h| from(h)).collect::<Vec<f32>>();
+            let (fa, fb) = (widen(&a), widen(&b));
+            (a, b, fa, fb)
+        };
+        let bf16 = rows(
+            |x| half::bf16::from_f32(x).to_bits(),
+            quant_core::dtype::f32_from_bf16_bits,
+        );
+        let f16 = rows(
+            |x| half::f16::from_f32(x).to_bits(),
+            |h| half::f16::from_bits(h).to_f32(),
+        );
+        let f32_rows: (Vec<f32>, Vec<f32>) =
+            (xs[..n].to_vec(), xs[n..].iter().rev().copied().collect());
+        // Each row kind with the values its rows widen to.
+        type Case<'a> = (&'a str, Run<'a>, Run<'a>, &'a [f32], &'a [f32]);
+        let cases: [Case<'_>; 3] = [
+            (
+                "f32",
+                Run::F32(&f32_rows.0),
+                Run::F32(&f32_rows.1),
+                &f32_rows.0,
+                &f32_rows.1,
+            ),
+            (
+                "bf16",
+                Run::Bf16(&bf16.0),
+                Run::Bf16(&bf16.1),
+                &bf16.2,
+                &bf16.3,
+            ),
+            ("f16", Run::F16(&f16.0), Run::F16(&f16.1), &f16.2, &f16.3),
+        ];
+        for (what, lo, hi, a, b) in cases {
+            let want: Vec<u8> = (0..n)
+                .map(|c| e2m1::encode(a[c] * enc[c]) | e2m1::encode(b[c] * enc[c]) << 4)
+                .collect();
+            let mut got = vec![0u8; n];
+            assert!(encode_pairs_rn(lo, hi, &enc, &mut got));
+            assert_eq!(got, want, "{what} RN");
+            for shift in [0u32, 16] {
+                let want: Vec<u8> = (0..n)
+                    .map(|c| {
+                        let w = words[c];
+                        sr(a[c] * enc[c], w >> shift) | sr(b[c] * enc[c], w >> (shift + 8)) << 4
+                    })
+                    .collect();
+                got.fill(0);
+                assert!(encode_pairs_sr(lo, hi, &enc, &words, shift, &mut got));
+                assert_eq!(got, want, "{what} SR, shift {shift}");
+            }
+        }
+        // What does not fit is declined.
+        let (lo, hi) = (Run::F32(&f32_rows.0), Run::F32(&f32_rows.1));
+        let mut out = vec![0u8; n];
+        assert!(!encode_pairs_rn(lo, Run::Bf16(&bf16.1), &enc, &mut out));
+        assert!(!encode_pairs_rn(lo, hi, &enc, &mut out[..n - 1]));
+        let short = Run::F32(&f32_rows.0[..n - 16]);
+        assert!(!encode_pairs_rn(
+            short,
+            short,
+            &enc[..n - 16],
+            &mut out[..n - 8]
+        ));
+        assert!(!encode_pairs_sr(lo, hi, &enc, &words, 8, &mut out));
+        assert!(!encode_pairs_sr(lo, hi, &enc, &words[1..], 0, &mut out));
+        let odd = Run::F32(&f32_rows.0[..8]);
+        assert!(!encode_pairs_rn(odd, odd, &enc[..8], &mut out[..8]));
     }
 }

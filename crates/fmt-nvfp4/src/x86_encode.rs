@@ -38,7 +38,8 @@ pub(crate) enum Run<'a> {
 }
 
 impl Run<'_> {
-    fn len(&self) -> usize {
+    /// The number of values.
+    pub(crate) fn len(&self) -> usize {
         match self {
             Run::F32(w) => w.len(),
             Run::Bf16(w) | Run::F16(w) => w.len(),

@@ -57,11 +57,19 @@ pub mod avx2 {
 
     use crate::dtype::bf16_bits;
 
-    /// 8 values rounded to bf16, the bits in the low half of each 32-bit lane: round to
-    /// nearest even, NaN quieted with its sign and top payload bits kept.
+    /// 8 values rounded to bf16, the bits in the low half of each 32-bit lane (the high
+    /// half zero): [`bf16_bits`] on every lane, round to nearest even, NaN quieted with
+    /// its sign and top payload bits kept. Shifted up by 16, the lanes are the rounded
+    /// values as f32.
+    ///
+    /// Call it from a function that enables AVX2 (it then inlines).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 (a caller without it enabled needs `unsafe` and a run-time
+    /// check).
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn round8(v: __m256) -> __m256i {
+    pub fn round8(v: __m256) -> __m256i {
         let b = _mm256_castps_si256(v);
         let high = _mm256_srli_epi32::<16>(b);
         let lsb = _mm256_and_si256(high, _mm256_set1_epi32(1));
