@@ -1097,76 +1097,63 @@ fn rowwise_run<T: Element>(
     let mut sdb = [0u8; NB];
     let mut enc = [0f32; NB];
     block_scales(&amax[..nb], se, sd, &mut sdb[..nb], &mut enc[..nb]);
-    match (p.seed, bits16) {
-        #[cfg(target_arch = "x86_64")]
-        (None, Some(b)) => {
-            if !crate::x86_encode::encode_run_rn(b.run(), &enc[..nb], out) {
-                // Not reached while `encoder_bits` checks what the encoder needs; if it
-                // were, the bits are widened block by block, exactly.
-                for (i, (o, &e)) in out.chunks_exact_mut(BLOCK / 2).zip(&enc).enumerate() {
-                    encode_pack_rn(&b.widen_block(i), e, o);
-                }
-            }
-        }
-        #[cfg(target_arch = "x86_64")]
-        (None, None)
-            if p.level == Level::Avx512
-                && crate::x86_encode::encode_run_rn(Run::F32(w), &enc[..nb], out) => {}
-        #[cfg(target_arch = "x86_64")]
-        (None, None)
-            if p.level == Level::Avx2
-                && crate::x86_avx2::encode_run_rn(&w[..nb * BLOCK], &enc[..nb], out) => {}
-        (None, _) => {
-            for ((o, v), &e) in out
-                .chunks_exact_mut(BLOCK / 2)
-                .zip(w.chunks_exact(BLOCK))
-                .zip(&enc)
-            {
-                encode_pack_rn(v, e, o);
-            }
-        }
-        (Some(seed), _) => {
+    let mut bytes = [[0u8; BLOCK]; LANES];
+    let rnd = match p.seed {
+        Some(seed) => {
             let blocks: [u32; NB] = std::array::from_fn(|b| (kb0 + b) as u32);
-            let mut bytes = [[0u8; BLOCK]; LANES];
-            row_bytes(p.level, &blocks, i as u64, seed, &mut bytes);
-            #[cfg(target_arch = "x86_64")]
-            {
-                use crate::x86_encode::{Run, encode_run_sr};
-                let run = match bits16 {
-                    Some(b) => Some(b.run()),
-                    None if p.level == Level::Avx512 => Some(Run::F32(w)),
-                    None => None,
-                };
-                if run.is_some_and(|r| encode_run_sr(r, &enc[..nb], &bytes[..nb], out)) {
-                    return sdb;
-                }
-                if bits16.is_none()
-                    && p.level == Level::Avx2
-                    && crate::x86_avx2::encode_run_sr(
-                        &w[..nb * BLOCK],
-                        &enc[..nb],
-                        &bytes[..nb],
-                        out,
-                    )
-                {
-                    return sdb;
-                }
+            row_bytes(p.level, &blocks, i as u64, seed, &mut bytes[..nb]);
+            Some(&bytes[..nb])
+        }
+        None => None,
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        let run = match bits16 {
+            Some(b) => b.run(),
+            None => Run::F32(&w[..nb * BLOCK]),
+        };
+        if encode_run_at(p.level, run, &enc[..nb], rnd, out) {
+            return sdb;
+        }
+    }
+    // Portably; with bits (not reached while `encoder_bits` checks what the encoders
+    // need) each block widened exactly first.
+    for (b, (o, &e)) in out.chunks_exact_mut(BLOCK / 2).zip(&enc[..nb]).enumerate() {
+        let widened;
+        let v = match bits16 {
+            Some(h) => {
+                widened = h.widen_block(b);
+                &widened[..]
             }
-            for (b, ((o, &e), rb)) in out
-                .chunks_exact_mut(BLOCK / 2)
-                .zip(&enc[..nb])
-                .zip(&bytes)
-                .enumerate()
-            {
-                match bits16 {
-                    // Not reached while `encoder_bits` checks what the encoder needs.
-                    Some(h) => encode_pack_sr(&h.widen_block(b), e, rb, o),
-                    None => encode_pack_sr(&w[b * BLOCK..(b + 1) * BLOCK], e, rb, o),
-                }
-            }
+            None => &w[b * BLOCK..(b + 1) * BLOCK],
+        };
+        match rnd {
+            None => encode_pack_rn(v, e, o),
+            Some(r) => encode_pack_sr(v, e, &r[b], o),
         }
     }
     sdb
+}
+
+/// A rowwise run encoded by the vector encoder of `level`, round to nearest or, with
+/// `rnd` (a row of random bytes per block), stochastic: [`crate::x86_encode::encode_run`]
+/// at AVX-512, [`crate::x86_avx2::encode_run_rn`] / [`crate::x86_avx2::encode_run_sr`]
+/// at AVX2. `false` (nothing written) where there is none or it declines.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn encode_run_at(
+    level: Level,
+    run: Run<'_>,
+    enc: &[f32],
+    rnd: Option<&[[u8; BLOCK]]>,
+    out: &mut [u8],
+) -> bool {
+    match (level, rnd) {
+        (Level::Avx512, _) => crate::x86_encode::encode_run(run, enc, rnd, out, &[]),
+        (Level::Avx2, None) => crate::x86_avx2::encode_run_rn(run, enc, out),
+        (Level::Avx2, Some(r)) => crate::x86_avx2::encode_run_sr(run, enc, r, out),
+        (Level::Scalar, _) => false,
+    }
 }
 
 /// A run of 16-bit input read as its bits by the AVX-512 encoder ([`encoder_bits`]):
@@ -1218,17 +1205,22 @@ impl<'a> Bits<'a> {
     }
 }
 
-/// The bits of `xs` when the AVX-512 encoder takes them directly (bf16 or f16 input,
-/// nearest or stochastic rounding, [`Level::Avx512`] dispatched): the
-/// run then skips the widening copy, its block maxima and codes reading the bits.
+/// The bits of `xs` when the vector encoders take them directly: bf16 or f16 input
+/// under [`Level::Avx512`], bf16 input under [`Level::Avx2`] (whose block maxima have
+/// a bf16 kernel, [`quant_core::block_max`]'s `avx2`, but not yet an f16 one), nearest
+/// or stochastic rounding. The run then skips the widening copy, its block maxima and
+/// codes reading the bits.
 #[inline(always)]
 fn encoder_bits<'a, T: Element>(p: &Params<'_>, xs: &'a [T]) -> Option<Bits<'a>> {
-    if !span_encoder::<T>(p) {
-        return None;
+    if span_encoder::<T>(p) {
+        return quant_core::dtype::bf16_slice_bits(xs)
+            .map(Bits::Bf16)
+            .or_else(|| quant_core::dtype::f16_slice_bits(xs).map(Bits::F16));
     }
-    quant_core::dtype::bf16_slice_bits(xs)
-        .map(Bits::Bf16)
-        .or_else(|| quant_core::dtype::f16_slice_bits(xs).map(Bits::F16))
+    if cfg!(target_arch = "x86_64") && p.level == Level::Avx2 {
+        return quant_core::dtype::bf16_slice_bits(xs).map(Bits::Bf16);
+    }
+    None
 }
 
 /// 4over6 rowwise: the scalar candidate functions of [`crate::kernel`], block by block.

@@ -166,18 +166,13 @@ fn decode_row_f16(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [u16]) 
 }
 
 /// Round-to-nearest encode of a run of whole blocks: `out[8b + j]` packs the E2M1 codes
-/// ([`e2m1::encode`]) of `w[16b + 2j] * enc[b]` (low nibble) and `w[16b + 2j + 1] *
-/// enc[b]`. Returns `false` (nothing written) unless the CPU has AVX2 and `w` holds
-/// `enc.len()` blocks and `out` half as many bytes; the caller then runs the portable
-/// loop.
+/// ([`e2m1::encode`]) of `x[16b + 2j] * enc[b]` (low nibble) and `x[16b + 2j + 1] *
+/// enc[b]`, the values of a bf16 or f16 run widened exactly in the register. Returns
+/// `false` (nothing written) unless the CPU has AVX2 and `x` holds `enc.len()` blocks
+/// and `out` half as many bytes; the caller then runs the portable loop.
 #[inline(always)]
-pub(crate) fn encode_run_rn(w: &[f32], enc: &[f32], out: &mut [u8]) -> bool {
-    if !Level::Avx2.is_supported() || w.len() != enc.len() * BLOCK || out.len() * 2 != w.len() {
-        return false;
-    }
-    // SAFETY: the CPU has AVX2 (checked above).
-    unsafe { encode_blocks_rn(w, enc, out) };
-    true
+pub(crate) fn encode_run_rn(x: Run<'_>, enc: &[f32], out: &mut [u8]) -> bool {
+    encode_run(x, enc, None, out)
 }
 
 /// Stochastic-rounding [`encode_run_rn`]: value `e` of block `b` takes the random
@@ -185,65 +180,92 @@ pub(crate) fn encode_run_rn(w: &[f32], enc: &[f32], out: &mut [u8]) -> bool {
 /// [`crate::sr::stochastic_round_e2m1`]). Also `false` unless `rnd` has a row per
 /// block.
 #[inline(always)]
-pub(crate) fn encode_run_sr(w: &[f32], enc: &[f32], rnd: &[[u8; BLOCK]], out: &mut [u8]) -> bool {
-    if !Level::Avx2.is_supported()
-        || w.len() != enc.len() * BLOCK
-        || out.len() * 2 != w.len()
-        || rnd.len() != enc.len()
-    {
+pub(crate) fn encode_run_sr(x: Run<'_>, enc: &[f32], rnd: &[[u8; BLOCK]], out: &mut [u8]) -> bool {
+    rnd.len() == enc.len() && encode_run(x, enc, Some(rnd), out)
+}
+
+/// [`encode_run_rn`] (`rnd` `None`) or [`encode_run_sr`] after their own checks.
+#[inline(always)]
+fn encode_run(x: Run<'_>, enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8]) -> bool {
+    if !Level::Avx2.is_supported() || x.len() != enc.len() * BLOCK || out.len() * 2 != x.len() {
         return false;
     }
-    // SAFETY: the CPU has AVX2 (checked above).
-    unsafe { encode_blocks_sr(w, enc, rnd, out) };
+    match x {
+        // SAFETY: the CPU has AVX2 (checked above, with F16C and FMA in the level).
+        Run::F32(w) => unsafe { encode_f32(w, enc, rnd, out) },
+        // SAFETY: as above.
+        Run::Bf16(w) => unsafe { encode_bf16(w, enc, rnd, out) },
+        // SAFETY: as above.
+        Run::F16(w) => unsafe { encode_f16(w, enc, rnd, out) },
+    }
     true
 }
 
-/// [`encode_run_rn`] after its checks.
-#[target_feature(enable = "avx2")]
-fn encode_blocks_rn(w: &[f32], enc: &[f32], out: &mut [u8]) {
-    encode_blocks(w, enc, out, |_, lo, hi| (encode8(lo), encode8(hi)));
-}
-
-/// [`encode_run_sr`] after its checks.
-#[target_feature(enable = "avx2")]
-fn encode_blocks_sr(w: &[f32], enc: &[f32], rnd: &[[u8; BLOCK]], out: &mut [u8]) {
-    encode_blocks(w, enc, out, |b, lo, hi| {
-        // SAFETY: `rnd[b]` is 16 bytes (one unaligned 128-bit load).
-        let r = unsafe { _mm_loadu_si128(rnd[b].as_ptr().cast()) };
-        let r_hi = _mm_srli_si128::<8>(r);
-        (
-            sr_code8(lo, _mm256_cvtepu8_epi32(r)),
-            sr_code8(hi, _mm256_cvtepu8_epi32(r_hi)),
-        )
-    });
-}
-
-/// The block loop of the encoders: block `b`'s 16 values times `enc[b]` (values 0..8,
-/// then 8..16) go to `codes(b, lo, hi)`, whose two vectors of codes (u32 lanes) pack
-/// into the block's 8 bytes of `out`.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn encode_blocks(
-    w: &[f32],
-    enc: &[f32],
-    out: &mut [u8],
-    codes: impl Fn(usize, __m256, __m256) -> (__m256i, __m256i),
-) {
-    for (b, ((v, &e), o)) in w
-        .chunks_exact(BLOCK)
-        .zip(enc)
-        .zip(out.chunks_exact_mut(BLOCK / 2))
-        .enumerate()
-    {
-        let e = _mm256_set1_ps(e);
+/// [`encode_run`] of f32 values.
+#[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
+fn encode_f32(w: &[f32], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8]) {
+    let load = |b: usize| {
+        let v = &w[b * BLOCK..(b + 1) * BLOCK];
         // SAFETY: `v` is 16 f32 (two unaligned 256-bit loads).
-        let (lo, hi) = unsafe {
+        unsafe {
             (
                 _mm256_loadu_ps(v.as_ptr()),
                 _mm256_loadu_ps(v[8..].as_ptr()),
             )
+        }
+    };
+    encode_blocks(load, enc, rnd, out);
+}
+
+/// [`encode_run`] of bf16 bits, widened exactly (a shift into the high half).
+#[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
+fn encode_bf16(w: &[u16], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8]) {
+    let widen = |h| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
+    let load = |b: usize| {
+        let v = &w[b * BLOCK..(b + 1) * BLOCK];
+        (load8_bits(v, 0, widen), load8_bits(v, 8, widen))
+    };
+    encode_blocks(load, enc, rnd, out);
+}
+
+/// [`encode_run`] of f16 bits, widened exactly by `vcvtph2ps`.
+#[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
+fn encode_f16(w: &[u16], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8]) {
+    let widen = |h| _mm256_cvtph_ps(h);
+    let load = |b: usize| {
+        let v = &w[b * BLOCK..(b + 1) * BLOCK];
+        (load8_bits(v, 0, widen), load8_bits(v, 8, widen))
+    };
+    encode_blocks(load, enc, rnd, out);
+}
+
+/// The block loop of the encoders: block `b`'s 16 values (`load(b)`: values 0..8, then
+/// 8..16) times `enc[b]`, encoded by [`encode8`] or, with `rnd`, by [`sr_code8`] with
+/// the block's random bytes, packed into the block's 8 bytes of `out`.
+#[inline]
+#[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
+fn encode_blocks(
+    load: impl Fn(usize) -> (__m256, __m256),
+    enc: &[f32],
+    rnd: Option<&[[u8; BLOCK]]>,
+    out: &mut [u8],
+) {
+    for (b, (&e, o)) in enc.iter().zip(out.chunks_exact_mut(BLOCK / 2)).enumerate() {
+        let e = _mm256_set1_ps(e);
+        let (lo, hi) = load(b);
+        let (lo, hi) = (_mm256_mul_ps(lo, e), _mm256_mul_ps(hi, e));
+        let (lo, hi) = match rnd {
+            None => (encode8(lo), encode8(hi)),
+            Some(rnd) => {
+                // SAFETY: `rnd[b]` is 16 bytes (one unaligned 128-bit load).
+                let r = unsafe { _mm_loadu_si128(rnd[b].as_ptr().cast()) };
+                let r_hi = _mm_srli_si128::<8>(r);
+                (
+                    sr_code8(lo, _mm256_cvtepu8_epi32(r)),
+                    sr_code8(hi, _mm256_cvtepu8_epi32(r_hi)),
+                )
+            }
         };
-        let (lo, hi) = codes(b, _mm256_mul_ps(lo, e), _mm256_mul_ps(hi, e));
         let bytes = pack16(lo, hi);
         // SAFETY: `o` is 8 bytes (a `chunks_exact_mut(8)` chunk; one unaligned 64-bit
         // store).
@@ -569,8 +591,33 @@ mod tests {
         (xs, enc)
     }
 
-    /// [`encoder_input`] under round to nearest: the codes of the portable encoder,
-    /// packed as [`e2m1::pack_slice`] packs them.
+    /// `xs` as each run kind the encoders take, with the values the run widens to:
+    /// f32 as given, and bf16 and f16 bits of `xs` rounded (so that every special
+    /// value and rounding edge also occurs in 16-bit input).
+    fn each_kind(xs: &[f32], mut check: impl FnMut(&str, Run<'_>, &[f32])) {
+        check("f32", Run::F32(xs), xs);
+        let bf16: Vec<u16> = xs
+            .iter()
+            .map(|&x| half::bf16::from_f32(x).to_bits())
+            .collect();
+        let wide: Vec<f32> = bf16
+            .iter()
+            .map(|&h| quant_core::dtype::f32_from_bf16_bits(h))
+            .collect();
+        check("bf16", Run::Bf16(&bf16), &wide);
+        let f16: Vec<u16> = xs
+            .iter()
+            .map(|&x| half::f16::from_f32(x).to_bits())
+            .collect();
+        let wide: Vec<f32> = f16
+            .iter()
+            .map(|&h| half::f16::from_bits(h).to_f32())
+            .collect();
+        check("f16", Run::F16(&f16), &wide);
+    }
+
+    /// [`encoder_input`] under round to nearest, as each run kind: the codes of the
+    /// portable encoder of the run's values, packed as [`e2m1::pack_slice`] packs them.
     #[test]
     fn encode_equals_the_portable_encoder() {
         if !Level::Avx2.is_supported() {
@@ -578,24 +625,32 @@ mod tests {
             return;
         }
         let (xs, enc) = encoder_input();
-        let codes: Vec<u8> = xs
-            .iter()
-            .enumerate()
-            .map(|(i, &x)| e2m1::encode(x * enc[i / BLOCK]))
-            .collect();
-        let mut want = vec![0u8; xs.len() / 2];
-        e2m1::pack_slice(&codes, &mut want);
-        let mut got = vec![0u8; xs.len() / 2];
-        assert!(encode_run_rn(&xs, &enc, &mut got));
-        assert_eq!(got, want);
+        each_kind(&xs, |what, run, xs| {
+            let codes: Vec<u8> = xs
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| e2m1::encode(x * enc[i / BLOCK]))
+                .collect();
+            let mut want = vec![0u8; xs.len() / 2];
+            e2m1::pack_slice(&codes, &mut want);
+            let mut got = vec![0u8; xs.len() / 2];
+            assert!(encode_run_rn(run, &enc, &mut got));
+            assert_eq!(got, want, "{what}");
+        });
         // Lengths that do not fit are declined.
-        assert!(!encode_run_rn(&xs[..BLOCK], &enc[..2], &mut got[..8]));
-        assert!(!encode_run_rn(&xs[..BLOCK], &enc[..1], &mut got[..7]));
+        let mut got = [0u8; 8];
+        assert!(!encode_run_rn(Run::F32(&xs[..BLOCK]), &enc[..2], &mut got));
+        assert!(!encode_run_rn(
+            Run::F32(&xs[..BLOCK]),
+            &enc[..1],
+            &mut got[..7]
+        ));
     }
 
     /// [`encoder_input`] and the values of every SR bucket edge under stochastic
-    /// rounding, each with random bytes and with the extreme bytes 0 and 255: TE's rule
-    /// ([`crate::sr::stochastic_round_e2m1`]), then the exact code of its grid value.
+    /// rounding, as each run kind, with random bytes and with the extreme bytes 0 and
+    /// 255: TE's rule ([`crate::sr::stochastic_round_e2m1`]), then the exact code of
+    /// its grid value.
     #[test]
     fn sr_encode_equals_the_rule() {
         if !Level::Avx2.is_supported() {
@@ -619,29 +674,27 @@ mod tests {
             let rnd: Vec<[u8; BLOCK]> = (0..enc.len())
                 .map(|_| std::array::from_fn(|_| fill.unwrap_or_else(|| rng.next_u32() as u8)))
                 .collect();
-            let codes: Vec<u8> = xs
-                .iter()
-                .enumerate()
-                .map(|(i, &x)| {
-                    let r = u32::from(rnd[i / BLOCK][i % BLOCK]);
-                    e2m1::encode(crate::sr::stochastic_round_e2m1(x * enc[i / BLOCK], r))
-                })
-                .collect();
-            let mut want = vec![0u8; xs.len() / 2];
-            e2m1::pack_slice(&codes, &mut want);
-            let mut got = vec![0u8; xs.len() / 2];
-            assert!(encode_run_sr(&xs, &enc, &rnd, &mut got));
-            assert_eq!(got, want, "bytes {fill:?}");
+            each_kind(&xs, |what, run, xs| {
+                let codes: Vec<u8> = xs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &x)| {
+                        let r = u32::from(rnd[i / BLOCK][i % BLOCK]);
+                        e2m1::encode(crate::sr::stochastic_round_e2m1(x * enc[i / BLOCK], r))
+                    })
+                    .collect();
+                let mut want = vec![0u8; xs.len() / 2];
+                e2m1::pack_slice(&codes, &mut want);
+                let mut got = vec![0u8; xs.len() / 2];
+                assert!(encode_run_sr(run, &enc, &rnd, &mut got));
+                assert_eq!(got, want, "{what}, bytes {fill:?}");
+            });
         }
         // Lengths that do not fit are declined.
         let mut out = [0u8; 8];
-        assert!(!encode_run_sr(&xs[..BLOCK], &enc[..1], &[], &mut out));
-        assert!(!encode_run_sr(
-            &xs[..BLOCK],
-            &enc[..1],
-            &[[0; BLOCK]; 2],
-            &mut out
-        ));
+        let block = Run::F32(&xs[..BLOCK]);
+        assert!(!encode_run_sr(block, &enc[..1], &[], &mut out));
+        assert!(!encode_run_sr(block, &enc[..1], &[[0; BLOCK]; 2], &mut out));
     }
 
     /// Two rows of [`encoder_input`]'s values (the second reversed) under per-column

@@ -52,8 +52,9 @@ impl Run<'_> {
 /// `encode_pack_rn` block by block (bf16 values widened exactly first). Returns `false`
 /// (nothing written) unless the CPU has AVX-512 F and BW and the lengths agree
 /// (`x.len() == 16 * enc.len() == 2 * out.len()`); the caller then runs the portable
-/// loop.
-#[inline]
+/// loop. (The engine calls [`encode_run`]; this and [`encode_run_sr`] are its two
+/// modes, as the tests name them.)
+#[cfg(test)]
 pub(crate) fn encode_run_rn(x: Run<'_>, enc: &[f32], out: &mut [u8]) -> bool {
     encode_run(x, enc, None, out, &[])
 }
@@ -61,12 +62,13 @@ pub(crate) fn encode_run_rn(x: Run<'_>, enc: &[f32], out: &mut [u8]) -> bool {
 /// [`encode_run_rn`] under stochastic rounding: value `e` of block `b` takes the random
 /// byte `rnd[b][e]`, the bytes of the portable `encode_pack_sr` (TE's rule,
 /// [`crate::sr::stochastic_round_e2m1`]). Also `false` unless `rnd` has a row per block.
-#[inline]
+#[cfg(test)]
 pub(crate) fn encode_run_sr(x: Run<'_>, enc: &[f32], rnd: &[[u8; BLOCK]], out: &mut [u8]) -> bool {
     encode_run(x, enc, Some(rnd), out, &[])
 }
 
-/// [`encode_run_rn`] (`rnd` `None`) or [`encode_run_sr`], also prefetching `ahead`
+/// `encode_run_rn` (`rnd` `None`) or `encode_run_sr` (the two modes, as the tests call
+/// them), also prefetching `ahead`
 /// (any bytes the caller reads next; may be empty) spread evenly over the block
 /// loop's steps, a few cache lines per four blocks, so that a caller whose only loads
 /// from memory precede the encode keeps the memory busy through it. `false` (nothing
