@@ -327,8 +327,8 @@ fn philox_lanes(
     dir: u32,
     seed: u64,
 ) -> [[u32; LANES]; 4] {
-    const M0: u64 = 0xD251_1F53;
-    const M1: u64 = 0xCD9E_8D57;
+    const M0: u64 = sr::M0 as u64;
+    const M1: u64 = sr::M1 as u64;
     const LO: u64 = 0xFFFF_FFFF;
     let (mut k0, mut k1) = (seed as u32, (seed >> 32) as u32);
     // Plain loops, no `array::map` or `from_fn`: as calls (the default release profile
@@ -342,8 +342,8 @@ fn philox_lanes(
     }
     for round in 0..10 {
         if round > 0 {
-            k0 = k0.wrapping_add(0x9E37_79B9);
-            k1 = k1.wrapping_add(0xBB67_AE85);
+            k0 = k0.wrapping_add(sr::W0);
+            k1 = k1.wrapping_add(sr::W1);
         }
         let (kk0, kk1) = (u64::from(k0), u64::from(k1));
         let mut n = [[0u64; LANES]; 4];

@@ -22,12 +22,12 @@ use quant_core::simd::Level;
 
 use crate::scale::BLOCK;
 
-/// Philox multiplier for word 0 (as [`crate::sr::philox4x32_10`]).
-const M0: i64 = 0xD251_1F53;
+/// Philox multiplier for word 0 ([`crate::sr`]'s), as a 64-bit lane.
+const M0: i64 = crate::sr::M0 as i64;
 /// Philox multiplier for word 2.
-const M1: i64 = 0xCD9E_8D57;
+const M1: i64 = crate::sr::M1 as i64;
 /// Key schedule increments.
-const W: [u32; 2] = [0x9E37_79B9, 0xBB67_AE85];
+const W: [u32; 2] = [crate::sr::W0, crate::sr::W1];
 
 /// The random bytes of blocks `blocks[l]` (`l` in 0..16) of stored row `row` in
 /// direction `dir`: `out[l]` is the little-endian bytes of the four words of

@@ -50,13 +50,13 @@
 //! ```
 
 /// Philox multiplier for word 0.
-const M0: u32 = 0xD251_1F53;
+pub(crate) const M0: u32 = 0xD251_1F53;
 /// Philox multiplier for word 2.
-const M1: u32 = 0xCD9E_8D57;
+pub(crate) const M1: u32 = 0xCD9E_8D57;
 /// Key schedule increment (golden ratio).
-const W0: u32 = 0x9E37_79B9;
+pub(crate) const W0: u32 = 0x9E37_79B9;
 /// Key schedule increment (sqrt(3) - 1).
-const W1: u32 = 0xBB67_AE85;
+pub(crate) const W1: u32 = 0xBB67_AE85;
 
 /// Philox4x32 with 10 rounds (Salmon et al., SC'11; curand's and curanddx's default).
 #[inline]
