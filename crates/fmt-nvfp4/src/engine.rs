@@ -1097,10 +1097,12 @@ fn rowwise_run<T: Element>(
     let mut sdb = [0u8; NB];
     let mut enc = [0f32; NB];
     block_scales(&amax[..nb], se, sd, &mut sdb[..nb], &mut enc[..nb]);
-    let mut bytes = [[0u8; BLOCK]; LANES];
+    // Made (and zeroed) only under a seed.
+    let mut bytes;
     let rnd = match p.seed {
         Some(seed) => {
             let blocks: [u32; NB] = std::array::from_fn(|b| (kb0 + b) as u32);
+            bytes = [[0u8; BLOCK]; LANES];
             row_bytes(p.level, &blocks, i as u64, seed, &mut bytes[..nb]);
             Some(&bytes[..nb])
         }

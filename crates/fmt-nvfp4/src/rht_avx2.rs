@@ -9,6 +9,11 @@
 //! portable loop it replaces kept the sums in memory (about 10 cycles per value), the
 //! largest part of the RHT quantize at AVX2.
 //!
+//! bf16 input is summed straight from its bits ([`rounded_sums_bf16`],
+//! [`sums_abs_max_bf16`]): widened in registers, by the AVX-512 kernels' fast transform
+//! where their exactness test holds, else in index order, rounded and folded into the
+//! column maxima before anything is stored.
+//!
 //! The inverse ([`inverse_nibbles`]) is [`crate::rht_x86::inverse_nibbles`]'s fast
 //! Walsh-Hadamard transform in f64, 4 columns per step: it decodes the codes in
 //! registers and takes 64 adds per 16 values, where the portable loop decoded into a
@@ -22,13 +27,12 @@ use std::arch::x86_64::{
     _mm_max_epi16, _mm_max_epu16, _mm_min_epu16, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi16,
     _mm_set1_epi32, _mm_setzero_si128, _mm_shuffle_ps, _mm_srli_epi16, _mm_storeu_ps,
     _mm_storeu_si128, _mm_sub_epi16, _mm_unpacklo_epi32, _mm256_add_pd, _mm256_add_ps,
-    _mm256_and_ps, _mm256_and_si256, _mm256_andnot_pd, _mm256_castpd_ps, _mm256_castps256_ps128,
-    _mm256_castsi256_ps, _mm256_cmp_pd, _mm256_cvtepu8_epi32, _mm256_cvtepu16_epi32,
-    _mm256_cvtpd_ps, _mm256_cvtps_pd, _mm256_extractf128_ps, _mm256_fmadd_ps, _mm256_loadu_ps,
-    _mm256_max_ps, _mm256_movemask_pd, _mm256_mul_pd, _mm256_mul_ps, _mm256_permutevar8x32_ps,
-    _mm256_set_m128, _mm256_set1_epi32, _mm256_set1_pd, _mm256_set1_ps, _mm256_setr_epi32,
-    _mm256_setzero_pd, _mm256_setzero_ps, _mm256_slli_epi32, _mm256_srlv_epi32, _mm256_storeu_ps,
-    _mm256_sub_pd, _mm256_sub_ps, _mm256_xor_ps,
+    _mm256_and_ps, _mm256_andnot_pd, _mm256_castpd_ps, _mm256_castps256_ps128, _mm256_castsi256_ps,
+    _mm256_cmp_pd, _mm256_cvtepu8_epi32, _mm256_cvtpd_ps, _mm256_cvtps_pd, _mm256_extractf128_ps,
+    _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_max_ps, _mm256_movemask_pd, _mm256_mul_pd,
+    _mm256_mul_ps, _mm256_set_m128, _mm256_set1_epi32, _mm256_set1_pd, _mm256_set1_ps,
+    _mm256_setr_epi32, _mm256_setzero_pd, _mm256_setzero_ps, _mm256_slli_epi32, _mm256_srlv_epi32,
+    _mm256_storeu_ps, _mm256_sub_pd, _mm256_sub_ps,
 };
 
 use quant_core::bf16_narrow::avx2::round8;
@@ -37,6 +41,7 @@ use quant_core::simd::Level;
 
 use crate::rht::{DIM, R};
 use crate::rht_x86::{Narrow, butterflies, index_order_column};
+use crate::x86_avx2::{e2m1_8, widen_bf16};
 
 /// Columns per step (f32 lanes of one vector).
 const COLS: usize = 8;
@@ -170,13 +175,6 @@ fn sums_exact(rows: &[__m128i; DIM]) -> bool {
     _mm_movemask_epi8(_mm_cmpeq_epi16(_mm_max_epu16(emax, bound), bound)) == 0xFFFF
 }
 
-/// 8 bf16 bit patterns widened exactly into f32 lanes (a shift into the high half).
-#[target_feature(enable = "avx2")]
-#[inline]
-fn widen(h: __m128i) -> __m256 {
-    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
-}
-
 /// The forward sums of an 8-column step whose partial sums are all exact
 /// ([`sums_exact`]): `y = H16 (s * 0.25 * v)` by a fast Walsh-Hadamard transform, 64
 /// adds where the index order takes 256, with the same results. `v * (±0.25) + 0.0`
@@ -206,7 +204,7 @@ macro_rules! bf16_sums {
         let rows: &[__m128i; DIM] = $rows;
         let mut wide = [_mm256_setzero_ps(); DIM];
         for (w, &h) in wide.iter_mut().zip(rows) {
-            *w = widen(h);
+            *w = widen_bf16(h);
         }
         if sums_exact(rows) {
             fast_sums!(wide)
@@ -396,14 +394,11 @@ unsafe fn fwht_nibbles<const N: usize>(
 ) {
     // `s_i * 0.25` (`R[i][0]`: column 0 of `H16` is all ones): exact scalings.
     let post: [__m256d; DIM] = std::array::from_fn(|i| _mm256_set1_pd(f64::from(R[i][0])));
-    // The positive half of the table: `DECODE[8 + c] == -DECODE[c]`, `-0.0` included,
-    // so the magnitude from the low three bits with the sign bit put in by one `xor` is
-    // the portable `decode_fast(code)` (as in `crate::x86_avx2`).
+    // The positive half of the table, for `e2m1_8`.
     // SAFETY: `DECODE` is 16 f32; its first 8 are one unaligned 256-bit load.
     let table = unsafe { _mm256_loadu_ps(e2m1::DECODE.as_ptr()) };
     // Lanes 0..4 take the low nibble (even row), lanes 4..8 the high one (odd row).
     let shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
-    let sign = _mm256_set1_epi32(i32::MIN);
     let zero = _mm256_setzero_pd();
     for c in (0..f.len()).step_by(INVERSE_COLS) {
         // SAFETY: `c + 4 <= f.len()`; one unaligned 128-bit load.
@@ -415,10 +410,7 @@ unsafe fn fwht_nibbles<const N: usize>(
             let at = &pairs[p * stride + c..][..INVERSE_COLS];
             let b = _mm_cvtsi32_si128(i32::from_le_bytes([at[0], at[1], at[2], at[3]]));
             let codes = _mm256_srlv_epi32(_mm256_cvtepu8_epi32(_mm_unpacklo_epi32(b, b)), shift);
-            // `vpermps` reads the low three bits; bit 3 shifted to the top is the sign.
-            let mag = _mm256_permutevar8x32_ps(table, codes);
-            let neg = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32::<28>(codes), sign));
-            let y = _mm256_mul_ps(ff, _mm256_xor_ps(mag, neg));
+            let y = _mm256_mul_ps(ff, e2m1_8(table, codes));
             v[2 * p] = _mm256_cvtps_pd(_mm256_castps256_ps128(y));
             v[2 * p + 1] = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(y));
         }
@@ -515,7 +507,7 @@ mod tests {
     unsafe fn fast8(x: &[u16], stride: usize, c: usize) -> (bool, [[f32; 8]; DIM]) {
         // SAFETY: the caller's promise.
         let rows = unsafe { bf16_rows(x, stride, c) };
-        let y = fast_sums!(rows.map(|h| widen(h)));
+        let y = fast_sums!(rows.map(|h| widen_bf16(h)));
         let mut out = [[0f32; 8]; DIM];
         for (o, y) in out.iter_mut().zip(y) {
             // SAFETY: 8 lanes into 8 floats.

@@ -91,18 +91,32 @@ fn block_values(bytes: &[u8], table: __m256, f: f32) -> (__m256, __m256) {
     // Each byte twice, so that lane `i` can take nibble `i % 2` of byte `i / 2`.
     let d = _mm_unpacklo_epi8(b, b);
     let shift = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
-    let sign = _mm256_set1_epi32(i32::MIN);
     let f = _mm256_set1_ps(f);
-    let value = |lanes| {
-        let c = _mm256_srlv_epi32(lanes, shift);
-        let mag = _mm256_permutevar8x32_ps(table, c);
-        let neg = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32::<28>(c), sign));
-        _mm256_mul_ps(f, _mm256_xor_ps(mag, neg))
-    };
+    let value = |lanes| _mm256_mul_ps(f, e2m1_8(table, _mm256_srlv_epi32(lanes, shift)));
     (
         value(_mm256_cvtepu8_epi32(d)),
         value(_mm256_cvtepu8_epi32(_mm_srli_si128::<8>(d))),
     )
+}
+
+/// The E2M1 values of 8 codes (the low four bits of each u32 lane; higher bits are
+/// ignored) from `table`, the positive half of [`e2m1::DECODE`] in a register: the
+/// magnitude by `vpermps` (which reads the low three bits), the sign bit (bit 3) put in
+/// by one `xor`. `DECODE[8 + c] == -DECODE[c]`, `-0.0` included, so each lane is the
+/// portable `decode_fast(code)`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn e2m1_8(table: __m256, codes: __m256i) -> __m256 {
+    let mag = _mm256_permutevar8x32_ps(table, codes);
+    let sign = _mm256_and_si256(_mm256_slli_epi32::<28>(codes), _mm256_set1_epi32(i32::MIN));
+    _mm256_xor_ps(mag, _mm256_castsi256_ps(sign))
+}
+
+/// 8 bf16 bit patterns widened exactly into f32 lanes (a shift into the high half).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn widen_bf16(h: __m128i) -> __m256 {
+    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
 }
 
 /// Calls `store(b, lo, hi)` for every block `b` of `codes` (8 bytes each).
@@ -220,7 +234,7 @@ fn encode_f32(w: &[f32], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8
 /// [`encode_run`] of bf16 bits, widened exactly (a shift into the high half).
 #[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
 fn encode_bf16(w: &[u16], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8]) {
-    let widen = |h| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
+    let widen = |h| widen_bf16(h);
     let load = |b: usize| {
         let v = &w[b * BLOCK..(b + 1) * BLOCK];
         (load8_bits(v, 0, widen), load8_bits(v, 8, widen))
@@ -387,7 +401,7 @@ fn pairs_f32(a: &[f32], b: &[f32], enc: &[f32], sr: Option<(&[u32], u32)>, out: 
 /// [`encode_pairs`] of bf16 rows (bits, widened exactly in the register).
 #[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
 fn pairs_bf16(a: &[u16], b: &[u16], enc: &[f32], sr: Option<(&[u32], u32)>, out: &mut [u8]) {
-    let widen = |h| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
+    let widen = |h| widen_bf16(h);
     pairs(
         |c| (load8_bits(a, c, widen), load8_bits(b, c, widen)),
         enc,
