@@ -649,16 +649,17 @@ fn one_d_columnwise<T: Element>(
                 *a = scale_of(*a);
             }
         }
-        // Power-of-two column scales (the default) at AVX-512: bf16 and f16 rows are
-        // encoded in 16-bit lanes, one exponent per column.
-        let col_lanes = level == Level::Avx512 && {
-            let mut ks = [0i32; CHUNK];
-            for (e, &s) in ks.iter_mut().zip(scales.iter()) {
-                *e = pow2_exponent(s);
+        // Power-of-two column scales (the default): bf16 and f16 rows at AVX-512, bf16
+        // at AVX2, are encoded in 16-bit lanes, one exponent per column.
+        let col_lanes = Bits16::of(x).is_some_and(|rows| {
+            LaneExps::supports(level, rows) && {
+                let mut ks = [0i32; CHUNK];
+                for (e, &s) in ks.iter_mut().zip(scales.iter()) {
+                    *e = pow2_exponent(s);
+                }
+                scratch.lanes.set_for(rows, dt.pow2_codec(), &ks[..cw])
             }
-            Bits16::of(x)
-                .is_some_and(|rows| scratch.lanes.set_for(rows, dt.pow2_codec(), &ks[..cw]))
-        };
+        });
         // Pass 2: encode (the chunk is now in L2).
         let codes = &mut scratch.codes[..rows * cw];
         // While this chunk is encoded and stored, the next one (of this slab, or the

@@ -846,8 +846,8 @@ fn write_col_codes(cs: &mut ColScales<'_>, [g, cstride, c0]: [usize; 3], codes: 
     }
 }
 
-/// One 32-row group's chunk (`cw` columns from `c0`) of bf16 or f16 input at AVX-512,
-/// 1x32 blocks, without widening it: the column maxima folded on the bits
+/// One 32-row group's chunk (`cw` columns from `c0`) of bf16 or f16 input at AVX-512
+/// (bf16 at AVX2: [`LaneExps::supports`]), 1x32 blocks, without widening it: the column maxima folded on the bits
 /// ([`column_abs_max_bits`]), the columnwise codes from the per-column exponents in
 /// 16-bit lanes ([`LaneExps`]), and the rowwise blocks (when asked for) by
 /// [`row_run`], which takes its own 16-bit route. The column codes go to `col_code`;
@@ -866,7 +866,7 @@ fn group_bits<T: Element>(
     let (Some(bits), Some((cd, _))) = (Bits16::of(job.x), &mut job.col) else {
         return false;
     };
-    if cfg.level != Level::Avx512 || !Level::Avx512.is_supported() {
+    if !LaneExps::supports(cfg.level, bits) {
         return false;
     }
     let rows = g * BLOCK..(g + 1) * BLOCK;

@@ -516,11 +516,31 @@ impl LaneExps {
         self.len() == 0
     }
 
-    /// `dst[j] = fp8.encode(src[j], ks[j], plus_zero)` for one row, with AVX-512. Returns
-    /// `false` and writes nothing unless `level` is [`Level::Avx512`] and the CPU has it,
-    /// the lanes were set for `src`'s format, and `src` and `dst` both hold
-    /// [`LaneExps::len`] values (at least one). `#[inline(always)]`: call it from a
-    /// [`crate::simd::dispatch`]ed kernel.
+    /// Whether [`LaneExps::encode`] has a kernel for rows like `rows` (only the format is
+    /// read) at `level` on this CPU: bf16 and f16 rows at [`Level::Avx512`], bf16 rows at
+    /// [`Level::Avx2`]. A caller asks before it spends the [`LaneExps::set`].
+    ///
+    /// ```
+    /// use quant_core::codec::pow2::LaneExps;
+    /// use quant_core::dtype::Bits16;
+    /// use quant_core::simd::Level;
+    /// assert!(!LaneExps::supports(Level::Scalar, Bits16::Bf16(&[])));
+    /// assert!(!LaneExps::supports(Level::Avx2, Bits16::F16(&[])));
+    /// ```
+    #[inline(always)]
+    pub fn supports(level: Level, rows: Bits16<'_>) -> bool {
+        let kernel = match (level, rows) {
+            (Level::Avx512, _) | (Level::Avx2, Bits16::Bf16(_)) => true,
+            (Level::Avx2, Bits16::F16(_)) | (Level::Scalar, _) => false,
+        };
+        kernel && level.is_supported()
+    }
+
+    /// `dst[j] = fp8.encode(src[j], ks[j], plus_zero)` for one row, with AVX-512 (bf16
+    /// or f16 rows) or AVX2 (bf16 rows). Returns `false` and writes nothing unless
+    /// [`LaneExps::supports`] `level` for `src`, the lanes were set for `src`'s format,
+    /// and `src` and `dst` both hold [`LaneExps::len`] values (at least one).
+    /// `#[inline(always)]`: call it from a [`crate::simd::dispatch`]ed kernel.
     #[inline(always)]
     pub fn encode(&self, level: Level, src: Bits16<'_>, plus_zero: bool, dst: &mut [u8]) -> bool {
         let set_for_src = match src {
@@ -530,20 +550,25 @@ impl LaneExps {
         if !set_for_src
             || src.len() != self.len()
             || dst.len() != self.len()
-            || level != Level::Avx512
-            || !Level::Avx512.is_supported()
+            || !Self::supports(level, src)
         {
             return false;
         }
         #[cfg(target_arch = "x86_64")]
         {
-            // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both); both
+            // SAFETY: the CPU has the level (`supports` checked it): AVX-512 F and BW
+            // (`Level::Avx512` includes both) for either format, AVX2 for bf16 only. Both
             // lengths equal the lanes set for `src`'s format, whose exponents `set` or
             // `set_f16` checked.
             unsafe {
-                match src {
-                    Bits16::Bf16(b) => x86::encode_lanes(self.fp8, &self.consts, b, plus_zero, dst),
-                    Bits16::F16(b) => {
+                match (level, src) {
+                    (Level::Avx2, Bits16::Bf16(b)) => {
+                        avx2::encode_lanes(self.fp8, &self.consts, b, plus_zero, dst)
+                    }
+                    (_, Bits16::Bf16(b)) => {
+                        x86::encode_lanes(self.fp8, &self.consts, b, plus_zero, dst)
+                    }
+                    (_, Bits16::F16(b)) => {
                         f16::x86::encode_lanes(self.fp8, &self.f16, b, plus_zero, dst)
                     }
                 }
@@ -1065,24 +1090,32 @@ mod tests {
     }
 
     /// Every 16-bit pattern, in rows of `ks.len()` lanes, through lanes set to `ks`,
-    /// against `f.want`. `false` (after checking nothing) where this CPU has no AVX-512.
+    /// against `f.want`, at every vector level this CPU has: each level that
+    /// [`LaneExps::supports`] must take every row, the others refuse them. `false`
+    /// (after checking nothing) where no level of this CPU has a kernel for the format.
     pub(super) fn check_lanes(f: &LaneFormat, fp8: Fp8, plus_zero: bool, ks: &[i32]) -> bool {
-        let level = crate::simd::level();
         let mut lanes = LaneExps::new();
         assert!((f.set)(&mut lanes, fp8, ks));
         assert_eq!(lanes.len(), ks.len());
         let src: Vec<u16> = (0..=u16::MAX).collect();
         let mut dst = vec![0u8; ks.len()];
-        for row in src.chunks_exact(ks.len()) {
-            if !lanes.encode(level, (f.tag)(row), plus_zero, &mut dst) {
-                assert_ne!(level, Level::Avx512);
-                return false;
+        let mut checked = false;
+        for level in [Level::Avx512, Level::Avx2, Level::Scalar] {
+            let kernel = LaneExps::supports(level, (f.tag)(&[]));
+            for row in src.chunks_exact(ks.len()) {
+                let took = lanes.encode(level, (f.tag)(row), plus_zero, &mut dst);
+                assert_eq!(took, kernel, "{level}: encode took a row: {took}");
+                if !took {
+                    break;
+                }
+                for ((&s, &d), &k) in row.iter().zip(&dst).zip(ks) {
+                    let want = (f.want)(fp8, s, k, plus_zero);
+                    assert_eq!(d, want, "{level} {fp8:?} {s:#06x} k {k}");
+                }
             }
-            for ((&s, &d), &k) in row.iter().zip(&dst).zip(ks) {
-                assert_eq!(d, (f.want)(fp8, s, k, plus_zero), "{fp8:?} {s:#06x} k {k}");
-            }
+            checked |= kernel;
         }
-        true
+        checked
     }
 
     /// [`check_lanes`] at 96 lanes (an odd number of vectors: the last one stored alone),
@@ -1113,7 +1146,7 @@ mod tests {
             let exact: Vec<i32> = (-127..=126 - fp8.bias).collect();
             for plus_zero in [false, true] {
                 if !check_lane_passes(&bf16, fp8, plus_zero, &exact) {
-                    eprintln!("skipped: this CPU has no AVX-512");
+                    eprintln!("skipped: this CPU has neither AVX-512 nor AVX2");
                     return;
                 }
             }
@@ -1137,8 +1170,9 @@ mod tests {
         assert!(!lanes.encode(Level::Avx512, Bits16::Bf16(&[0; 32]), false, &mut dst[..32]));
         assert!(!lanes.encode(Level::Avx512, Bits16::Bf16(&[0; 64]), false, &mut dst[..32]));
         assert!(!lanes.encode(Level::Scalar, Bits16::Bf16(&[0; 64]), false, &mut dst));
-        // Rows of the format the lanes were not set for.
+        // Rows of the format the lanes were not set for, at either vector level.
         assert!(!lanes.encode(Level::Avx512, Bits16::F16(&[0; 64]), false, &mut dst));
+        assert!(!lanes.encode(Level::Avx2, Bits16::F16(&[0; 64]), false, &mut dst));
         assert!(dst.iter().all(|&d| d == 0));
     }
 

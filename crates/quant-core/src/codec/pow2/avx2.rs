@@ -1,5 +1,6 @@
 //! The bf16 encoder of the parent module at AVX2: 16 values per 256-bit vector, two
-//! vectors (32 codes) per store.
+//! vectors (32 codes) per store, under one exponent per block or, for a
+//! [`super::LaneExps`] set, one per lane.
 //!
 //! The fast route is the AVX-512 kernel's, operation for operation, with AVX2's
 //! substitutes: an unsigned 16-bit `>=` is `max_epu16(a, b) == a`, and the masks are
@@ -57,25 +58,54 @@ impl Consts {
     }
 }
 
-/// One block's constants ([`Fp8::block_consts`]) and its exponent.
+/// One block's constants ([`Fp8::block_consts`]) and its exponent; or 16 lanes' constants
+/// from a [`super::LaneExps`] set, each lane with its own exponent.
 #[derive(Clone, Copy)]
-struct Block {
+struct Block<'a> {
     normal_from: __m256i,
     normal_span: __m256i,
     rebias: __m256i,
-    k: i32,
+    k: Exps<'a>,
 }
 
-impl Block {
+/// The exponent(s) of a [`Block`], read only by the general route.
+#[derive(Clone, Copy)]
+enum Exps<'a> {
+    /// One for the whole block.
+    One(i32),
+    /// One per lane, as [`Fp8::block_consts`] stores them (`k as u16`).
+    Each(&'a [u16]),
+}
+
+impl Block<'static> {
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn new(fp8: Fp8, k: i32) -> Block {
+    fn new(fp8: Fp8, k: i32) -> Block<'static> {
         let [normal_from, normal_span, rebias, _] = fp8.block_consts(k).map(|v| v as i16);
         Block {
             normal_from: _mm256_set1_epi16(normal_from),
             normal_span: _mm256_set1_epi16(normal_span),
             rebias: _mm256_set1_epi16(rebias),
-            k,
+            k: Exps::One(k),
+        }
+    }
+}
+
+impl<'a> Block<'a> {
+    /// Lanes `16 * half .. 16 * half + 16` of a lane set's 32-lane vector `v` (the rows
+    /// of [`Fp8::block_consts`]: `normal_from`, `normal_span`, `rebias`, `k`).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn lanes(v: &'a [[u16; 32]; 4], half: usize) -> Block<'a> {
+        // Panics unless `half` is 0 or 1 (an indexing bug of the caller).
+        let row = |r: usize| -> &'a [u16] { &v[r][16 * half..16 * half + 16] };
+        // SAFETY: each row is 16 u16 = 32 bytes (one unaligned 256-bit load).
+        let at = |r: usize| unsafe { _mm256_loadu_si256(row(r).as_ptr().cast()) };
+        Block {
+            normal_from: at(0),
+            normal_span: at(1),
+            rebias: at(2),
+            k: Exps::Each(row(3)),
         }
     }
 }
@@ -83,7 +113,7 @@ impl Block {
 /// [`Fp8::encode`] of 16 bf16 values, codes in u16 lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn encode16(c: &Consts, blk: &Block, x: __m256i, plus_zero: bool) -> __m256i {
+fn encode16(c: &Consts, blk: &Block<'_>, x: __m256i, plus_zero: bool) -> __m256i {
     let mag = _mm256_and_si256(x, c.abs);
     let zero = _mm256_cmpeq_epi16(mag, c.zero);
     // Outside `normal_from .. 0x7F80` (an unsigned compare after a wrapping subtraction),
@@ -111,10 +141,18 @@ fn encode16(c: &Consts, blk: &Block, x: __m256i, plus_zero: bool) -> __m256i {
 #[cold]
 #[inline(never)]
 #[target_feature(enable = "avx2")]
-fn encode16_scalar(fp8: Fp8, k: i32, x: __m256i, plus_zero: bool) -> __m256i {
+fn encode16_scalar(fp8: Fp8, k: Exps<'_>, x: __m256i, plus_zero: bool) -> __m256i {
     // SAFETY: both types are 32 bytes of plain data; every bit pattern is valid for either.
     let bits: [u16; 16] = unsafe { std::mem::transmute(x) };
-    let codes = bits.map(|b| u16::from(fp8.encode(b, k, plus_zero)));
+    let mut codes = [0u16; 16];
+    for (l, (c, &b)) in codes.iter_mut().zip(&bits).enumerate() {
+        let k = match k {
+            Exps::One(k) => k,
+            // The exponent was stored as `k as u16`; `as i16` gives its sign back.
+            Exps::Each(ks) => i32::from(ks[l] as i16),
+        };
+        *c = u16::from(fp8.encode(b, k, plus_zero));
+    }
     // SAFETY: as above.
     unsafe { std::mem::transmute(codes) }
 }
@@ -181,6 +219,38 @@ pub(super) unsafe fn encode_blocks(
                 _mm256_loadu_si256(s[16..].as_ptr().cast()),
             ]
         }
+    });
+}
+
+/// [`super::LaneExps::encode`] for bf16 rows at AVX2, after its checks: each 32-lane
+/// vector of constants taken as two halves of 16.
+///
+/// # Safety
+/// The CPU must have AVX2; `src.len() == dst.len() == 32 * consts.len()`; `consts` was
+/// made by [`super::LaneExps::set`] for `fp8`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn encode_lanes(
+    fp8: Fp8,
+    consts: &[[[u16; 32]; 4]],
+    src: &[u16],
+    plus_zero: bool,
+    dst: &mut [u8],
+) {
+    let c = Consts::new(fp8);
+    store_codes(src.len() / 32, dst, |j| {
+        let (v, s) = (&consts[j], &src[32 * j..32 * j + 32]);
+        // SAFETY: `s` is 32 u16 (two unaligned 256-bit loads).
+        let [lo, hi] = unsafe {
+            [
+                _mm256_loadu_si256(s.as_ptr().cast()),
+                _mm256_loadu_si256(s[16..].as_ptr().cast()),
+            ]
+        };
+        (
+            encode16(&c, &Block::lanes(v, 0), lo, plus_zero),
+            encode16(&c, &Block::lanes(v, 1), hi, plus_zero),
+        )
     });
 }
 
