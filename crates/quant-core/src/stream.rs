@@ -258,6 +258,51 @@ pub fn write_bytes(level: Level, src: &[u8], dst: &mut [u8], mode: StoreMode, fe
     dst.copy_from_slice(src);
 }
 
+/// Fills `scratch[..dst.len()]` with f32 values by `fill` and writes them into `dst`
+/// as [`write_f32`] does in `mode` (its fence left to `fence`): the way for a portable
+/// decode loop to stream a large output, where ordinary stores read each output line
+/// first. In [`StoreMode::Cached`] it is [`crate::narrowed`], which fills f32 output in
+/// place. The bits are those of [`crate::Element::narrow_slice`] either way.
+///
+/// ```
+/// use half::bf16;
+/// use quant_core::simd;
+/// use quant_core::stream::{Fence, StoreMode, write_filled};
+/// let mut out = [bf16::ZERO; 40];
+/// let mut scratch = [0f32; 64];
+/// let fence = Fence::new();
+/// let how = (simd::level(), StoreMode::Streaming, &fence);
+/// write_filled(how, &mut out, &mut scratch, |w| {
+///     for (i, v) in w.iter_mut().enumerate() {
+///         *v = i as f32 / 3.0;
+///     }
+/// });
+/// assert_eq!(out[7], bf16::from_f32(7.0 / 3.0));
+/// ```
+///
+/// Panics if `scratch` is shorter than `dst` (an indexing bug of the caller).
+#[inline(always)]
+pub fn write_filled<T: Element>(
+    (level, mode, fence): (Level, StoreMode, &Fence),
+    dst: &mut [T],
+    scratch: &mut [f32],
+    fill: impl FnOnce(&mut [f32]),
+) {
+    let scratch = &mut scratch[..dst.len()];
+    let in_place = mode == StoreMode::Cached && T::DTYPE == crate::DType::F32;
+    // One call of `fill`, so that it inlines into the caller's (dispatched) loop: with
+    // two calls, as through `narrowed` and a second branch, LLVM kept the closure out
+    // of line, compiled without the caller's target features (x0.35 on an FP8 decode).
+    let values: &mut [f32] = match bytemuck::try_cast_slice_mut::<T, f32>(dst) {
+        Ok(f) if in_place => f,
+        _ => scratch,
+    };
+    fill(values);
+    if !in_place {
+        write_f32(level, scratch, dst, mode, fence);
+    }
+}
+
 /// The column ranges in which a tiled decoder writes `0..k` of rows that start where
 /// `row` does: runs of `cols` (at least one line's worth of `T`), except that the first
 /// is cut short so that every later one starts on a 64-byte line. Each streamed run then
@@ -758,9 +803,10 @@ pub mod x86 {
 mod tests {
     use super::*;
 
-    /// `write_f32` gives `T::from_f32`'s bits in both modes at every level, for lengths
-    /// with every tail and starts at every offset of a line, on values that include
-    /// subnormals (which the hardware bf16 narrowing would flush), NaN and ties.
+    /// `write_f32`, and `write_filled` through a scratch, give `T::from_f32`'s bits in
+    /// both modes at every level, for lengths with every tail and starts at every offset
+    /// of a line, on values that include subnormals (which the hardware bf16 narrowing
+    /// would flush), NaN and ties.
     #[test]
     fn write_f32_equals_from_f32() {
         use half::bf16;
@@ -786,22 +832,29 @@ mod tests {
                             // which shares the vector step.
                             let want: Vec<T> =
                                 src[at..at + len].iter().map(|&x| T::from_f32(x)).collect();
-                            let mut buf = vec![fill; len + 64 + 32];
-                            let start = buf.as_ptr().align_offset(64) + at;
-                            write_f32(
-                                level,
-                                &src[at..at + len],
-                                &mut buf[start..start + len],
-                                mode,
-                                &Fence::new(),
-                            );
-                            let case = format!("{level} {mode:?} {at}+{len}");
-                            let got: Vec<u32> =
-                                buf[start..start + len].iter().map(|&v| bits(v)).collect();
                             let want: Vec<u32> = want.iter().map(|&v| bits(v)).collect();
-                            assert_eq!(got, want, "{case}");
-                            let outside = buf[..start].iter().chain(&buf[start + len..]);
-                            assert!(outside.map(|&v| bits(v)).all(|b| b == bits(fill)), "{case}");
+                            let run = &src[at..at + len];
+                            // `write_f32`, then `write_filled` with `fill` copying the run
+                            // into a scratch with room to spare.
+                            for filled in [false, true] {
+                                let mut buf = vec![fill; len + 64 + 32];
+                                let start = buf.as_ptr().align_offset(64) + at;
+                                let (fence, dst) = (Fence::new(), &mut buf[start..start + len]);
+                                if filled {
+                                    let mut scratch = vec![0f32; len + 7];
+                                    write_filled((level, mode, &fence), dst, &mut scratch, |w| {
+                                        w.copy_from_slice(run)
+                                    });
+                                } else {
+                                    write_f32(level, run, dst, mode, &fence);
+                                }
+                                let case = format!("{level} {mode:?} {at}+{len} filled {filled}");
+                                let got: Vec<u32> =
+                                    buf[start..start + len].iter().map(|&v| bits(v)).collect();
+                                assert_eq!(got, want, "{case}");
+                                let mut outside = buf[..start].iter().chain(&buf[start + len..]);
+                                assert!(outside.all(|&v| bits(v) == bits(fill)), "{case}");
+                            }
                         }
                     }
                 }
