@@ -337,7 +337,8 @@ pub(crate) fn columnwise<T: Element>(
 /// One 16-row group of a columnwise decode straight into `out` (the group's rows,
 /// `k` apart), output row `i` from the `i % 2` nibble of transposed byte row `i / 2`
 /// (`CHUNK` apart in `pairs`), columns `c0 .. c0 + f.len()`: with AVX-512,
-/// [`crate::x86::decode_nibbles`] per row. Returns `false` where that declines; the
+/// [`crate::x86::decode_nibbles`] per row, with AVX2 [`crate::x86_avx2::decode_nibbles`].
+/// Returns `false` where that declines; the
 /// caller then decodes into its scratch and narrows from there, which rewrites every
 /// row of the group.
 #[inline(always)]
@@ -350,8 +351,8 @@ fn decode_group<T: Element>(
     c0: usize,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if level == simd::Level::Avx512 {
-        use crate::x86::{Nibble, decode_nibbles};
+    if level != simd::Level::Scalar {
+        use crate::x86::Nibble;
         let cw = f.len();
         return (0..BLOCK).all(|i| {
             let nibble = if i % 2 == 0 {
@@ -360,13 +361,13 @@ fn decode_group<T: Element>(
                 Nibble::High
             };
             let codes = &pairs[i / 2 * CHUNK..][..cw];
-            decode_nibbles(
-                codes,
-                nibble,
-                f,
-                &mut out[i * k + c0..][..cw],
-                (mode, fence),
-            )
+            let o = &mut out[i * k + c0..][..cw];
+            match level {
+                simd::Level::Avx512 => {
+                    crate::x86::decode_nibbles(codes, nibble, f, o, (mode, fence))
+                }
+                _ => crate::x86_avx2::decode_nibbles(codes, nibble, f, o, mode),
+            }
         });
     }
     let _ = (level, mode, fence, pairs, f, out, k, c0);

@@ -390,17 +390,65 @@ mod tests {
         }
     }
 
-    /// Every byte value, both nibbles, one factor per column drawn from the product's
-    /// corners (zero, subnormal, overflow, infinity, NaN; for f16 also its subnormal and
-    /// overflowing products), into f32, bf16 and f16, in both store modes, for runs with
-    /// every tail and starting at every 4-byte offset of a line: the portable product,
-    /// narrowed by `bf16_bits` or `f16::from_f32`.
     #[test]
     fn decode_nibbles_equals_the_portable_product() {
         if !Level::Avx512.is_supported() || !quant_core::simd::has(quant_core::simd::Ext::Bf16) {
             eprintln!("skipped: this CPU has no AVX-512 (with BF16)");
             return;
         }
+        struct Avx512;
+        impl nibbles_check::Decoder for Avx512 {
+            fn decode<T: Element>(
+                &self,
+                codes: &[u8],
+                nibble: Nibble,
+                f: &[f32],
+                out: &mut [T],
+                mode: StoreMode,
+            ) -> bool {
+                decode_nibbles(codes, nibble, f, out, (mode, &Fence::new()))
+            }
+        }
+        nibbles_check::assert_portable(&Avx512);
+    }
+
+    #[test]
+    fn decode_row_refuses_what_does_not_fit() {
+        let codes = [0u8; 8];
+        assert!(!decode_row(&codes, |_| 1.0, &mut [0f32; 8]));
+        assert!(!decode_row(&codes[..4], |_| 1.0, &mut [0f32; 8]));
+        assert!(!decode_row(&codes[..4], |_| 1.0, &mut [half::f16::ZERO; 8]));
+        assert!(!decode_row(&codes, |_| 1.0, &mut [half::f16::ZERO; 32]));
+    }
+}
+
+/// What the tests of the columnwise nibble decoders (AVX-512 and AVX2) share: the
+/// cases and the check against the portable product.
+#[cfg(test)]
+pub(crate) mod nibbles_check {
+    use super::Nibble;
+    use quant_core::Element;
+    use quant_core::codec::e2m1;
+    use quant_core::stream::StoreMode;
+
+    /// A level's `decode_nibbles`, for any output type.
+    pub(crate) trait Decoder {
+        fn decode<T: Element>(
+            &self,
+            codes: &[u8],
+            nibble: Nibble,
+            f: &[f32],
+            out: &mut [T],
+            mode: StoreMode,
+        ) -> bool;
+    }
+
+    /// Every byte value, both nibbles, one factor per column drawn from the product's
+    /// corners (zero, subnormal, overflow, infinity, NaN; for f16 also its subnormal and
+    /// overflowing products), into f32, bf16 and f16, in both store modes, for runs with
+    /// every tail and starting at every 4-byte offset of a line: the portable product,
+    /// narrowed by `bf16_bits` or `f16::from_f32`. Lengths that disagree are declined.
+    pub(crate) fn assert_portable(d: &impl Decoder) {
         let n = 300;
         let codes: Vec<u8> = (0..n).map(|i| (i * 73 % 256) as u8).collect();
         let corners = [
@@ -432,7 +480,24 @@ mod tests {
                 .collect();
             for mode in [StoreMode::Cached, StoreMode::Streaming] {
                 for at in 0..16 {
-                    for len in [0, 1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 129, n - at] {
+                    for len in [
+                        0,
+                        1,
+                        7,
+                        8,
+                        9,
+                        15,
+                        16,
+                        17,
+                        31,
+                        32,
+                        33,
+                        63,
+                        64,
+                        65,
+                        129,
+                        n - at,
+                    ] {
                         let (c, fc, w) =
                             (&codes[at..at + len], &f[at..at + len], &want[at..at + len]);
                         let case = format!("{nibble:?} {mode:?} {at}+{len}");
@@ -440,20 +505,20 @@ mod tests {
                         let mut buf = quant_core::HostBytes::zeroed(4 * (len + 64));
                         let out: &mut [f32] = bytemuck::cast_slice_mut(buf.as_mut_slice());
                         let out = &mut out[at..at + len];
-                        assert!(decode_nibbles(c, nibble, fc, out, (mode, &Fence::new())));
+                        assert!(d.decode(c, nibble, fc, out, mode));
                         for (i, (a, b)) in out.iter().zip(w).enumerate() {
                             assert_eq!(a.to_bits(), b.to_bits(), "f32 {case}: column {i}");
                         }
                         let out: &mut [half::bf16] = bytemuck::cast_slice_mut(buf.as_mut_slice());
                         let out = &mut out[at..at + len];
-                        assert!(decode_nibbles(c, nibble, fc, out, (mode, &Fence::new())));
+                        assert!(d.decode(c, nibble, fc, out, mode));
                         for (i, (a, &b)) in out.iter().zip(w).enumerate() {
                             let b = quant_core::dtype::bf16_bits(b);
                             assert_eq!(a.to_bits(), b, "bf16 {case}: column {i}");
                         }
                         let out: &mut [half::f16] = bytemuck::cast_slice_mut(buf.as_mut_slice());
                         let out = &mut out[at..at + len];
-                        assert!(decode_nibbles(c, nibble, fc, out, (mode, &Fence::new())));
+                        assert!(d.decode(c, nibble, fc, out, mode));
                         for (i, (a, &b)) in out.iter().zip(w).enumerate() {
                             let b = half::f16::from_f32(b).to_bits();
                             assert_eq!(a.to_bits(), b, "f16 {case}: column {i}");
@@ -462,31 +527,9 @@ mod tests {
                 }
             }
         }
-        // Lengths that disagree are declined.
-        let fence = Fence::new();
-        let store = (StoreMode::Cached, &fence);
-        assert!(!decode_nibbles(
-            &codes[..8],
-            Nibble::Low,
-            &f[..7],
-            &mut [0f32; 8],
-            store
-        ));
-        assert!(!decode_nibbles(
-            &codes[..7],
-            Nibble::Low,
-            &f[..8],
-            &mut [half::f16::ZERO; 8],
-            store
-        ));
-    }
-
-    #[test]
-    fn decode_row_refuses_what_does_not_fit() {
-        let codes = [0u8; 8];
-        assert!(!decode_row(&codes, |_| 1.0, &mut [0f32; 8]));
-        assert!(!decode_row(&codes[..4], |_| 1.0, &mut [0f32; 8]));
-        assert!(!decode_row(&codes[..4], |_| 1.0, &mut [half::f16::ZERO; 8]));
-        assert!(!decode_row(&codes, |_| 1.0, &mut [half::f16::ZERO; 32]));
+        let mode = StoreMode::Cached;
+        assert!(!d.decode(&codes[..8], Nibble::Low, &f[..7], &mut [0f32; 8], mode));
+        let out = &mut [half::f16::ZERO; 8];
+        assert!(!d.decode(&codes[..7], Nibble::Low, &f[..8], out, mode));
     }
 }

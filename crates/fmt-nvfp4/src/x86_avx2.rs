@@ -30,18 +30,21 @@ use std::arch::x86_64::{
     _mm256_cvtepu8_epi32, _mm256_cvtepu16_epi32, _mm256_cvtph_ps, _mm256_cvtps_ph, _mm256_loadu_ps,
     _mm256_loadu_si256, _mm256_max_epi32, _mm256_min_epi32, _mm256_min_epu32, _mm256_mul_ps,
     _mm256_or_si256, _mm256_packus_epi16, _mm256_packus_epi32, _mm256_permute4x64_epi64,
-    _mm256_permutevar8x32_epi32, _mm256_permutevar8x32_ps, _mm256_set1_epi32, _mm256_set1_ps,
-    _mm256_setr_epi8, _mm256_setr_epi32, _mm256_shuffle_epi8, _mm256_slli_epi32, _mm256_srl_epi32,
-    _mm256_srli_epi32, _mm256_srlv_epi32, _mm256_storeu_ps, _mm256_storeu_si256, _mm256_sub_epi32,
-    _mm256_xor_ps,
+    _mm256_permutevar8x32_epi32, _mm256_permutevar8x32_ps, _mm256_set_m128i, _mm256_set1_epi32,
+    _mm256_set1_ps, _mm256_setr_epi8, _mm256_setr_epi32, _mm256_shuffle_epi8, _mm256_slli_epi32,
+    _mm256_srl_epi32, _mm256_srli_epi32, _mm256_srlv_epi32, _mm256_storeu_ps, _mm256_storeu_si256,
+    _mm256_sub_epi32, _mm256_xor_ps,
 };
 
 use quant_core::bf16_narrow::avx2::narrow16;
 use quant_core::codec::e2m1;
 use quant_core::simd::Level;
+use quant_core::stream::StoreMode;
+use quant_core::stream::avx2::{write_f32_steps, write_u16_steps};
 use quant_core::{DType, Element};
 
 use crate::scale::BLOCK;
+use crate::x86::Nibble;
 use crate::x86_encode::Run;
 
 /// [`crate::x86::decode_row`] at AVX2: `out[16b + i] = T(e2m1(code) * factor(b))` for
@@ -177,6 +180,128 @@ fn decode_row_f16(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [u16]) 
             );
         }
     });
+}
+
+/// [`crate::x86::decode_nibbles`] at AVX2: one output row's run of a columnwise
+/// decode, `out[c] = T(e2m1(code) * f[c])` with `code` the `nibble` of `codes[c]`,
+/// computed 8 (f32) or 16 (bf16, f16) columns per step in registers and written by
+/// [`quant_core::stream::avx2`]'s step writers in `mode` (the fence left to the
+/// caller's [`quant_core::stream::Fence`]). The values are the portable
+/// `decode_fast(code) * f` narrowed as [`decode_row`] narrows them.
+///
+/// Before this, the AVX2 level decoded a group's 16 rows into a scratch and streamed
+/// each row from there ([`quant_core::stream::write_f32`]): two passes, the products
+/// stored and reloaded. Returns `false` (nothing written) unless the CPU has AVX2, `T`
+/// is a float type and the three lengths agree; the caller then runs the two passes.
+#[inline(always)]
+pub(crate) fn decode_nibbles<T: Element>(
+    codes: &[u8],
+    nibble: Nibble,
+    f: &[f32],
+    out: &mut [T],
+    mode: StoreMode,
+) -> bool {
+    if !Level::Avx2.is_supported() || codes.len() != out.len() || f.len() != out.len() {
+        return false;
+    }
+    match T::DTYPE {
+        DType::F32 => match bytemuck::try_cast_slice_mut::<T, f32>(out) {
+            // SAFETY: the CPU has the AVX2 level's features (checked above).
+            Ok(o) => unsafe { nibbles_f32(codes, nibble, f, o, mode) },
+            Err(_) => return false,
+        },
+        DType::BF16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
+            // SAFETY: as above.
+            Ok(o) => unsafe { nibbles_bf16(codes, nibble, f, o, mode) },
+            Err(_) => return false,
+        },
+        DType::F16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
+            // SAFETY: as above (`Level::Avx2` includes F16C).
+            Ok(o) => unsafe { nibbles_f16(codes, nibble, f, o, mode) },
+            Err(_) => return false,
+        },
+        _ => return false,
+    }
+    true
+}
+
+/// 8 values of [`decode_nibbles`] from column `c` on: codes zero-extended to u32 lanes
+/// (shifted down for the high nibble; [`e2m1_8`] ignores the bits above the code),
+/// decoded and scaled by the columns' factors.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn nibbles8(codes: &[u8], nibble: Nibble, f: &[f32], c: usize, table: __m256) -> __m256 {
+    let (b, f) = (&codes[c..c + 8], &f[c..c + 8]);
+    // SAFETY: `b` is 8 bytes and `f` 8 f32 (one unaligned 64- and 256-bit load).
+    let (b, f) = unsafe {
+        (
+            _mm_loadl_epi64(b.as_ptr().cast()),
+            _mm256_loadu_ps(f.as_ptr()),
+        )
+    };
+    let lanes = _mm256_cvtepu8_epi32(b);
+    let codes = match nibble {
+        Nibble::Low => lanes,
+        Nibble::High => _mm256_srli_epi32::<4>(lanes),
+    };
+    _mm256_mul_ps(f, e2m1_8(table, codes))
+}
+
+/// The portable value of [`decode_nibbles`] at column `c` (the run's ends).
+#[inline(always)]
+fn nibble_one(codes: &[u8], nibble: Nibble, f: &[f32], c: usize) -> f32 {
+    let (lo, hi) = e2m1::unpack(codes[c]);
+    let code = if nibble == Nibble::Low { lo } else { hi };
+    e2m1::decode_fast(code) * f[c]
+}
+
+/// The positive half of [`e2m1::DECODE`] in a register, for [`e2m1_8`].
+#[inline]
+#[target_feature(enable = "avx2")]
+fn decode_table() -> __m256 {
+    // SAFETY: `DECODE` is 16 f32; its first 8 are one unaligned 256-bit load.
+    unsafe { _mm256_loadu_ps(e2m1::DECODE.as_ptr()) }
+}
+
+/// [`decode_nibbles`] into f32.
+#[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
+fn nibbles_f32(codes: &[u8], nibble: Nibble, f: &[f32], out: &mut [f32], mode: StoreMode) {
+    let table = decode_table();
+    write_f32_steps(
+        out,
+        mode,
+        |c| nibbles8(codes, nibble, f, c, table),
+        |c| nibble_one(codes, nibble, f, c),
+    );
+}
+
+/// [`decode_nibbles`] into bf16 bits ([`narrow16`]; the ends by
+/// [`quant_core::dtype::bf16_bits`], the same rounding).
+#[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
+fn nibbles_bf16(codes: &[u8], nibble: Nibble, f: &[f32], out: &mut [u16], mode: StoreMode) {
+    let table = decode_table();
+    let eight = |c| nibbles8(codes, nibble, f, c, table);
+    write_u16_steps(
+        out,
+        mode,
+        |c| narrow16(eight(c), eight(c + 8)),
+        |c| quant_core::dtype::bf16_bits(nibble_one(codes, nibble, f, c)),
+    );
+}
+
+/// [`decode_nibbles`] into f16 bits, rounded to nearest even by `vcvtps2ph` (the ends by
+/// `half`'s conversion, the same rounding).
+#[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
+fn nibbles_f16(codes: &[u8], nibble: Nibble, f: &[f32], out: &mut [u16], mode: StoreMode) {
+    let table = decode_table();
+    let half =
+        |c| _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(nibbles8(codes, nibble, f, c, table));
+    write_u16_steps(
+        out,
+        mode,
+        |c| _mm256_set_m128i(half(c + 8), half(c)),
+        |c| half::f16::from_f32(nibble_one(codes, nibble, f, c)).to_bits(),
+    );
 }
 
 /// Round-to-nearest encode of a run of whole blocks: `out[8b + j]` packs the E2M1 codes
@@ -519,6 +644,28 @@ fn pack16(lo: __m256i, hi: __m256i) -> __m256i {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decode_nibbles_equals_the_portable_product() {
+        if !Level::Avx2.is_supported() {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        struct Avx2;
+        impl crate::x86::nibbles_check::Decoder for Avx2 {
+            fn decode<T: Element>(
+                &self,
+                codes: &[u8],
+                nibble: Nibble,
+                f: &[f32],
+                out: &mut [T],
+                mode: StoreMode,
+            ) -> bool {
+                decode_nibbles(codes, nibble, f, out, mode)
+            }
+        }
+        crate::x86::nibbles_check::assert_portable(&Avx2);
+    }
 
     /// Every byte in every position of a block, under factors that include zero, a
     /// subnormal product, overflow to infinity and NaN: the bits of the portable

@@ -355,9 +355,12 @@ pub fn line_chunks<T>(
 #[cfg(target_arch = "x86_64")]
 pub mod avx2 {
     use std::arch::x86_64::{
-        __m256i, _MM_FROUND_TO_NEAREST_INT, _mm_stream_si128, _mm256_cvtps_ph, _mm256_loadu_ps,
-        _mm256_loadu_si256, _mm256_stream_si256,
+        __m256, __m256i, _MM_FROUND_TO_NEAREST_INT, _mm_stream_si128, _mm256_cvtps_ph,
+        _mm256_loadu_ps, _mm256_loadu_si256, _mm256_storeu_ps, _mm256_storeu_si256,
+        _mm256_stream_ps, _mm256_stream_si256,
     };
+
+    use super::StoreMode;
 
     use crate::bf16_narrow::avx2::narrow16;
     use crate::dtype::bf16_bits;
@@ -440,6 +443,100 @@ pub mod avx2 {
         }
         for (o, &x) in tail.iter_mut().zip(&src[h + l..]) {
             *o = bf16_bits(x);
+        }
+    }
+
+    /// Fills `out` in `mode` from `step(j)`, the values `j .. j + 8` in a register, for
+    /// every whole 8 of them (in [`StoreMode::Streaming`], those of the whole lines
+    /// between the run's first and last line boundary, two steps per line), the rest
+    /// one by one from `one(j)`: the loop of a decoder that computes a run of f32 values
+    /// in registers (each step must equal `one` lane for lane). The fence is left to the
+    /// caller's [`super::Fence`].
+    ///
+    /// Carries the AVX2 level's features, as the dispatched caller's closures do (a
+    /// function with fewer features could not inline them).
+    ///
+    /// # Safety
+    /// The CPU must have the AVX2 level's features (code compiled with them calls it
+    /// safely).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
+    pub fn write_f32_steps(
+        out: &mut [f32],
+        mode: StoreMode,
+        step: impl Fn(usize) -> __m256,
+        one: impl Fn(usize) -> f32,
+    ) {
+        steps(out, mode, 8, one, |j, d: &mut [f32], stream| {
+            // SAFETY: `d` is 8 f32 = 32 bytes (an unaligned store); streamed, it starts
+            // on a line or half a line inside the run's whole lines (`steps`), so the
+            // streaming store is aligned and in bounds; the CPU has AVX2.
+            unsafe {
+                let v = step(j);
+                if stream {
+                    _mm256_stream_ps(d.as_mut_ptr(), v);
+                } else {
+                    _mm256_storeu_ps(d.as_mut_ptr(), v);
+                }
+            }
+        });
+    }
+
+    /// [`write_f32_steps`] for 16-bit output: `step(j)` gives the bits of the values
+    /// `j .. j + 16`, `one(j)` those of value `j`.
+    ///
+    /// # Safety
+    /// As [`write_f32_steps`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
+    pub fn write_u16_steps(
+        out: &mut [u16],
+        mode: StoreMode,
+        step: impl Fn(usize) -> __m256i,
+        one: impl Fn(usize) -> u16,
+    ) {
+        steps(out, mode, 16, one, |j, d: &mut [u16], stream| {
+            // SAFETY: `d` is 16 u16 = 32 bytes, as in `write_f32_steps`.
+            unsafe {
+                let v = step(j);
+                if stream {
+                    stream32(d.as_mut_ptr().cast(), v);
+                } else {
+                    _mm256_storeu_si256(d.as_mut_ptr().cast(), v);
+                }
+            }
+        });
+    }
+
+    /// The loop of the step writers: `store(j, out[j..j + per], stream)` for each
+    /// 32-byte step (`per` elements), `out[j] = one(j)` for the rest. Streamed, the
+    /// steps are the whole lines of [`split_lines`] and the ends go one by one; cached,
+    /// every whole step from the start.
+    #[inline(always)]
+    fn steps<T: Copy>(
+        out: &mut [T],
+        mode: StoreMode,
+        per: usize,
+        one: impl Fn(usize) -> T,
+        mut store: impl FnMut(usize, &mut [T], bool),
+    ) {
+        let (stream, h, len) = match mode {
+            StoreMode::Streaming => {
+                let (head, lines, _) = split_lines(out);
+                (true, head.len(), lines.len())
+            }
+            StoreMode::Cached => (false, 0, out.len() / per * per),
+        };
+        let (head, rest) = out.split_at_mut(h);
+        let (body, tail) = rest.split_at_mut(len);
+        for (j, o) in head.iter_mut().enumerate() {
+            *o = one(j);
+        }
+        for (s, d) in body.chunks_exact_mut(per).enumerate() {
+            store(h + s * per, d, stream);
+        }
+        for (j, o) in (h + len..).zip(tail) {
+            *o = one(j);
         }
     }
 
