@@ -256,9 +256,10 @@ fn nibbles16(codes: &[u8], nibble: Nibble, f: &[f32], c: usize, table: __m512) -
     _mm512_mul_ps(f, _mm512_permutexvar_ps(codes, table))
 }
 
-/// The portable value of [`decode_nibbles`] at column `c` (the run's tail).
+/// The portable value of [`decode_nibbles`] at column `c` (the run's tail; at AVX2
+/// its ends, [`crate::x86_avx2::decode_nibbles`]).
 #[inline(always)]
-fn nibble_one(codes: &[u8], nibble: Nibble, f: &[f32], c: usize) -> f32 {
+pub(crate) fn nibble_one(codes: &[u8], nibble: Nibble, f: &[f32], c: usize) -> f32 {
     let (lo, hi) = e2m1::unpack(codes[c]);
     let code = if nibble == Nibble::Low { lo } else { hi };
     e2m1::decode_fast(code) * f[c]

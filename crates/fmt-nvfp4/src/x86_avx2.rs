@@ -44,7 +44,7 @@ use quant_core::stream::avx2::{write_f32_steps, write_u16_steps};
 use quant_core::{DType, Element};
 
 use crate::scale::BLOCK;
-use crate::x86::Nibble;
+use crate::x86::{Nibble, nibble_one};
 use crate::x86_encode::Run;
 
 /// [`crate::x86::decode_row`] at AVX2: `out[16b + i] = T(e2m1(code) * factor(b))` for
@@ -245,14 +245,6 @@ fn nibbles8(codes: &[u8], nibble: Nibble, f: &[f32], c: usize, table: __m256) ->
         Nibble::High => _mm256_srli_epi32::<4>(lanes),
     };
     _mm256_mul_ps(f, e2m1_8(table, codes))
-}
-
-/// The portable value of [`decode_nibbles`] at column `c` (the run's ends).
-#[inline(always)]
-fn nibble_one(codes: &[u8], nibble: Nibble, f: &[f32], c: usize) -> f32 {
-    let (lo, hi) = e2m1::unpack(codes[c]);
-    let code = if nibble == Nibble::Low { lo } else { hi };
-    e2m1::decode_fast(code) * f[c]
 }
 
 /// The positive half of [`e2m1::DECODE`] in a register, for [`e2m1_8`].
