@@ -657,7 +657,9 @@ fn one_d_columnwise<T: Element>(
                 for (e, &s) in ks.iter_mut().zip(scales.iter()) {
                     *e = pow2_exponent(s);
                 }
-                scratch.lanes.set_for(rows, dt.pow2_codec(), &ks[..cw])
+                scratch
+                    .lanes
+                    .set_for(level, rows, dt.pow2_codec(), &ks[..cw])
             }
         });
         // Pass 2: encode (the chunk is now in L2).

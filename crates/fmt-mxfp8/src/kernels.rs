@@ -888,7 +888,7 @@ fn group_bits<T: Element>(
         *e = multiplier_exp(*c);
     }
     let lanes = &mut scratch.lanes;
-    if !lanes.set_for(bits, cfg.dtype.pow2_codec(), &ks[..cw]) {
+    if !lanes.set_for(cfg.level, bits, cfg.dtype.pow2_codec(), &ks[..cw]) {
         return false;
     }
     for i in rows {

@@ -413,8 +413,12 @@ pub struct LaneExps {
     /// `normal_span`, `rebias` and `k` (the kernel's block constants, module docs), next
     /// to each other so one vector's constants share a few cache lines.
     consts: Vec<[[u16; 32]; 4]>,
-    /// f16 rows: the f16 kernel's constants per 32-lane vector. One of the two is empty.
+    /// f16 rows: the AVX-512 f16 kernel's constants per 32-lane vector.
     f16: Vec<f16::Lanes>,
+    /// Whether the lanes were set for f16 rows ([`LaneExps::set_f16`]): `f16` holds
+    /// their constants, and `consts` too where AVX2 encodes them (widened, then through
+    /// the bf16 kernel). For bf16 rows `f16` is empty.
+    for_f16: bool,
 }
 
 impl Default for LaneExps {
@@ -430,6 +434,7 @@ impl LaneExps {
             fp8: Fp8::E4M3,
             consts: Vec::new(),
             f16: Vec::new(),
+            for_f16: false,
         }
     }
 
@@ -437,12 +442,25 @@ impl LaneExps {
     /// leaving no lanes, unless `ks.len()` is a nonzero multiple of 32 and every `k`
     /// satisfies [`Fp8::pow2_exact`]; the caller then takes its f32 route.
     pub fn set(&mut self, fp8: Fp8, ks: &[i32]) -> bool {
-        self.consts.clear();
-        self.f16.clear();
+        self.clear();
         if !lanes_fit(ks, |k| fp8.pow2_exact(k)) {
             return false;
         }
         self.fp8 = fp8;
+        self.push_bf16_consts(ks);
+        true
+    }
+
+    /// No lanes, for either format (the allocations kept).
+    fn clear(&mut self) {
+        self.consts.clear();
+        self.f16.clear();
+        self.for_f16 = false;
+    }
+
+    /// The bf16 kernel's per-lane constants of `ks` (checked by the caller).
+    fn push_bf16_consts(&mut self, ks: &[i32]) {
+        let fp8 = self.fp8;
         self.consts.extend(ks.chunks_exact(32).map(|v| {
             let mut c = [[0u16; 32]; 4];
             for (l, &k) in v.iter().enumerate() {
@@ -452,10 +470,11 @@ impl LaneExps {
             }
             c
         }));
-        true
     }
 
-    /// [`LaneExps::set`] for f16 rows: every `k` must satisfy [`Fp8::pow2_exact_f16`].
+    /// [`LaneExps::set`] for f16 rows encoded at [`Level::Avx512`]: every `k` must
+    /// satisfy [`Fp8::pow2_exact_f16`]. [`LaneExps::set_for`] at [`Level::Avx2`] makes
+    /// the AVX2 route's lanes instead.
     ///
     /// ```
     /// use quant_core::codec::pow2::{Fp8, LaneExps};
@@ -475,12 +494,12 @@ impl LaneExps {
     /// assert!(!lanes.encode(simd::level(), Bits16::Bf16(&row), false, &mut codes));
     /// ```
     pub fn set_f16(&mut self, fp8: Fp8, ks: &[i32]) -> bool {
-        self.consts.clear();
-        self.f16.clear();
+        self.clear();
         if !lanes_fit(ks, |k| fp8.pow2_exact_f16(k)) {
             return false;
         }
         self.fp8 = fp8;
+        self.for_f16 = true;
         self.f16.extend(
             ks.chunks_exact(32)
                 .filter_map(|v| v.try_into().ok())
@@ -489,26 +508,47 @@ impl LaneExps {
         true
     }
 
-    /// [`LaneExps::set`] or [`LaneExps::set_f16`], by the format of `rows` (only the
-    /// format is read): for callers that hold bf16 or f16 rows alike.
+    /// The lanes for rows like `rows` (only the format is read) encoded at `level`:
+    /// [`LaneExps::set`] for bf16, [`LaneExps::set_f16`] for f16 (at [`Level::Avx2`] the
+    /// lanes of its f16 route, below): for callers that hold bf16 or f16 rows alike.
     ///
     /// ```
     /// use quant_core::codec::pow2::{Fp8, LaneExps};
     /// use quant_core::dtype::Bits16;
+    /// use quant_core::simd::Level;
     /// let mut lanes = LaneExps::new();
-    /// assert!(lanes.set_for(Bits16::F16(&[]), Fp8::E4M3, &[0; 32]));
+    /// assert!(lanes.set_for(Level::Avx2, Bits16::F16(&[]), Fp8::E4M3, &[0; 32]));
     /// assert_eq!(lanes.len(), 32);
+    /// // Lanes made for AVX2 are refused at AVX-512, and the other way round.
+    /// let row = [0u16; 32];
+    /// assert!(!lanes.encode(Level::Avx512, Bits16::F16(&row), false, &mut [0u8; 32]));
     /// ```
-    pub fn set_for(&mut self, rows: Bits16<'_>, fp8: Fp8, ks: &[i32]) -> bool {
-        match rows {
-            Bits16::Bf16(_) => self.set(fp8, ks),
-            Bits16::F16(_) => self.set_f16(fp8, ks),
+    pub fn set_for(&mut self, level: Level, rows: Bits16<'_>, fp8: Fp8, ks: &[i32]) -> bool {
+        match (rows, level) {
+            (Bits16::Bf16(_), _) => self.set(fp8, ks),
+            (Bits16::F16(_), Level::Avx2) => self.set_f16_avx2(fp8, ks),
+            (Bits16::F16(_), _) => self.set_f16(fp8, ks),
         }
+    }
+
+    /// The lanes of f16 rows at [`Level::Avx2`], which widens each value (exactly),
+    /// narrows it to bf16 by rounding to odd ([`bf16_round_to_odd`], exact for the
+    /// codes while `k` satisfies [`Fp8::pow2_exact_f32`]) and takes the bf16 kernel's
+    /// constants. f16 column maxima give exponents far inside that range.
+    fn set_f16_avx2(&mut self, fp8: Fp8, ks: &[i32]) -> bool {
+        self.clear();
+        if !lanes_fit(ks, |k| fp8.pow2_exact_f16(k) && fp8.pow2_exact_f32(k)) {
+            return false;
+        }
+        self.fp8 = fp8;
+        self.for_f16 = true;
+        self.push_bf16_consts(ks);
+        true
     }
 
     /// Lanes set (0 before the first successful [`LaneExps::set`]).
     pub fn len(&self) -> usize {
-        32 * (self.consts.len() + self.f16.len())
+        32 * self.consts.len().max(self.f16.len())
     }
 
     /// Whether no lanes are set.
@@ -517,35 +557,35 @@ impl LaneExps {
     }
 
     /// Whether [`LaneExps::encode`] has a kernel for rows like `rows` (only the format is
-    /// read) at `level` on this CPU: bf16 and f16 rows at [`Level::Avx512`], bf16 rows at
-    /// [`Level::Avx2`]. A caller asks before it spends the [`LaneExps::set`].
+    /// read) at `level` on this CPU: bf16 and f16 rows at [`Level::Avx512`] and
+    /// [`Level::Avx2`] (f16 rows there through the bf16 kernel, [`LaneExps::set_f16`]).
+    /// A caller asks before it spends the [`LaneExps::set`].
     ///
     /// ```
     /// use quant_core::codec::pow2::LaneExps;
     /// use quant_core::dtype::Bits16;
     /// use quant_core::simd::Level;
     /// assert!(!LaneExps::supports(Level::Scalar, Bits16::Bf16(&[])));
-    /// assert!(!LaneExps::supports(Level::Avx2, Bits16::F16(&[])));
+    /// assert!(!LaneExps::supports(Level::Scalar, Bits16::F16(&[])));
     /// ```
     #[inline(always)]
     pub fn supports(level: Level, rows: Bits16<'_>) -> bool {
-        let kernel = match (level, rows) {
-            (Level::Avx512, _) | (Level::Avx2, Bits16::Bf16(_)) => true,
-            (Level::Avx2, Bits16::F16(_)) | (Level::Scalar, _) => false,
-        };
-        kernel && level.is_supported()
+        let _ = rows;
+        level != Level::Scalar && level.is_supported()
     }
 
-    /// `dst[j] = fp8.encode(src[j], ks[j], plus_zero)` for one row, with AVX-512 (bf16
-    /// or f16 rows) or AVX2 (bf16 rows). Returns `false` and writes nothing unless
-    /// [`LaneExps::supports`] `level` for `src`, the lanes were set for `src`'s format,
-    /// and `src` and `dst` both hold [`LaneExps::len`] values (at least one).
-    /// `#[inline(always)]`: call it from a [`crate::simd::dispatch`]ed kernel.
+    /// `dst[j] = fp8.encode(src[j], ks[j], plus_zero)` for one row (for f16 rows
+    /// [`Fp8::encode_f16`]), with AVX-512 or AVX2. Returns `false` and writes nothing
+    /// unless [`LaneExps::supports`] `level` for `src`, the lanes were set for `src`'s
+    /// format (f16 rows at AVX2: while [`crate::simd::level`] was AVX2), and `src` and
+    /// `dst` both hold [`LaneExps::len`] values (at least one). `#[inline(always)]`:
+    /// call it from a [`crate::simd::dispatch`]ed kernel.
     #[inline(always)]
     pub fn encode(&self, level: Level, src: Bits16<'_>, plus_zero: bool, dst: &mut [u8]) -> bool {
-        let set_for_src = match src {
-            Bits16::Bf16(_) => !self.consts.is_empty(),
-            Bits16::F16(_) => !self.f16.is_empty(),
+        let set_for_src = match (src, level) {
+            (Bits16::Bf16(_), _) => !self.for_f16 && !self.consts.is_empty(),
+            (Bits16::F16(_), Level::Avx2) => self.for_f16 && !self.consts.is_empty(),
+            (Bits16::F16(_), _) => self.for_f16 && !self.f16.is_empty(),
         };
         if !set_for_src
             || src.len() != self.len()
@@ -557,13 +597,16 @@ impl LaneExps {
         #[cfg(target_arch = "x86_64")]
         {
             // SAFETY: the CPU has the level (`supports` checked it): AVX-512 F and BW
-            // (`Level::Avx512` includes both) for either format, AVX2 for bf16 only. Both
-            // lengths equal the lanes set for `src`'s format, whose exponents `set` or
-            // `set_f16` checked.
+            // (`Level::Avx512` includes both), or AVX2 with F16C (`Level::Avx2`). Both
+            // lengths equal the lanes set for `src`'s format and level, whose exponents
+            // `set` or `set_f16` checked (for f16 rows at AVX2 against both ranges).
             unsafe {
                 match (level, src) {
                     (Level::Avx2, Bits16::Bf16(b)) => {
                         avx2::encode_lanes(self.fp8, &self.consts, b, plus_zero, dst)
+                    }
+                    (Level::Avx2, Bits16::F16(b)) => {
+                        avx2::encode_lanes_f16(self.fp8, &self.consts, b, plus_zero, dst)
                     }
                     (_, Bits16::Bf16(b)) => {
                         x86::encode_lanes(self.fp8, &self.consts, b, plus_zero, dst)
@@ -1084,23 +1127,30 @@ mod tests {
     /// What a [`LaneExps`] test varies with the input format: how the lanes are set, how
     /// a row of bits is tagged, and the scalar specification of a code.
     pub(super) struct LaneFormat {
-        pub set: fn(&mut LaneExps, Fp8, &[i32]) -> bool,
+        pub set: fn(&mut LaneExps, Level, Fp8, &[i32]) -> bool,
+        /// Whether the lanes set at a level must take the exponent.
+        pub exact: fn(Level, Fp8, i32) -> bool,
         pub tag: for<'a> fn(&'a [u16]) -> Bits16<'a>,
         pub want: fn(Fp8, u16, i32, bool) -> u8,
     }
 
     /// Every 16-bit pattern, in rows of `ks.len()` lanes, through lanes set to `ks`,
     /// against `f.want`, at every vector level this CPU has: each level that
-    /// [`LaneExps::supports`] must take every row, the others refuse them. `false`
-    /// (after checking nothing) where no level of this CPU has a kernel for the format.
+    /// [`LaneExps::supports`] must take every row, the others refuse them. A level
+    /// whose lanes cannot take every `k` (`f.exact`) must refuse the set, and is not
+    /// checked further. `false` where no level of this CPU was checked.
     pub(super) fn check_lanes(f: &LaneFormat, fp8: Fp8, plus_zero: bool, ks: &[i32]) -> bool {
-        let mut lanes = LaneExps::new();
-        assert!((f.set)(&mut lanes, fp8, ks));
-        assert_eq!(lanes.len(), ks.len());
         let src: Vec<u16> = (0..=u16::MAX).collect();
         let mut dst = vec![0u8; ks.len()];
         let mut checked = false;
         for level in [Level::Avx512, Level::Avx2, Level::Scalar] {
+            let mut lanes = LaneExps::new();
+            let fits = ks.iter().all(|&k| (f.exact)(level, fp8, k));
+            assert_eq!((f.set)(&mut lanes, level, fp8, ks), fits, "{level}: set");
+            if !fits {
+                continue;
+            }
+            assert_eq!(lanes.len(), ks.len());
             let kernel = LaneExps::supports(level, (f.tag)(&[]));
             for row in src.chunks_exact(ks.len()) {
                 let took = lanes.encode(level, (f.tag)(row), plus_zero, &mut dst);
@@ -1138,7 +1188,8 @@ mod tests {
     #[test]
     fn lanes_equal_scalar_on_every_input() {
         let bf16 = LaneFormat {
-            set: LaneExps::set,
+            set: |lanes, level, fp8, ks| lanes.set_for(level, Bits16::Bf16(&[]), fp8, ks),
+            exact: |_, fp8, k| fp8.pow2_exact(k),
             tag: |r| Bits16::Bf16(r),
             want: Fp8::encode,
         };

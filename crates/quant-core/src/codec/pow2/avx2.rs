@@ -14,13 +14,13 @@
 //! exact for both FP8 formats: the `from_f32` module's docs), as at AVX-512.
 
 use std::arch::x86_64::{
-    __m128i, __m256, __m256i, _mm_cvtsi32_si128, _mm256_add_epi16, _mm256_and_si256,
-    _mm256_andnot_si256, _mm256_castps_si256, _mm256_cmpeq_epi16, _mm256_cmpeq_epi32,
-    _mm256_loadu_ps, _mm256_loadu_si256, _mm256_max_epu16, _mm256_min_epi16, _mm256_or_si256,
-    _mm256_packus_epi16, _mm256_packus_epi32, _mm256_permute4x64_epi64, _mm256_set1_epi16,
-    _mm256_set1_epi32, _mm256_setzero_si256, _mm256_srl_epi16, _mm256_srli_epi16,
-    _mm256_srli_epi32, _mm256_storeu_si256, _mm256_sub_epi16, _mm256_subs_epu16,
-    _mm256_testz_si256,
+    __m128i, __m256, __m256i, _mm_cvtsi32_si128, _mm_loadu_si128, _mm256_add_epi16,
+    _mm256_and_si256, _mm256_andnot_si256, _mm256_castps_si256, _mm256_cmpeq_epi16,
+    _mm256_cmpeq_epi32, _mm256_cvtph_ps, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_max_epu16,
+    _mm256_min_epi16, _mm256_or_si256, _mm256_packus_epi16, _mm256_packus_epi32,
+    _mm256_permute4x64_epi64, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_setzero_si256,
+    _mm256_srl_epi16, _mm256_srli_epi16, _mm256_srli_epi32, _mm256_storeu_si256, _mm256_sub_epi16,
+    _mm256_subs_epu16, _mm256_testz_si256,
 };
 
 use super::Fp8;
@@ -250,6 +250,36 @@ pub(super) unsafe fn encode_lanes(
         (
             encode16(&c, &Block::lanes(v, 0), lo, plus_zero),
             encode16(&c, &Block::lanes(v, 1), hi, plus_zero),
+        )
+    });
+}
+
+/// [`super::LaneExps::encode`] for f16 rows at AVX2, after its checks: each value
+/// widened exactly (`vcvtph2ps`), narrowed to bf16 by rounding to odd (exact for the
+/// codes: the `from_f32` module's docs), then [`encode_lanes`]'s steps.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C; `src.len() == dst.len() == 32 * consts.len()`;
+/// `consts` was made by [`super::LaneExps::set_f16`] for `fp8` at AVX2 (every `k`
+/// satisfies [`Fp8::pow2_exact_f32`]).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn encode_lanes_f16(
+    fp8: Fp8,
+    consts: &[[[u16; 32]; 4]],
+    src: &[u16],
+    plus_zero: bool,
+    dst: &mut [u8],
+) {
+    let c = Consts::new(fp8);
+    store_codes(src.len() / 32, dst, |j| {
+        let (v, s) = (&consts[j], &src[32 * j..32 * j + 32]);
+        // SAFETY: `s` is 32 u16 (four unaligned 128-bit loads).
+        let [a, b, d, e] = [0, 8, 16, 24]
+            .map(|o| _mm256_cvtph_ps(unsafe { _mm_loadu_si128(s[o..].as_ptr().cast()) }));
+        (
+            encode16(&c, &Block::lanes(v, 0), round_to_odd(a, b), plus_zero),
+            encode16(&c, &Block::lanes(v, 1), round_to_odd(d, e), plus_zero),
         )
     });
 }
