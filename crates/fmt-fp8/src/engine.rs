@@ -210,8 +210,8 @@ fn rowwise_1d<T: Element>(
                 *s = scale_of(f32::from_bits(key));
             }
             // Power-of-two scales (the default): the whole blocks in 16-bit lanes, on the
-            // bf16 or f16 bits or on f32 narrowed to bf16 (rounding to odd, exact): f32
-            // input and f16 widened by `span_maxima` (at AVX2) from that span.
+            // bf16 or f16 bits or on f32 narrowed to bf16 (rounding to odd, exact), read
+            // as `span_maxima` read them.
             // Otherwise, and for a ragged last block, each value as f32: bf16 bits
             // widened in registers, f16 widened per block, f32 read in place.
             let fast = Pow2Plan::per_block(level, &scales[..whole])
@@ -253,7 +253,7 @@ fn rowwise_1d<T: Element>(
 /// How [`span_maxima`] read a span, which its encoder then reads the same way.
 #[derive(Clone, Copy)]
 enum SpanRead<'a> {
-    /// bf16 or f16 at AVX-512 (bf16 at AVX2), as bit patterns (nothing widened).
+    /// bf16 or f16 at AVX-512 or AVX2, as bit patterns (nothing widened).
     Bits(Bits16<'a>),
     /// Widened into the caller's span (f32 input in place).
     Wide(&'a [f32]),
@@ -261,8 +261,7 @@ enum SpanRead<'a> {
 
 /// The amax keys (f32 magnitude bits, NaN ignored) of the 128-value blocks of `xs` (at
 /// most [`STEP`] blocks, a ragged last one included) into `keys`. bf16 and f16 at
-/// AVX-512, and bf16 at AVX2, are read as bits; f32 is read in place. Returns the input
-/// as read.
+/// AVX-512 and AVX2 are read as bits; f32 is read in place. Returns the input as read.
 #[inline(always)]
 fn span_maxima<'a, T: Element>(
     level: Level,
@@ -271,12 +270,8 @@ fn span_maxima<'a, T: Element>(
     keys: &mut [u32; STEP],
 ) -> SpanRead<'a> {
     let whole = xs.len() / BLOCK;
-    // AVX2 has the 16-bit block maxima and encoder for bf16 only.
-    let bits = Bits16::of(xs).filter(|b| match level {
-        Level::Avx512 => true,
-        Level::Avx2 => matches!(b, Bits16::Bf16(_)),
-        Level::Scalar => false,
-    });
+    // The 16-bit block maxima and encoder: AVX-512 and AVX2.
+    let bits = Bits16::of(xs).filter(|_| level != Level::Scalar);
     if let Some(b) = bits {
         let (head, tail) = (b.slice(..whole * BLOCK), b.slice(whole * BLOCK..));
         block_abs_max_bits(level, head, NanRule::Ignore, &mut keys[..whole]);
@@ -521,9 +516,8 @@ impl Pow2Plan {
 
 impl Pow2Plan {
     /// [`Pow2Plan::encode`] of the whole blocks (`out.len()` values) of a span as
-    /// [`span_maxima`] read it: the bits, or the widened values (f16 widened exactly,
-    /// so the f32 encoder gives its codes: at AVX2 f16 has no 16-bit encoder, and
-    /// before, its spans took the f32 route value by value, x2.7 the AVX-512 time).
+    /// [`span_maxima`] read it: the bits, or the widened values (f32 in place; any
+    /// widened 16-bit input widened exactly, so the f32 encoder gives its codes).
     #[inline(always)]
     fn encode_read(&self, level: Level, dt: Fp8Dtype, read: SpanRead<'_>, out: &mut [u8]) -> bool {
         let (fp8, ks, n) = (dt.pow2_codec(), &self.ks[..self.blocks], out.len());

@@ -471,17 +471,15 @@ struct Ahead<'a> {
 }
 
 impl<'a> Ahead<'a> {
-    /// `Some` where [`span_bits_pow2`] may encode the row (bf16 or f16 input at AVX-512,
-    /// bf16 at AVX2), with the first span's maxima taken when `maxima` (not when the
-    /// caller has the keys).
+    /// `Some` where [`span_bits_pow2`] may encode the row (bf16 or f16 input at AVX-512
+    /// or AVX2), with the first span's maxima taken when `maxima` (not when the caller
+    /// has the keys).
     #[inline(always)]
     fn new<T: Element>(cfg: Cfg, xr: &'a [T], run: usize, maxima: bool) -> Option<Ahead<'a>> {
-        // AVX2 has the 16-bit encoder and block maxima for bf16 only.
-        let bits = match (cfg.level, Bits16::of(xr)?) {
-            (Level::Avx512, bits) => bits,
-            (Level::Avx2, bits @ Bits16::Bf16(_)) => bits,
-            _ => return None,
-        };
+        if cfg.level == Level::Scalar {
+            return None;
+        }
+        let bits = Bits16::of(xr)?;
         let mut a = Ahead {
             cfg,
             bits,
@@ -520,8 +518,8 @@ impl<'a> Ahead<'a> {
     }
 }
 
-/// One span of [`rowwise_only`] straight from bf16 or f16 bits, where the CPU has
-/// AVX-512, given its block maxima (`keys`, from [`block_abs_max_bits`] on the 16-bit
+/// One span of [`rowwise_only`] straight from bf16 or f16 bits, at AVX-512 or AVX2
+/// (f16 there widened and rounded to odd into bf16 in the register), given its block maxima (`keys`, from [`block_abs_max_bits`] on the 16-bit
 /// keys): the encode in 16-bit lanes ([`pow2::encode_blocks`]: an E8M0 scale only moves
 /// the exponent, so no f32 value is formed from bf16). The same codes as the f32 route,
 /// bit for bit (both are tested against it). Returns `false`, leaving `codes` and `out`

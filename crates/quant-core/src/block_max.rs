@@ -93,8 +93,9 @@ pub fn block_abs_max(level: Level, xs: &[f32], nan: NanRule, out: &mut [u32]) {
     }
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx2 && Level::Avx2.is_supported() && n.is_multiple_of(8) {
-        // SAFETY: the CPU has AVX2 (checked just above); `xs` holds `out.len()` blocks
-        // of `n` values, `n` a nonzero multiple of 8 (checked above).
+        // SAFETY: the CPU has AVX2 and F16C (`Level::Avx2` includes both; checked just
+        // above); `xs` holds `out.len()` blocks of `n` values, `n` a nonzero multiple
+        // of 8 (checked above).
         unsafe { avx2::block_abs_max(xs, n, nan, out) };
         return;
     }
@@ -153,8 +154,9 @@ pub fn block_abs_max_bf16(level: Level, xs: &[u16], nan: NanRule, out: &mut [u32
     }
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx2 && Level::Avx2.is_supported() && n.is_multiple_of(16) {
-        // SAFETY: the CPU has AVX2 (checked just above); `xs` holds `out.len()` blocks
-        // of `n` values, `n` a nonzero multiple of 16 (checked above).
+        // SAFETY: the CPU has AVX2 and F16C (`Level::Avx2` includes both; checked just
+        // above); `xs` holds `out.len()` blocks of `n` values, `n` a nonzero multiple
+        // of 16 (checked above).
         unsafe { avx2::block_abs_max_bf16(xs, n, nan, out) };
         return;
     }
@@ -172,7 +174,9 @@ pub fn block_abs_max_bf16(level: Level, xs: &[u16], nan: NanRule, out: &mut [u32
 /// magnitudes as [`block_abs_max_bf16`]'s do, the maxima widened at the end
 /// (`vcvtph2ps`, exact); other blocks of a multiple of 16 values, and the last `< 32`
 /// blocks of 16, widen each vector of 16 in the register and fold sixteen blocks
-/// together as [`block_abs_max`] does. Other levels widen value by value with `half`.
+/// together as [`block_abs_max`] does. At [`Level::Avx2`], blocks of a multiple of 16
+/// fold their magnitudes the same way and widen the maxima. Other levels and blocks
+/// widen value by value with `half`.
 ///
 /// Under [`NanRule::Propagate`] a block holding a NaN yields a NaN pattern, as it does
 /// for f32 input; which NaN's pattern may differ between the two routes where the CPU's
@@ -201,6 +205,14 @@ pub fn block_abs_max_f16(level: Level, xs: &[u16], nan: NanRule, out: &mut [u32]
         // `xs` holds `out.len()` blocks of `n` values, `n` a nonzero multiple of 16
         // (checked above).
         unsafe { x86::block_abs_max_f16(xs, n, nan, out) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx2 && Level::Avx2.is_supported() && n.is_multiple_of(16) {
+        // SAFETY: the CPU has AVX2 and F16C (`Level::Avx2` includes both; checked just
+        // above); `xs` holds `out.len()` blocks of `n` values, `n` a nonzero multiple
+        // of 16 (checked above).
+        unsafe { avx2::block_abs_max_f16(xs, n, nan, out) };
         return;
     }
     let _ = level;

@@ -2,14 +2,16 @@
 //! **eight blocks folded together** into one vector whose lane `b` is block `b`'s
 //! maximum (two rounds of unpack-and-max, one cross-half permute), as the AVX-512
 //! kernels fold sixteen. The portable fold, which LLVM compiled into a horizontal
-//! reduction per block, was 40 % of the MXFP8 quantize profile at AVX2.
+//! reduction per block, was 40 % of the MXFP8 quantize profile at AVX2. f16 blocks fold
+//! their 16-bit magnitudes as bf16 blocks do and are widened once per eight blocks.
 
 use std::arch::x86_64::{
-    __m256i, _mm256_and_si256, _mm256_andnot_si256, _mm256_cmpgt_epi16, _mm256_cmpgt_epi32,
-    _mm256_loadu_si256, _mm256_max_epu16, _mm256_max_epu32, _mm256_permute2x128_si256,
-    _mm256_set1_epi16, _mm256_set1_epi32, _mm256_setzero_si256, _mm256_slli_epi32,
-    _mm256_srli_epi32, _mm256_storeu_si256, _mm256_unpackhi_epi32, _mm256_unpackhi_epi64,
-    _mm256_unpacklo_epi32, _mm256_unpacklo_epi64,
+    __m256i, _mm_packus_epi32, _mm256_and_si256, _mm256_andnot_si256, _mm256_castps_si256,
+    _mm256_castsi256_si128, _mm256_cmpgt_epi16, _mm256_cmpgt_epi32, _mm256_cvtph_ps,
+    _mm256_extracti128_si256, _mm256_loadu_si256, _mm256_max_epu16, _mm256_max_epu32,
+    _mm256_permute2x128_si256, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_setzero_si256,
+    _mm256_slli_epi32, _mm256_srli_epi32, _mm256_storeu_si256, _mm256_unpackhi_epi32,
+    _mm256_unpackhi_epi64, _mm256_unpacklo_epi32, _mm256_unpacklo_epi64,
 };
 
 use super::{INF_BITS, NanRule};
@@ -31,16 +33,16 @@ fn keys32(x: __m256i, nan: NanRule) -> __m256i {
     }
 }
 
-/// The 16-bit keys of 16 bf16 values: [`NanRule::key`]'s high half.
+/// The 16-bit keys of 16 bf16 or f16 values: the magnitude bits, NaN (above `inf`, the
+/// format's infinity) zero under [`NanRule::Ignore`] (for bf16 [`NanRule::key`]'s high
+/// half).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn keys16(x: __m256i, nan: NanRule) -> __m256i {
+fn keys16(x: __m256i, inf: i16, nan: NanRule) -> __m256i {
     let a = _mm256_and_si256(x, _mm256_set1_epi16(0x7FFF));
     match nan {
-        NanRule::Ignore => _mm256_andnot_si256(
-            _mm256_cmpgt_epi16(a, _mm256_set1_epi16((INF_BITS >> 16) as i16)),
-            a,
-        ),
+        // A signed compare is right: `a` is at most `0x7FFF`.
+        NanRule::Ignore => _mm256_andnot_si256(_mm256_cmpgt_epi16(a, _mm256_set1_epi16(inf)), a),
         NanRule::Propagate => a,
     }
 }
@@ -61,10 +63,15 @@ fn fold8(v: &[__m256i; GROUP]) -> __m256i {
 }
 
 /// Calls `lanes(b)` (block `b`'s lane maxima, 8 u32 lanes) for every block and stores
-/// the blocks' maxima into `out`, eight at a time (the last group padded with zeros).
+/// the blocks' maxima into `out`, eight at a time (the last group padded with zeros),
+/// each group's folded vector passed through `finish` (a monotone map of the lanes).
 #[inline]
-#[target_feature(enable = "avx2")]
-fn fold_blocks(out: &mut [u32], lanes: impl Fn(usize) -> __m256i) {
+#[target_feature(enable = "avx2,f16c")]
+fn fold_blocks(
+    out: &mut [u32],
+    lanes: impl Fn(usize) -> __m256i,
+    finish: impl Fn(__m256i) -> __m256i,
+) {
     for (g, o) in out.chunks_mut(GROUP).enumerate() {
         let mut v = [_mm256_setzero_si256(); GROUP];
         for (b, vb) in v.iter_mut().enumerate().take(o.len()) {
@@ -72,21 +79,46 @@ fn fold_blocks(out: &mut [u32], lanes: impl Fn(usize) -> __m256i) {
         }
         let mut m = [0u32; GROUP];
         // SAFETY: `m` is 8 u32 = 32 bytes (one unaligned 256-bit store).
-        unsafe { _mm256_storeu_si256(m.as_mut_ptr().cast(), fold8(&v)) };
+        unsafe { _mm256_storeu_si256(m.as_mut_ptr().cast(), finish(fold8(&v))) };
         o.copy_from_slice(&m[..o.len()]);
     }
 }
 
-/// [`super::block_abs_max`] at AVX2: `xs` holds `out.len()` blocks of `n` values, `n` a
-/// nonzero multiple of 8.
-///
-/// # Safety
-/// The CPU must have AVX2.
+/// A block's 16-bit lane maxima `m` folded pairwise into the low halves of its 8
+/// 32-bit lanes (the high halves zero).
 #[inline]
 #[target_feature(enable = "avx2")]
+fn low_halves(m: __m256i) -> __m256i {
+    _mm256_and_si256(
+        _mm256_max_epu16(m, _mm256_srli_epi32::<16>(m)),
+        _mm256_set1_epi32(0xFFFF),
+    )
+}
+
+/// A block's 16-bit lane maxima of `n` 16-bit values from `block`, keyed by `keys`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn max16(block: &[u16], keys: impl Fn(__m256i) -> __m256i) -> __m256i {
+    let mut m = _mm256_setzero_si256();
+    for c in block.chunks_exact(16) {
+        // SAFETY: `c` is 16 u16 (one unaligned 256-bit load).
+        let x = unsafe { _mm256_loadu_si256(c.as_ptr().cast()) };
+        m = _mm256_max_epu16(m, keys(x));
+    }
+    m
+}
+
+/// [`super::block_abs_max`] at AVX2: `xs` holds `out.len()` blocks of `n` values, `n` a
+/// nonzero multiple of 8. (Compiled with F16C too, as every kernel here: the level
+/// includes it, and kernels of one feature set inline each other's helpers.)
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn block_abs_max(xs: &[f32], n: usize, nan: NanRule, out: &mut [u32]) {
     debug_assert!(n > 0 && n.is_multiple_of(8) && xs.len() == n * out.len());
-    fold_blocks(out, |b| {
+    let lanes = |b: usize| {
         let block = &xs[b * n..(b + 1) * n];
         let mut m = _mm256_setzero_si256();
         for c in block.chunks_exact(8) {
@@ -95,7 +127,8 @@ pub(super) unsafe fn block_abs_max(xs: &[f32], n: usize, nan: NanRule, out: &mut
             m = _mm256_max_epu32(m, keys32(x, nan));
         }
         m
-    });
+    };
+    fold_blocks(out, lanes, |v| v)
 }
 
 /// [`super::block_abs_max_bf16`] at AVX2: `xs` holds `out.len()` blocks of `n` values,
@@ -105,25 +138,36 @@ pub(super) unsafe fn block_abs_max(xs: &[f32], n: usize, nan: NanRule, out: &mut
 /// patterns.
 ///
 /// # Safety
-/// The CPU must have AVX2.
+/// The CPU must have AVX2 and F16C.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn block_abs_max_bf16(xs: &[u16], n: usize, nan: NanRule, out: &mut [u32]) {
     debug_assert!(n > 0 && n.is_multiple_of(16) && xs.len() == n * out.len());
-    fold_blocks(out, |b| {
-        let block = &xs[b * n..(b + 1) * n];
-        let mut m = _mm256_setzero_si256();
-        for c in block.chunks_exact(16) {
-            // SAFETY: `c` is 16 u16 (one unaligned 256-bit load).
-            let x = unsafe { _mm256_loadu_si256(c.as_ptr().cast()) };
-            m = _mm256_max_epu16(m, keys16(x, nan));
-        }
-        // Low half of each 32-bit lane: the lane's two 16-bit maxima maxed; then the
-        // key as an f32 pattern (`key16 << 16`).
-        let low = _mm256_and_si256(
-            _mm256_max_epu16(m, _mm256_srli_epi32::<16>(m)),
-            _mm256_set1_epi32(0xFFFF),
-        );
-        _mm256_slli_epi32::<16>(low)
+    let inf = (INF_BITS >> 16) as i16;
+    // The key as an f32 pattern: `key16 << 16`.
+    let lanes = |b: usize| {
+        let m = max16(&xs[b * n..(b + 1) * n], |x| keys16(x, inf, nan));
+        _mm256_slli_epi32::<16>(low_halves(m))
+    };
+    fold_blocks(out, lanes, |v| v)
+}
+
+/// [`super::block_abs_max_f16`] at AVX2: as [`block_abs_max_bf16`], on the f16
+/// magnitudes (NaN above `0x7C00`), whose order is their values' order; the eight
+/// blocks' folded maxima are widened once at the end (`vcvtph2ps`, exact), their f32
+/// patterns the keys of the widened values.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn block_abs_max_f16(xs: &[u16], n: usize, nan: NanRule, out: &mut [u32]) {
+    debug_assert!(n > 0 && n.is_multiple_of(16) && xs.len() == n * out.len());
+    let lanes = |b: usize| low_halves(max16(&xs[b * n..(b + 1) * n], |x| keys16(x, 0x7C00, nan)));
+    fold_blocks(out, lanes, |v| {
+        // Each lane is at most 0x7FFF: `vpackusdw` keeps it; lanes 0..4 and 4..8 sit in
+        // the two 128-bit halves.
+        let h = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        _mm256_castps_si256(_mm256_cvtph_ps(h))
     });
 }

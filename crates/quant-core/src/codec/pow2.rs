@@ -273,11 +273,12 @@ fn runs_fit(
 }
 
 /// `dst[i] = fp8.encode(src[i], ks[i / block], plus_zero)` with AVX-512, 32 values per
-/// step ([`Fp8::encode`] for bf16 `src`, [`Fp8::encode_f16`] for f16), or for bf16 with
-/// AVX2, 16 per step. Returns `false` and writes nothing unless `level` is
-/// [`Level::Avx512`] (or [`Level::Avx2`], bf16 only) and the CPU has it, `block` is
-/// a nonzero multiple of 32, `src` and `dst` hold `ks.len()` blocks, and every `k`
-/// satisfies [`Fp8::pow2_exact`] (bf16) or [`Fp8::pow2_exact_f16`] (f16); the caller then
+/// step ([`Fp8::encode`] for bf16 `src`, [`Fp8::encode_f16`] for f16), or with AVX2, 16
+/// per step (f16 widened and rounded to odd into bf16 first, exact for the codes).
+/// Returns `false` and writes nothing unless `level` is [`Level::Avx512`] or
+/// [`Level::Avx2`] and the CPU has it, `block` is a nonzero multiple of 32, `src` and
+/// `dst` hold `ks.len()` blocks, and every `k` satisfies [`Fp8::pow2_exact`] (bf16) or
+/// [`Fp8::pow2_exact_f16`] (f16; at AVX2 also [`Fp8::pow2_exact_f32`]); the caller then
 /// takes its f32 route. `#[inline(always)]`: call it from a [`crate::simd::dispatch`]ed
 /// kernel.
 ///
@@ -308,8 +309,10 @@ pub fn encode_blocks(
         Bits16::Bf16(b) => runs_fit(level, true, (b.len(), dst.len()), block, ks, |k| {
             fp8.pow2_exact(k)
         }),
-        Bits16::F16(b) => runs_fit(level, false, (b.len(), dst.len()), block, ks, |k| {
-            fp8.pow2_exact_f16(k)
+        // AVX2 takes f16 through the bf16 kernel (widened, rounded to odd), within the
+        // f32 route's range.
+        Bits16::F16(b) => runs_fit(level, true, (b.len(), dst.len()), block, ks, |k| {
+            fp8.pow2_exact_f16(k) && (level != Level::Avx2 || fp8.pow2_exact_f32(k))
         }),
     };
     #[cfg(target_arch = "x86_64")]
@@ -325,10 +328,15 @@ pub fn encode_blocks(
             (Some(Level::Avx512), Bits16::F16(b)) => unsafe {
                 f16::x86::encode_blocks(fp8, b, block, ks, plus_zero, dst)
             },
-            // SAFETY: the CPU has AVX2 (checked by `runs_fit`), which takes bf16 only; the
-            // lengths and exponents were checked there.
+            // SAFETY: the CPU has AVX2 (checked by `runs_fit`); the lengths and exponents
+            // were checked there.
             (Some(Level::Avx2), Bits16::Bf16(b)) => unsafe {
                 avx2::encode_blocks(fp8, b, block, ks, plus_zero, dst)
+            },
+            // SAFETY: as above, and `Level::Avx2` includes F16C; the f16 exponents were
+            // checked against both ranges.
+            (Some(Level::Avx2), Bits16::F16(b)) => unsafe {
+                avx2::encode_blocks_f16(fp8, b, block, ks, plus_zero, dst)
             },
             _ => return false,
         }
@@ -1319,13 +1327,14 @@ mod tests {
             false,
             &mut dst
         ));
-        // f16 has no AVX2 kernel.
+        // f16 at AVX2 within the f32 route's range only: 120 is exact for the AVX-512
+        // f16 kernel, not for E4M3's bf16 kernel.
         assert!(!encode_blocks(
             Level::Avx2,
             Fp8::E4M3,
             Bits16::F16(&src),
             32,
-            &[0, 0],
+            &[0, 120],
             false,
             &mut dst
         ));

@@ -273,15 +273,49 @@ pub(super) unsafe fn encode_lanes_f16(
 ) {
     let c = Consts::new(fp8);
     store_codes(src.len() / 32, dst, |j| {
-        let (v, s) = (&consts[j], &src[32 * j..32 * j + 32]);
-        // SAFETY: `s` is 32 u16 (four unaligned 128-bit loads).
-        let [a, b, d, e] = [0, 8, 16, 24]
-            .map(|o| _mm256_cvtph_ps(unsafe { _mm_loadu_si128(s[o..].as_ptr().cast()) }));
+        let [lo, hi] = widened_to_odd(&src[32 * j..]);
         (
-            encode16(&c, &Block::lanes(v, 0), round_to_odd(a, b), plus_zero),
-            encode16(&c, &Block::lanes(v, 1), round_to_odd(d, e), plus_zero),
+            encode16(&c, &Block::lanes(&consts[j], 0), lo, plus_zero),
+            encode16(&c, &Block::lanes(&consts[j], 1), hi, plus_zero),
         )
     });
+}
+
+/// [`super::encode_blocks`] for f16 bits at AVX2, after its checks: each value widened
+/// exactly (`vcvtph2ps`) and narrowed to bf16 by rounding to odd, as
+/// [`encode_blocks_f32`] narrows f32 (exact for the codes: the `from_f32` module's
+/// docs), so `fp8.encode_f16(x, k)`, which is the f32 route's code of the same value.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C; `src.len() == dst.len() == ks.len() * block`,
+/// `block` a multiple of 32; every `k` satisfies [`Fp8::pow2_exact_f16`] and
+/// [`Fp8::pow2_exact_f32`].
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn encode_blocks_f16(
+    fp8: Fp8,
+    src: &[u16],
+    block: usize,
+    ks: &[i32],
+    plus_zero: bool,
+    dst: &mut [u8],
+) {
+    encode_chunks(fp8, (block, ks), plus_zero, (src.len() / 32, dst), |j| {
+        let s = &src[32 * j..32 * j + 32];
+        widened_to_odd(s)
+    });
+}
+
+/// 32 f16 values (`s`, at least 32) as bf16 bits rounded to odd, in two vectors of 16:
+/// each widened exactly by `vcvtph2ps`, then [`round_to_odd`].
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn widened_to_odd(s: &[u16]) -> [__m256i; 2] {
+    let s = &s[..32];
+    // SAFETY: `s` is 32 u16 (four unaligned 128-bit loads).
+    let [a, b, d, e] =
+        [0, 8, 16, 24].map(|o| _mm256_cvtph_ps(unsafe { _mm_loadu_si128(s[o..].as_ptr().cast()) }));
+    [round_to_odd(a, b), round_to_odd(d, e)]
 }
 
 /// [`super::encode_blocks_f32`] at AVX2, after its checks.

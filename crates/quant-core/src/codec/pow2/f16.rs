@@ -444,15 +444,22 @@ mod tests {
     }
 
     /// Every f16 pattern through [`encode_blocks`] at each exponent of `ks`, against
-    /// [`Fp8::encode_f16`]: in order (chunks of neighbouring patterns, most of them on
-    /// the fast route), and shuffled (chunks mixing the routes' lanes), one exponent for
-    /// the run and then one per 32-value block.
+    /// [`Fp8::encode_f16`], at each vector level the CPU has (AVX2: the exponents its
+    /// route takes, the others refused): in order (chunks of neighbouring patterns, most
+    /// of them on the fast route), and shuffled (chunks mixing the routes' lanes), one
+    /// exponent for the run and then one per 32-value block.
     fn check(ks: &[i32]) {
-        let level = crate::simd::level();
-        if level != Level::Avx512 {
-            eprintln!("skipped: this CPU has no AVX-512 (the vector kernel is not built to run)");
-            return;
+        for level in [Level::Avx512, Level::Avx2] {
+            if level.is_supported() {
+                check_at(level, ks);
+            } else {
+                eprintln!("skipped at {level}: this CPU does not have it");
+            }
         }
+    }
+
+    /// [`check`] at one level the CPU has.
+    fn check_at(level: Level, all: &[i32]) {
         let sorted: Vec<u16> = (0..=u16::MAX).collect();
         let mut shuffled = sorted.clone();
         let mut rng = XorShift32::new(0x05EE_DF16);
@@ -461,8 +468,15 @@ mod tests {
         }
         let mut dst = vec![0u8; sorted.len()];
         for fp8 in [Fp8::E4M3, Fp8::E5M2] {
+            let takes = |k: i32| level != Level::Avx2 || fp8.pow2_exact_f32(k);
+            for &k in all.iter().filter(|&&k| !takes(k)) {
+                let run = Bits16::F16(&sorted);
+                let n = sorted.len();
+                assert!(!encode_blocks(level, fp8, run, n, &[k], false, &mut dst));
+            }
+            let ks: Vec<i32> = all.iter().copied().filter(|&k| takes(k)).collect();
             for src in [&sorted, &shuffled] {
-                for &k in ks {
+                for &k in &ks {
                     for plus_zero in [false, true] {
                         let run = Bits16::F16(src);
                         assert!(encode_blocks(
