@@ -328,13 +328,12 @@ pub fn encode_blocks(
             (Some(Level::Avx512), Bits16::F16(b)) => unsafe {
                 f16::x86::encode_blocks(fp8, b, block, ks, plus_zero, dst)
             },
-            // SAFETY: the CPU has AVX2 (checked by `runs_fit`); the lengths and exponents
-            // were checked there.
+            // SAFETY: the CPU has AVX2 and F16C (`runs_fit` checked the level, which
+            // includes both); the lengths and exponents were checked there.
             (Some(Level::Avx2), Bits16::Bf16(b)) => unsafe {
                 avx2::encode_blocks(fp8, b, block, ks, plus_zero, dst)
             },
-            // SAFETY: as above, and `Level::Avx2` includes F16C; the f16 exponents were
-            // checked against both ranges.
+            // SAFETY: as above; the f16 exponents were checked against both ranges.
             (Some(Level::Avx2), Bits16::F16(b)) => unsafe {
                 avx2::encode_blocks_f16(fp8, b, block, ks, plus_zero, dst)
             },

@@ -161,7 +161,7 @@ fn encode16_scalar(fp8: Fp8, k: Exps<'_>, x: __m256i, plus_zero: bool) -> __m256
 /// `j`'s two halves as u16 lanes, in order: `vpackuswb` (the codes are below 256)
 /// interleaves their 128-bit halves, one `vpermq` restores the order.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 fn store_codes(chunks: usize, dst: &mut [u8], mut codes: impl FnMut(usize) -> (__m256i, __m256i)) {
     for (j, d) in dst[..32 * chunks].chunks_exact_mut(32).enumerate() {
         let (lo, hi) = codes(j);
@@ -175,7 +175,7 @@ fn store_codes(chunks: usize, dst: &mut [u8], mut codes: impl FnMut(usize) -> (_
 /// as two vectors of 16, chunk `j` under `ks[32 j / block]`: the loop both input types
 /// share.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 fn encode_chunks(
     fp8: Fp8,
     (block, ks): (usize, &[i32]),
@@ -198,10 +198,12 @@ fn encode_chunks(
 /// [`super::encode_blocks`] for bf16 bits at AVX2, after its checks.
 ///
 /// # Safety
-/// The CPU must have AVX2; `src.len() == dst.len() == ks.len() * block`, `block` a
-/// multiple of 32; every `k` satisfies [`Fp8::pow2_exact`].
+/// The CPU must have AVX2 and F16C (the level's features, which every function here
+/// that takes a closure carries, so that the closures inline); `src.len() == dst.len()
+/// == ks.len() * block`, `block` a multiple of 32; every `k` satisfies
+/// [`Fp8::pow2_exact`].
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn encode_blocks(
     fp8: Fp8,
     src: &[u16],
@@ -211,14 +213,43 @@ pub(super) unsafe fn encode_blocks(
     dst: &mut [u8],
 ) {
     encode_chunks(fp8, (block, ks), plus_zero, (src.len() / 32, dst), |j| {
-        let s = &src[32 * j..32 * j + 32];
-        // SAFETY: `s` is 32 u16 (two unaligned 256-bit loads).
-        unsafe {
-            [
-                _mm256_loadu_si256(s.as_ptr().cast()),
-                _mm256_loadu_si256(s[16..].as_ptr().cast()),
-            ]
-        }
+        load_bf16(&src[32 * j..])
+    });
+}
+
+/// 32 bf16 values (`s`, at least 32) in two vectors of 16.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load_bf16(s: &[u16]) -> [__m256i; 2] {
+    let s = &s[..32];
+    // SAFETY: `s` is 32 u16 (two unaligned 256-bit loads).
+    unsafe {
+        [
+            _mm256_loadu_si256(s.as_ptr().cast()),
+            _mm256_loadu_si256(s[16..].as_ptr().cast()),
+        ]
+    }
+}
+
+/// Encodes one row of a lane set's constants (`consts`, 32 lanes each) into `dst`,
+/// `load(j)` giving lanes `32 j ..` as two vectors of bf16 bits: the loop both row
+/// formats share.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn encode_lane_chunks(
+    fp8: Fp8,
+    consts: &[[[u16; 32]; 4]],
+    plus_zero: bool,
+    dst: &mut [u8],
+    load: impl Fn(usize) -> [__m256i; 2],
+) {
+    let c = Consts::new(fp8);
+    store_codes(consts.len(), dst, |j| {
+        let [lo, hi] = load(j);
+        (
+            encode16(&c, &Block::lanes(&consts[j], 0), lo, plus_zero),
+            encode16(&c, &Block::lanes(&consts[j], 1), hi, plus_zero),
+        )
     });
 }
 
@@ -226,10 +257,10 @@ pub(super) unsafe fn encode_blocks(
 /// vector of constants taken as two halves of 16.
 ///
 /// # Safety
-/// The CPU must have AVX2; `src.len() == dst.len() == 32 * consts.len()`; `consts` was
-/// made by [`super::LaneExps::set`] for `fp8`.
+/// The CPU must have AVX2 and F16C; `src.len() == dst.len() == 32 * consts.len()`;
+/// `consts` was made by [`super::LaneExps::set`] for `fp8`.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn encode_lanes(
     fp8: Fp8,
     consts: &[[[u16; 32]; 4]],
@@ -237,21 +268,7 @@ pub(super) unsafe fn encode_lanes(
     plus_zero: bool,
     dst: &mut [u8],
 ) {
-    let c = Consts::new(fp8);
-    store_codes(src.len() / 32, dst, |j| {
-        let (v, s) = (&consts[j], &src[32 * j..32 * j + 32]);
-        // SAFETY: `s` is 32 u16 (two unaligned 256-bit loads).
-        let [lo, hi] = unsafe {
-            [
-                _mm256_loadu_si256(s.as_ptr().cast()),
-                _mm256_loadu_si256(s[16..].as_ptr().cast()),
-            ]
-        };
-        (
-            encode16(&c, &Block::lanes(v, 0), lo, plus_zero),
-            encode16(&c, &Block::lanes(v, 1), hi, plus_zero),
-        )
-    });
+    encode_lane_chunks(fp8, consts, plus_zero, dst, |j| load_bf16(&src[32 * j..]));
 }
 
 /// [`super::LaneExps::encode`] for f16 rows at AVX2, after its checks: each value
@@ -260,8 +277,8 @@ pub(super) unsafe fn encode_lanes(
 ///
 /// # Safety
 /// The CPU must have AVX2 and F16C; `src.len() == dst.len() == 32 * consts.len()`;
-/// `consts` was made by [`super::LaneExps::set_f16`] for `fp8` at AVX2 (every `k`
-/// satisfies [`Fp8::pow2_exact_f32`]).
+/// `consts` was made by [`super::LaneExps::set_for`] at AVX2 for f16 rows and `fp8`
+/// (every `k` satisfies [`Fp8::pow2_exact_f32`]).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn encode_lanes_f16(
@@ -271,13 +288,8 @@ pub(super) unsafe fn encode_lanes_f16(
     plus_zero: bool,
     dst: &mut [u8],
 ) {
-    let c = Consts::new(fp8);
-    store_codes(src.len() / 32, dst, |j| {
-        let [lo, hi] = widened_to_odd(&src[32 * j..]);
-        (
-            encode16(&c, &Block::lanes(&consts[j], 0), lo, plus_zero),
-            encode16(&c, &Block::lanes(&consts[j], 1), hi, plus_zero),
-        )
+    encode_lane_chunks(fp8, consts, plus_zero, dst, |j| {
+        widened_to_odd(&src[32 * j..])
     });
 }
 
@@ -321,10 +333,10 @@ fn widened_to_odd(s: &[u16]) -> [__m256i; 2] {
 /// [`super::encode_blocks_f32`] at AVX2, after its checks.
 ///
 /// # Safety
-/// The CPU must have AVX2; `src.len() == dst.len() == ks.len() * block`, `block` a
-/// multiple of 32; every `k` satisfies [`Fp8::pow2_exact_f32`].
+/// The CPU must have AVX2 and F16C; `src.len() == dst.len() == ks.len() * block`,
+/// `block` a multiple of 32; every `k` satisfies [`Fp8::pow2_exact_f32`].
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn encode_blocks_f32(
     fp8: Fp8,
     src: &[f32],

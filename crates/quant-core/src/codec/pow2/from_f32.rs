@@ -123,7 +123,8 @@ pub fn encode_blocks_f32(
             Some(Level::Avx512) => unsafe {
                 x86::encode_blocks(fp8, src, block, ks, plus_zero, dst)
             },
-            // SAFETY: the CPU has AVX2 (checked by `runs_fit`); as above.
+            // SAFETY: the CPU has AVX2 and F16C (`runs_fit` checked the level, which
+            // includes both); as above.
             Some(Level::Avx2) => unsafe {
                 super::avx2::encode_blocks_f32(fp8, src, block, ks, plus_zero, dst)
             },
