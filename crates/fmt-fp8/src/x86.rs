@@ -111,7 +111,7 @@ fn scale_vector(scale: Scales<'_>, j: usize) -> __m512 {
 
 /// The scalar step of both loops' tails.
 #[inline(always)]
-fn decode_one(dt: Fp8Dtype, code: u8, scale: f32) -> f32 {
+pub(crate) fn decode_one(dt: Fp8Dtype, code: u8, scale: f32) -> f32 {
     dt.decode_table()[usize::from(code)] * scale
 }
 
@@ -191,7 +191,7 @@ output_loops!(
 /// The element type (E5M2 or E4M3) and the scales (`each`, or `one` for the run) as
 /// [`decode_run`] takes them.
 #[inline(always)]
-fn variant<'a, const E5M2: bool, const EACH: bool>(
+pub(crate) fn variant<'a, const E5M2: bool, const EACH: bool>(
     one: f32,
     each: &'a [f32],
 ) -> (Fp8Dtype, Scales<'a>) {
