@@ -663,10 +663,10 @@ fn one_d_columnwise<T: Element>(
                 *a = scale_of(*a);
             }
         }
-        // Power-of-two column scales (the default): bf16 and f16 rows at AVX-512, bf16
-        // at AVX2, are encoded in 16-bit lanes, one exponent per column.
+        // Power-of-two column scales (the default): bf16 and f16 rows at AVX-512 and
+        // AVX2 are encoded in 16-bit lanes, one exponent per column.
         let col_lanes = Bits16::of(x).is_some_and(|rows| {
-            LaneExps::supports(level, rows) && {
+            LaneExps::supports(level) && {
                 let mut ks = [0i32; CHUNK];
                 for (e, &s) in ks.iter_mut().zip(scales.iter()) {
                     *e = pow2_exponent(s);

@@ -158,13 +158,16 @@ impl Scales<'_> {
 /// else the portable loop ([`decode_f32`]); the same bits either way.
 ///
 /// At AVX2 the columnwise runs (per-code scales) take [`crate::decode_avx2`]'s register
-/// decoder, streamed in `mode`. Elsewhere the portable loop writes them through
+/// decoder, streamed in `mode`: against the scratch route below (CLI A/B, 3 pairs) into
+/// f32 x1.54-1.84 and per-tensor into bf16 x1.34, the blockwise recipes into bf16
+/// 0.92-0.94. Elsewhere the portable loop writes them through
 /// [`write_filled`], which streams in `mode` too (at AVX2, before the register decoder:
 /// the blockwise columnwise dequantizes into bf16 and f16 x1.30-1.59, CLI A/B, 5
 /// pairs, since their 2 KiB runs of hundreds of output rows, with ordinary stores,
 /// read every line first). A run under one scale (the per-tensor rowwise dequantize)
 /// keeps ordinary stores: streamed through the scratch it ran x0.68 at AVX2 (CLI A/B,
-/// 5 pairs; in process x1.03: the scratch's 4K aliasing, [`crate::decode_avx2`]).
+/// 5 pairs; in process x1.03: the scratch's 4K aliasing, [`crate::decode_avx2`]), and
+/// through the register decoder 0.90.
 #[inline(always)]
 pub(crate) fn decode_run<T: Element>(
     how: (Level, StoreMode, &Fence),
@@ -174,10 +177,6 @@ pub(crate) fn decode_run<T: Element>(
     dst: &mut [T],
     buf: &mut Wide,
 ) {
-    // At AVX2 the register decoder takes the columnwise runs (per-code scales): into f32
-    // x1.54-1.84 and per-tensor into bf16 x1.34 against the scratch route below (CLI,
-    // 3 pairs), the blockwise recipes into bf16 0.92-0.94. A run under one scale (the
-    // per-tensor rowwise dequantize) read 0.90 through it and keeps the scratch route.
     #[cfg(target_arch = "x86_64")]
     if crate::x86::decode_run(how.0, dt, src, scale, dst, (how.1, how.2))
         || (matches!(scale, Scales::Each(_))

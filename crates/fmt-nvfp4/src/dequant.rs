@@ -338,9 +338,8 @@ pub(crate) fn columnwise<T: Element>(
 /// `k` apart), output row `i` from the `i % 2` nibble of transposed byte row `i / 2`
 /// (`CHUNK` apart in `pairs`), columns `c0 .. c0 + f.len()`: with AVX-512,
 /// [`crate::x86::decode_nibbles`] per row, with AVX2 [`crate::x86_avx2::decode_nibbles`].
-/// Returns `false` where that declines; the
-/// caller then decodes into its scratch and narrows from there, which rewrites every
-/// row of the group.
+/// Returns `false` where that declines; the caller then decodes into its scratch and
+/// narrows from there, which rewrites every row of the group.
 #[inline(always)]
 fn decode_group<T: Element>(
     (level, mode, fence): (simd::Level, StoreMode, &Fence),

@@ -563,27 +563,24 @@ impl LaneExps {
         self.len() == 0
     }
 
-    /// Whether [`LaneExps::encode`] has a kernel for rows like `rows` (only the format is
-    /// read) at `level` on this CPU: bf16 and f16 rows at [`Level::Avx512`] and
-    /// [`Level::Avx2`] (f16 rows there through the bf16 kernel, [`LaneExps::set_f16`]).
-    /// A caller asks before it spends the [`LaneExps::set`].
+    /// Whether [`LaneExps::encode`] has a kernel at `level` on this CPU: bf16 and f16
+    /// rows alike at [`Level::Avx512`] and [`Level::Avx2`] (f16 rows there through the
+    /// bf16 kernel, [`LaneExps::set_for`]). A caller asks before it spends the
+    /// [`LaneExps::set`].
     ///
     /// ```
     /// use quant_core::codec::pow2::LaneExps;
-    /// use quant_core::dtype::Bits16;
     /// use quant_core::simd::Level;
-    /// assert!(!LaneExps::supports(Level::Scalar, Bits16::Bf16(&[])));
-    /// assert!(!LaneExps::supports(Level::Scalar, Bits16::F16(&[])));
+    /// assert!(!LaneExps::supports(Level::Scalar));
     /// ```
     #[inline(always)]
-    pub fn supports(level: Level, rows: Bits16<'_>) -> bool {
-        let _ = rows;
+    pub fn supports(level: Level) -> bool {
         level != Level::Scalar && level.is_supported()
     }
 
     /// `dst[j] = fp8.encode(src[j], ks[j], plus_zero)` for one row (for f16 rows
     /// [`Fp8::encode_f16`]), with AVX-512 or AVX2. Returns `false` and writes nothing
-    /// unless [`LaneExps::supports`] `level` for `src`, the lanes were set for `src`'s
+    /// unless [`LaneExps::supports`] `level`, the lanes were set for `src`'s
     /// format (f16 rows at AVX2: while [`crate::simd::level`] was AVX2), and `src` and
     /// `dst` both hold [`LaneExps::len`] values (at least one). `#[inline(always)]`:
     /// call it from a [`crate::simd::dispatch`]ed kernel.
@@ -597,7 +594,7 @@ impl LaneExps {
         if !set_for_src
             || src.len() != self.len()
             || dst.len() != self.len()
-            || !Self::supports(level, src)
+            || !Self::supports(level)
         {
             return false;
         }
@@ -1158,7 +1155,7 @@ mod tests {
                 continue;
             }
             assert_eq!(lanes.len(), ks.len());
-            let kernel = LaneExps::supports(level, (f.tag)(&[]));
+            let kernel = LaneExps::supports(level);
             for row in src.chunks_exact(ks.len()) {
                 let took = lanes.encode(level, (f.tag)(row), plus_zero, &mut dst);
                 assert_eq!(took, kernel, "{level}: encode took a row: {took}");
