@@ -29,12 +29,13 @@ use std::arch::x86_64::{
     _mm256_or_si256, _mm256_set_m128i, _mm256_set1_epi32, _mm256_set1_ps, _mm256_slli_epi32,
 };
 
+use quant_core::Element;
 use quant_core::bf16_narrow::avx2::narrow16;
+use quant_core::dtype::FloatsMut;
 use quant_core::dtype::bf16_bits;
 use quant_core::simd::Level;
 use quant_core::stream::StoreMode;
 use quant_core::stream::avx2::{write_f32_steps, write_u16_steps};
-use quant_core::{DType, Element};
 
 use crate::kernels::Scales;
 use crate::scale::Fp8Dtype;
@@ -61,23 +62,14 @@ pub(crate) fn decode_run<T: Element>(
     if level != Level::Avx2 || !level.is_supported() || codes.len() != out.len() || !scales_fit {
         return false;
     }
-    match T::DTYPE {
-        DType::F32 => match bytemuck::try_cast_slice_mut::<T, f32>(out) {
-            // SAFETY: the CPU has the AVX2 level's features (checked above).
-            Ok(o) => unsafe { decode_run_f32(dt, codes, scale, o, mode) },
-            Err(_) => return false,
-        },
-        DType::BF16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
-            // SAFETY: as above.
-            Ok(o) => unsafe { decode_run_bf16(dt, codes, scale, o, mode) },
-            Err(_) => return false,
-        },
-        DType::F16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
-            // SAFETY: as above (`Level::Avx2` includes F16C).
-            Ok(o) => unsafe { decode_run_f16(dt, codes, scale, o, mode) },
-            Err(_) => return false,
-        },
-        _ => return false,
+    match FloatsMut::of(out) {
+        // SAFETY: the CPU has the AVX2 level's features (checked above).
+        Some(FloatsMut::F32(o)) => unsafe { decode_run_f32(dt, codes, scale, o, mode) },
+        // SAFETY: as above.
+        Some(FloatsMut::Bf16(o)) => unsafe { decode_run_bf16(dt, codes, scale, o, mode) },
+        // SAFETY: as above (`Level::Avx2` includes F16C).
+        Some(FloatsMut::F16(o)) => unsafe { decode_run_f16(dt, codes, scale, o, mode) },
+        None => return false,
     }
     true
 }

@@ -20,11 +20,12 @@ use std::arch::x86_64::{
     _mm512_mul_ps, _mm512_set1_ps,
 };
 
+use quant_core::Element;
 use quant_core::codec::x86 as codec;
+use quant_core::dtype::FloatsMut;
 use quant_core::simd::Level;
 use quant_core::stream::x86::{write_bf16_steps, write_f16_steps, write_f32_steps};
 use quant_core::stream::{Fence, StoreMode};
-use quant_core::{DType, Element};
 
 use crate::kernels::Scales;
 use crate::scale::Fp8Dtype;
@@ -50,25 +51,16 @@ pub(crate) fn decode_run<T: Element>(
     if level != Level::Avx512 || codes.len() != out.len() || !scales_fit {
         return false;
     }
-    match T::DTYPE {
-        DType::F32 => match bytemuck::try_cast_slice_mut::<T, f32>(out) {
-            // SAFETY: the CPU has AVX-512 F, BW and DQ (`Level::Avx512` is only active
-            // where it does).
-            Ok(o) => unsafe { decode_run_f32(dt, codes, scale, o, mode, fence) },
-            Err(_) => return false,
+    match FloatsMut::of(out) {
+        // SAFETY: the CPU has AVX-512 F, BW and DQ (`Level::Avx512` is only active
+        // where it does).
+        Some(FloatsMut::F32(o)) => unsafe { decode_run_f32(dt, codes, scale, o, mode, fence) },
+        // SAFETY: as above, and the CPU has AVX-512 BF16 (checked).
+        Some(FloatsMut::Bf16(o)) if quant_core::simd::has(quant_core::simd::Ext::Bf16) => unsafe {
+            decode_run_bf16(dt, codes, scale, o, mode, fence)
         },
-        DType::BF16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
-            // SAFETY: as above, and the CPU has AVX-512 BF16 (checked).
-            Ok(o) if quant_core::simd::has(quant_core::simd::Ext::Bf16) => unsafe {
-                decode_run_bf16(dt, codes, scale, o, mode, fence)
-            },
-            _ => return false,
-        },
-        DType::F16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
-            // SAFETY: the CPU has AVX-512 F, BW and DQ (`Level::Avx512`).
-            Ok(o) => unsafe { decode_run_f16(dt, codes, scale, o, mode, fence) },
-            Err(_) => return false,
-        },
+        // SAFETY: the CPU has AVX-512 F, BW and DQ (`Level::Avx512`).
+        Some(FloatsMut::F16(o)) => unsafe { decode_run_f16(dt, codes, scale, o, mode, fence) },
         _ => return false,
     }
     true

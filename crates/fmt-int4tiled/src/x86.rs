@@ -42,11 +42,12 @@ use std::arch::x86_64::{
     _mm512_testn_epi32_mask, _mm512_unpackhi_epi16, _mm512_unpacklo_epi16,
 };
 
+use quant_core::Element;
 use quant_core::bf16_narrow::x86::{narrow16_int, narrow32_exact};
+use quant_core::dtype::FloatsMut;
 use quant_core::simd::Level;
 use quant_core::stream::StoreMode;
 use quant_core::stream::x86::LineWriter;
-use quant_core::{DType, Element};
 
 use crate::kernels::RowWords;
 use crate::layout::LANES;
@@ -378,26 +379,18 @@ pub(crate) fn dequant_row<T: Element>(
     if !Level::Avx512.is_supported() {
         return false;
     }
-    if T::DTYPE == DType::F32 {
-        return match bytemuck::try_cast_slice_mut::<T, f32>(out) {
-            // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512`).
-            Ok(o) => unsafe { dequant_row_f32(pairs, g, row, o, mode) },
-            Err(_) => false,
-        };
-    }
-    let Ok(o) = bytemuck::try_cast_slice_mut::<T, u16>(out) else {
-        return false;
-    };
-    match T::DTYPE {
+    match FloatsMut::of(out) {
+        // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512`).
+        Some(FloatsMut::F32(o)) => unsafe { dequant_row_f32(pairs, g, row, o, mode) },
         // SAFETY: the CPU has AVX-512 F, BW, DQ (`Level::Avx512`) and BF16 (checked).
-        DType::BF16 if quant_core::simd::has(quant_core::simd::Ext::Bf16) => unsafe {
+        Some(FloatsMut::Bf16(o)) if quant_core::simd::has(quant_core::simd::Ext::Bf16) => unsafe {
             dequant_row_bf16(pairs, g, row, o, mode)
         },
         // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512`).
-        DType::BF16 => unsafe { dequant_row_bf16_int(pairs, g, row, o, mode) },
+        Some(FloatsMut::Bf16(o)) => unsafe { dequant_row_bf16_int(pairs, g, row, o, mode) },
         // SAFETY: as above.
-        DType::F16 => unsafe { dequant_row_f16(pairs, g, row, o, mode) },
-        _ => false,
+        Some(FloatsMut::F16(o)) => unsafe { dequant_row_f16(pairs, g, row, o, mode) },
+        None => false,
     }
 }
 

@@ -969,9 +969,7 @@ fn decoded_bf16<T: Element>(
     out: &mut [T],
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if T::DTYPE == quant_core::DType::BF16
-        && let Ok(o) = bytemuck::try_cast_slice_mut::<T, u16>(out)
-    {
+    if let Some(o) = quant_core::dtype::bf16_slice_bits_mut(out) {
         return crate::x86::decode_bf16(level, dtype, q, codes, o);
     }
     let _ = (level, dtype, q, codes, out);

@@ -22,12 +22,13 @@ use std::arch::x86_64::{
     _mm512_srlv_epi32, _mm512_storeu_ps, _mm512_storeu_si512,
 };
 
+use quant_core::Element;
 use quant_core::bf16_narrow::x86::narrow16_int;
 use quant_core::codec::e2m1;
+use quant_core::dtype::FloatsMut;
 use quant_core::simd::Level;
 use quant_core::stream::x86::{write_bf16_steps, write_f16_steps, write_f32_steps};
 use quant_core::stream::{Fence, StoreMode};
-use quant_core::{DType, Element};
 
 use crate::scale::BLOCK;
 
@@ -47,27 +48,18 @@ pub(crate) fn decode_row<T: Element>(
     {
         return false;
     }
-    match T::DTYPE {
-        DType::F32 => match bytemuck::try_cast_slice_mut::<T, f32>(out) {
-            // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
-            Ok(o) => unsafe { decode_row_f32(codes, factor, o) },
-            Err(_) => return false,
+    match FloatsMut::of(out) {
+        // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
+        Some(FloatsMut::F32(o)) => unsafe { decode_row_f32(codes, factor, o) },
+        // SAFETY: the CPU has AVX-512 F, BW, DQ (`Level::Avx512`) and BF16 (checked).
+        Some(FloatsMut::Bf16(o)) if quant_core::simd::has(quant_core::simd::Ext::Bf16) => unsafe {
+            decode_row_bf16_hw(codes, factor, o)
         },
-        DType::BF16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
-            // SAFETY: the CPU has AVX-512 F, BW, DQ (`Level::Avx512`) and BF16 (checked).
-            Ok(o) if quant_core::simd::has(quant_core::simd::Ext::Bf16) => unsafe {
-                decode_row_bf16_hw(codes, factor, o)
-            },
-            // SAFETY: as above, without BF16.
-            Ok(o) => unsafe { decode_row_bf16(codes, factor, o) },
-            Err(_) => return false,
-        },
-        DType::F16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
-            // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
-            Ok(o) => unsafe { decode_row_f16(codes, factor, o) },
-            Err(_) => return false,
-        },
-        _ => return false,
+        // SAFETY: as above, without BF16.
+        Some(FloatsMut::Bf16(o)) => unsafe { decode_row_bf16(codes, factor, o) },
+        // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
+        Some(FloatsMut::F16(o)) => unsafe { decode_row_f16(codes, factor, o) },
+        None => return false,
     }
     true
 }
@@ -211,24 +203,15 @@ pub(crate) fn decode_nibbles<T: Element>(
     if !Level::Avx512.is_supported() || codes.len() != out.len() || f.len() != out.len() {
         return false;
     }
-    match T::DTYPE {
-        DType::F32 => match bytemuck::try_cast_slice_mut::<T, f32>(out) {
-            // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
-            Ok(o) => unsafe { nibbles_f32(codes, nibble, f, o, mode, fence) },
-            Err(_) => return false,
+    match FloatsMut::of(out) {
+        // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
+        Some(FloatsMut::F32(o)) => unsafe { nibbles_f32(codes, nibble, f, o, mode, fence) },
+        // SAFETY: the CPU has AVX-512 F, BW, DQ (`Level::Avx512`) and BF16 (checked).
+        Some(FloatsMut::Bf16(o)) if quant_core::simd::has(quant_core::simd::Ext::Bf16) => unsafe {
+            nibbles_bf16(codes, nibble, f, o, mode, fence)
         },
-        DType::BF16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
-            // SAFETY: the CPU has AVX-512 F, BW, DQ (`Level::Avx512`) and BF16 (checked).
-            Ok(o) if quant_core::simd::has(quant_core::simd::Ext::Bf16) => unsafe {
-                nibbles_bf16(codes, nibble, f, o, mode, fence)
-            },
-            _ => return false,
-        },
-        DType::F16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
-            // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
-            Ok(o) => unsafe { nibbles_f16(codes, nibble, f, o, mode, fence) },
-            Err(_) => return false,
-        },
+        // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both).
+        Some(FloatsMut::F16(o)) => unsafe { nibbles_f16(codes, nibble, f, o, mode, fence) },
         _ => return false,
     }
     true

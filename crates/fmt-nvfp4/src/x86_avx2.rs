@@ -36,12 +36,13 @@ use std::arch::x86_64::{
     _mm256_sub_epi32, _mm256_xor_ps,
 };
 
+use quant_core::Element;
 use quant_core::bf16_narrow::avx2::narrow16;
 use quant_core::codec::e2m1;
+use quant_core::dtype::FloatsMut;
 use quant_core::simd::Level;
 use quant_core::stream::StoreMode;
 use quant_core::stream::avx2::{write_f32_steps, write_u16_steps};
-use quant_core::{DType, Element};
 
 use crate::scale::BLOCK;
 use crate::x86::{Nibble, nibble_one};
@@ -63,23 +64,14 @@ pub(crate) fn decode_row<T: Element>(
     {
         return false;
     }
-    match T::DTYPE {
-        DType::F32 => match bytemuck::try_cast_slice_mut::<T, f32>(out) {
-            // SAFETY: the CPU has AVX2 (checked above).
-            Ok(o) => unsafe { decode_row_f32(codes, factor, o) },
-            Err(_) => return false,
-        },
-        DType::BF16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
-            // SAFETY: as above.
-            Ok(o) => unsafe { decode_row_bf16(codes, factor, o) },
-            Err(_) => return false,
-        },
-        DType::F16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
-            // SAFETY: as above (`Level::Avx2` includes F16C).
-            Ok(o) => unsafe { decode_row_f16(codes, factor, o) },
-            Err(_) => return false,
-        },
-        _ => return false,
+    match FloatsMut::of(out) {
+        // SAFETY: the CPU has AVX2 (checked above).
+        Some(FloatsMut::F32(o)) => unsafe { decode_row_f32(codes, factor, o) },
+        // SAFETY: as above.
+        Some(FloatsMut::Bf16(o)) => unsafe { decode_row_bf16(codes, factor, o) },
+        // SAFETY: as above (`Level::Avx2` includes F16C).
+        Some(FloatsMut::F16(o)) => unsafe { decode_row_f16(codes, factor, o) },
+        None => return false,
     }
     true
 }
@@ -204,23 +196,14 @@ pub(crate) fn decode_nibbles<T: Element>(
     if !Level::Avx2.is_supported() || codes.len() != out.len() || f.len() != out.len() {
         return false;
     }
-    match T::DTYPE {
-        DType::F32 => match bytemuck::try_cast_slice_mut::<T, f32>(out) {
-            // SAFETY: the CPU has the AVX2 level's features (checked above).
-            Ok(o) => unsafe { nibbles_f32(codes, nibble, f, o, mode) },
-            Err(_) => return false,
-        },
-        DType::BF16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
-            // SAFETY: as above.
-            Ok(o) => unsafe { nibbles_bf16(codes, nibble, f, o, mode) },
-            Err(_) => return false,
-        },
-        DType::F16 => match bytemuck::try_cast_slice_mut::<T, u16>(out) {
-            // SAFETY: as above (`Level::Avx2` includes F16C).
-            Ok(o) => unsafe { nibbles_f16(codes, nibble, f, o, mode) },
-            Err(_) => return false,
-        },
-        _ => return false,
+    match FloatsMut::of(out) {
+        // SAFETY: the CPU has the AVX2 level's features (checked above).
+        Some(FloatsMut::F32(o)) => unsafe { nibbles_f32(codes, nibble, f, o, mode) },
+        // SAFETY: as above.
+        Some(FloatsMut::Bf16(o)) => unsafe { nibbles_bf16(codes, nibble, f, o, mode) },
+        // SAFETY: as above (`Level::Avx2` includes F16C).
+        Some(FloatsMut::F16(o)) => unsafe { nibbles_f16(codes, nibble, f, o, mode) },
+        None => return false,
     }
     true
 }

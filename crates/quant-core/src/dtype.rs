@@ -438,6 +438,45 @@ pub fn bf16_slice_bits_mut<T: Element>(xs: &mut [T]) -> Option<&mut [u16]> {
     }
 }
 
+/// A mutable float slice as the lanes its kernels write, tagged with its format: f32
+/// values, or the bit patterns of bf16 or f16. The output-side twin of [`Bits16`]: a
+/// SIMD kernel entry point matches this once instead of casting per element type.
+///
+/// ```
+/// use half::{bf16, f16};
+/// use quant_core::dtype::FloatsMut;
+/// let mut out = [bf16::ZERO; 2];
+/// if let Some(FloatsMut::Bf16(bits)) = FloatsMut::of(&mut out) {
+///     bits[1] = 0x3F80;
+/// }
+/// assert_eq!(out[1], bf16::ONE);
+/// assert!(matches!(FloatsMut::of(&mut [0f32; 3]), Some(FloatsMut::F32(o)) if o.len() == 3));
+/// assert!(matches!(FloatsMut::of(&mut [f16::ZERO]), Some(FloatsMut::F16(_))));
+/// ```
+#[derive(Debug, PartialEq)]
+pub enum FloatsMut<'a> {
+    /// The values of an f32 slice.
+    F32(&'a mut [f32]),
+    /// `bf16::to_bits` of each value.
+    Bf16(&'a mut [u16]),
+    /// `f16::to_bits` of each value.
+    F16(&'a mut [u16]),
+}
+
+impl<'a> FloatsMut<'a> {
+    /// `xs` as its lanes. `None` only for an element type that is none of the three
+    /// (there is none today); kernels then decline and the portable path runs.
+    #[inline(always)]
+    pub fn of<T: Element>(xs: &'a mut [T]) -> Option<FloatsMut<'a>> {
+        match T::DTYPE {
+            DType::F32 => bytemuck::try_cast_slice_mut(xs).ok().map(FloatsMut::F32),
+            DType::BF16 => bytemuck::try_cast_slice_mut(xs).ok().map(FloatsMut::Bf16),
+            DType::F16 => bytemuck::try_cast_slice_mut(xs).ok().map(FloatsMut::F16),
+            DType::U8 | DType::I32 => None,
+        }
+    }
+}
+
 /// Writes f32 values into `dst` through `fill`: `fill` writes `dst` itself when it is
 /// f32 (no copy), otherwise `scratch` (same length), which is then narrowed into `dst`
 /// (round to nearest even). The output-side twin of [`widened`]: decode loops produce

@@ -31,8 +31,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 #[cfg(target_arch = "x86_64")]
-use crate::DType;
 use crate::Element;
+use crate::dtype::FloatsMut;
 use crate::simd::Level;
 
 /// Outputs at least this large are written with streaming stores by
@@ -187,35 +187,31 @@ pub fn write_f32<T: Element>(
 ) {
     #[cfg(target_arch = "x86_64")]
     if mode == StoreMode::Streaming && level.is_supported() && src.len() == dst.len() {
-        if T::DTYPE == DType::F32
-            && let Ok(d) = bytemuck::try_cast_slice_mut::<T, f32>(dst)
-        {
+        let bf16_hw = crate::simd::has(crate::simd::Ext::Bf16);
+        match (level, FloatsMut::of(dst)) {
             // f32 output is a byte copy, streamed at either level.
-            let (s, d) = (bytemuck::cast_slice(src), bytemuck::cast_slice_mut(d));
-            return write_bytes(level, s, d, mode, fence);
-        }
-        if let Ok(d) = bytemuck::try_cast_slice_mut::<T, u16>(dst) {
-            let bf16_hw = crate::simd::has(crate::simd::Ext::Bf16);
-            match (level, T::DTYPE) {
-                (Level::Avx512, DType::BF16) if bf16_hw => {
-                    // SAFETY: the CPU has AVX-512 F and BW (checked: `Level::Avx512`
-                    // includes both) and BF16 (`bf16_hw`).
-                    return unsafe { x86::write_bf16(src, d, fence) };
-                }
-                (Level::Avx512, DType::BF16) => {
-                    // SAFETY: as above; the integer narrowing needs no BF16.
-                    return unsafe { x86::write_bf16_int(src, d, fence) };
-                }
-                (Level::Avx512, DType::F16) => {
-                    // SAFETY: as above.
-                    return unsafe { x86::write_f16(src, d, fence) };
-                }
-                // SAFETY: the CPU has AVX2 (checked).
-                (Level::Avx2, DType::BF16) => return unsafe { avx2::write_bf16(src, d) },
-                // SAFETY: as above (`Level::Avx2` includes F16C).
-                (Level::Avx2, DType::F16) => return unsafe { avx2::write_f16(src, d) },
-                _ => {}
+            (_, Some(FloatsMut::F32(d))) => {
+                let (s, d) = (bytemuck::cast_slice(src), bytemuck::cast_slice_mut(d));
+                return write_bytes(level, s, d, mode, fence);
             }
+            (Level::Avx512, Some(FloatsMut::Bf16(d))) if bf16_hw => {
+                // SAFETY: the CPU has AVX-512 F and BW (checked: `Level::Avx512`
+                // includes both) and BF16 (`bf16_hw`).
+                return unsafe { x86::write_bf16(src, d, fence) };
+            }
+            (Level::Avx512, Some(FloatsMut::Bf16(d))) => {
+                // SAFETY: as above; the integer narrowing needs no BF16.
+                return unsafe { x86::write_bf16_int(src, d, fence) };
+            }
+            (Level::Avx512, Some(FloatsMut::F16(d))) => {
+                // SAFETY: as above.
+                return unsafe { x86::write_f16(src, d, fence) };
+            }
+            // SAFETY: the CPU has AVX2 (checked).
+            (Level::Avx2, Some(FloatsMut::Bf16(d))) => return unsafe { avx2::write_bf16(src, d) },
+            // SAFETY: as above (`Level::Avx2` includes F16C).
+            (Level::Avx2, Some(FloatsMut::F16(d))) => return unsafe { avx2::write_f16(src, d) },
+            _ => {}
         }
     }
     let _ = (level, mode, fence);
