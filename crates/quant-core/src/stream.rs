@@ -30,8 +30,8 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-#[cfg(target_arch = "x86_64")]
 use crate::Element;
+#[cfg(target_arch = "x86_64")]
 use crate::dtype::FloatsMut;
 use crate::simd::Level;
 
