@@ -126,6 +126,9 @@ mod rht_avx2;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)] // AVX-512 intrinsics; every block has a SAFETY comment
 mod rht_x86;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // AVX-512 intrinsics; every block has a SAFETY comment
+mod rht_x86_int;
 pub mod scale;
 pub mod sr;
 #[cfg(target_arch = "x86_64")]

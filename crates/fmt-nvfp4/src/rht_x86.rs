@@ -33,6 +33,7 @@ use quant_core::codec::e2m1;
 use quant_core::simd::Level;
 
 use crate::rht::{DIM, R};
+use crate::rht_x86_int as int;
 
 /// Whether `R[i][j]` is `-0.25` (otherwise `+0.25`).
 const NEG: [[bool; DIM]; DIM] = {
@@ -488,7 +489,19 @@ unsafe fn fwht_nibbles<const N: usize>(
     let shift = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
     let one = _mm256_set1_epi32(1);
     let low29 = _mm512_set1_epi64(0x1FFF_FFFF);
-    for c in (0..f.len()).step_by(INVERSE_COLS) {
+    let mut next = 0;
+    while next < f.len() {
+        let c = next;
+        // 16 columns in i32 lanes where their sums allow it, else 8 in f64.
+        let whole = c + int::COLS <= f.len();
+        // SAFETY: the CPU has AVX-512 F, BW and DQ; `c + 16 <= f.len() <= N`, and
+        // `f.len() <= stride` and `7 * stride + f.len() <= pairs.len()` (this
+        // function's contract).
+        if whole && unsafe { int::inverse_step((pairs, stride), f, c, narrow, out) } {
+            next += int::COLS;
+            continue;
+        }
+        next += INVERSE_COLS;
         // SAFETY: `c + 8 <= f.len()`; one unaligned 256-bit load.
         let f8 = unsafe { _mm256_loadu_ps(f.as_ptr().add(c)) };
         let ff = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(f8), f8);
@@ -880,15 +893,16 @@ pub(crate) mod inverse_check {
     use quant_core::codec::e2m1;
     use quantfmt_testkit::XorShift32;
 
-    /// Codes (8 byte rows `stride` apart), `stride` and 768 per-column factors.
+    /// Codes (8 byte rows `stride` apart), `stride` and 1024 per-column factors.
     ///
     /// One column per factor: every exponent field (0..=255) twice, with random
     /// mantissas and signs, so both sides of the AVX-512 sticky-bit range (fields
     /// 27..=249) and subnormal, huge and non-finite factors all occur; then special
     /// factors. The sticky-bit bound (field 4) and its edges: fields 1..=3 give sums
-    /// with bits below `2^-149`.
+    /// with bits below `2^-149`. Columns `INT_STEPS` are the i32 route's cases
+    /// ([`int_steps`]).
     pub(crate) fn case() -> (Vec<u8>, usize, Vec<f32>) {
-        let (cols, stride) = (768, 776);
+        let (cols, stride) = (1024, 1032);
         let mut rng = XorShift32::new(0x1234_5678);
         let mut f: Vec<f32> = (0..cols)
             .map(|c| {
@@ -914,7 +928,7 @@ pub(crate) mod inverse_check {
         f[512..512 + special.len()].copy_from_slice(&special);
         // Many columns just below the bound, where a small sum can fall below the normal
         // range with bits under the subnormal spacing.
-        for (c, fc) in f.iter_mut().enumerate().skip(640) {
+        for (c, fc) in f.iter_mut().enumerate().take(768).skip(640) {
             let s = rng.next_u32();
             *fc = f32::from_bits((1 + c as u32 % 3) << 23 | (s >> 9));
         }
@@ -952,7 +966,84 @@ pub(crate) mod inverse_check {
                 pairs[p * stride + c] = u8::from(p == 0);
             }
         }
+        int_steps(&mut pairs, stride, &mut f, &mut rng);
         (pairs, stride, f)
+    }
+
+    /// The columns of [`int_steps`]: 16 steps of 16, from column 768.
+    pub(crate) const INT_STEPS: std::ops::Range<usize> = 768..1024;
+
+    /// Steps for the AVX-512 i32 route ([`crate::rht_x86_int`]), 16 columns each, with
+    /// whether that route takes them: `(first column, taken)`. Every other step of
+    /// `INT_STEPS` has random codes and random factors with fields in `27..=249` (many
+    /// inexact sums) and is taken.
+    pub(crate) const INT_CASES: [(usize, bool); 9] = [
+        (768, true),  // fields 27 and 249, the range's ends, in lanes of one step
+        (784, false), // one lane of field 26
+        (800, false), // one lane of field 250
+        (816, true),  // a sum and a difference of exactly -2^31
+        (832, false), // a sum of +2^31: the last stage's add wraps
+        (848, false), // sums of 3 * 2^30: the last stage's add wraps
+        (896, false), // a difference of +2^31: the last stage's subtract wraps
+        (864, true),  // zero factors (both signs), zero codes, sums that cancel
+        (880, true),  // the signs of a row of R with the largest code
+    ];
+
+    /// Writes the `INT_STEPS` columns (see [`INT_CASES`]).
+    fn int_steps(pairs: &mut [u8], stride: usize, f: &mut [f32], rng: &mut XorShift32) {
+        let mut factor = |field: u32| {
+            let s = rng.next_u32();
+            f32::from_bits((s & 0x8000_0000) | field << 23 | (s >> 9))
+        };
+        for c in INT_STEPS {
+            f[c] = factor(27 + c as u32 % 223);
+        }
+        f[768] = factor(27);
+        f[769] = factor(249);
+        f[770] = f32::from_bits(249 << 23 | 0x7F_FFFF);
+        f[771] = f32::from_bits(27 << 23);
+        f[784 + 5] = factor(26);
+        f[800 + 9] = factor(250);
+        // `round24(12 * 11184811) = 2^27`: sixteen codes of -6 sum to `-2^31` (fits)
+        // and of +6 to `+2^31` (wraps).
+        let m = f32::from_bits(120 << 23 | (11_184_811 - (1 << 23)));
+        let same = |pairs: &mut [u8], c: usize, byte: u8| {
+            for p in 0..DIM / 2 {
+                pairs[p * stride + c] = byte;
+            }
+        };
+        (f[816 + 3], f[816 + 4], f[832 + 3], f[896 + 7]) = (m, m, m, m);
+        same(pairs, 816 + 3, 0xFF);
+        same(pairs, 832 + 3, 0x77);
+        // `(H16 Y)_8` adds rows 0..8 and subtracts rows 8..16 (the last stage's
+        // difference): -6 then +6 gives `-2^31`, +6 then -6 `+2^31`.
+        for p in 0..DIM / 2 {
+            let (first, second) = if p < DIM / 4 {
+                (0xFF, 0x77)
+            } else {
+                (0x77, 0xFF)
+            };
+            pairs[p * stride + 816 + 4] = first;
+            pairs[p * stride + 896 + 7] = second;
+        }
+        // The largest significand: `16 * round24(12 * (2^24 - 1)) = 3 * 2^30`.
+        f[848 + 15] = f32::from_bits(200 << 23 | 0x7F_FFFF);
+        same(pairs, 848 + 15, 0x77);
+        for (l, fl) in [0.0, -0.0, 0.0, -0.0].into_iter().enumerate() {
+            f[864 + l] = fl;
+        }
+        for (l, byte) in [0x33u8, 0x00, 0x88, 0xBB, 0x11].into_iter().enumerate() {
+            same(pairs, 864 + 4 + l, byte);
+        }
+        for (l, neg) in NEG.iter().enumerate().take(4) {
+            let c = 880 + l;
+            // Significands below `1.25 * 2^23`: `16 * 12 * m` stays below `2^31`.
+            f[c] = f32::from_bits((200 + l as u32) << 23 | rng.next_u32() >> 11);
+            for p in 0..DIM / 2 {
+                let code = |j: usize| 0x7 | if neg[j] { 0x8 } else { 0 };
+                pairs[p * stride + c] = code(2 * p) | code(2 * p + 1) << 4;
+            }
+        }
     }
 
     /// That `kernel(pairs, stride, f, narrow, out)` takes [`case`] and writes
