@@ -125,10 +125,10 @@ pub mod rht;
 mod rht_avx2;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)] // AVX-512 intrinsics; every block has a SAFETY comment
-mod rht_x86;
+mod rht_int;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)] // AVX-512 intrinsics; every block has a SAFETY comment
-mod rht_x86_int;
+mod rht_x86;
 pub mod scale;
 pub mod sr;
 #[cfg(target_arch = "x86_64")]

@@ -40,6 +40,7 @@ use quant_core::codec::e2m1;
 use quant_core::simd::Level;
 
 use crate::rht::{DIM, R};
+use crate::rht_int::avx2 as int;
 use crate::rht_x86::{Narrow, butterflies, index_order_column};
 use crate::x86_avx2::{e2m1_8, widen_bf16};
 
@@ -400,7 +401,18 @@ unsafe fn fwht_nibbles<const N: usize>(
     // Lanes 0..4 take the low nibble (even row), lanes 4..8 the high one (odd row).
     let shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
     let zero = _mm256_setzero_pd();
-    for c in (0..f.len()).step_by(INVERSE_COLS) {
+    let mut next = 0;
+    while next < f.len() {
+        let c = next;
+        // 8 columns in i32 lanes where their sums allow it, else 4 in f64.
+        let whole = c + int::COLS <= f.len();
+        // SAFETY: the CPU has AVX2; `c + 8 <= f.len() <= N`, and `f.len() <= stride` and
+        // `7 * stride + f.len() <= pairs.len()` (this function's contract).
+        if whole && unsafe { int::inverse_step((pairs, stride), f, c, narrow, out) } {
+            next += int::COLS;
+            continue;
+        }
+        next += INVERSE_COLS;
         // SAFETY: `c + 4 <= f.len()`; one unaligned 128-bit load.
         let f4 = unsafe { _mm_loadu_ps(f.as_ptr().add(c)) };
         let ff = _mm256_set_m128(f4, f4);

@@ -33,7 +33,7 @@ use quant_core::codec::e2m1;
 use quant_core::simd::Level;
 
 use crate::rht::{DIM, R};
-use crate::rht_x86_int as int;
+use crate::rht_int::avx512 as int;
 
 /// Whether `R[i][j]` is `-0.25` (otherwise `+0.25`).
 const NEG: [[bool; DIM]; DIM] = {
@@ -973,23 +973,23 @@ pub(crate) mod inverse_check {
     /// The columns of [`int_steps`]: 16 steps of 16, from column 768.
     pub(crate) const INT_STEPS: std::ops::Range<usize> = 768..1024;
 
-    /// Steps for the AVX-512 i32 route ([`crate::rht_x86_int`]), 16 columns each, with
-    /// whether that route takes them: `(first column, taken)`. Every other step of
-    /// `INT_STEPS` has random codes and random factors with fields in `27..=249` (many
-    /// inexact sums) and is taken.
-    pub(crate) const INT_CASES: [(usize, bool); 9] = [
-        (768, true),  // fields 27 and 249, the range's ends, in lanes of one step
-        (784, false), // one lane of field 26
-        (800, false), // one lane of field 250
-        (816, true),  // a sum and a difference of exactly -2^31
-        (832, false), // a sum of +2^31: the last stage's add wraps
-        (848, false), // sums of 3 * 2^30: the last stage's add wraps
-        (896, false), // a difference of +2^31: the last stage's subtract wraps
-        (864, true),  // zero factors (both signs), zero codes, sums that cancel
-        (880, true),  // the signs of a row of R with the largest code
+    /// The columns of [`INT_STEPS`] that make the i32 routes ([`crate::rht_int`])
+    /// decline the step holding them; they take every other step of those columns.
+    /// The steps of 16 from 768, 816, 864 and 880 hold the taken cases: fields 27 and
+    /// 249 (the range's ends), a sum and a difference of exactly `-2^31`, a sum that
+    /// rounds up to `2^31`, zero factors
+    /// of both signs with zero codes and sums that cancel, and the signs of a row of R
+    /// with the largest code. The rest have random codes and factors with fields in
+    /// `27..=249` (many inexact sums).
+    pub(crate) const INT_DECLINED: [usize; 5] = [
+        784 + 5,  // a factor of field 26
+        800 + 9,  // a factor of field 250
+        832 + 3,  // a sum of +2^31: the last stage's add wraps
+        848 + 15, // sums of 3 * 2^30: the last stage's add wraps
+        896 + 7,  // a difference of +2^31: the last stage's subtract wraps
     ];
 
-    /// Writes the `INT_STEPS` columns (see [`INT_CASES`]).
+    /// Writes the `INT_STEPS` columns (see [`INT_DECLINED`]).
     fn int_steps(pairs: &mut [u8], stride: usize, f: &mut [f32], rng: &mut XorShift32) {
         let mut factor = |field: u32| {
             let s = rng.next_u32();
@@ -1025,6 +1025,13 @@ pub(crate) mod inverse_check {
             };
             pairs[p * stride + 816 + 4] = first;
             pairs[p * stride + 896 + 7] = second;
+        }
+        // A sum of `2^31 - 20`, which rounds to nearest up to `2^31` (AVX2's round to
+        // odd converts that back to `-2^31` and steps it down to `2^31 - 128`).
+        f[816 + 5] = f32::from_bits(120 << 23 | (16_025_997 - (1 << 23)));
+        let codes: [u8; DIM] = [4, 4, 4, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7];
+        for p in 0..DIM / 2 {
+            pairs[p * stride + 816 + 5] = codes[2 * p] | codes[2 * p + 1] << 4;
         }
         // The largest significand: `16 * round24(12 * (2^24 - 1)) = 3 * 2^30`.
         f[848 + 15] = f32::from_bits(200 << 23 | 0x7F_FFFF);
