@@ -143,15 +143,11 @@ impl Caps {
     pub(crate) fn new(level: Level) -> Caps {
         #[cfg(target_arch = "x86_64")]
         return Caps {
-            nibbles_bf16: (level == Level::Avx512)
-                .then(crate::x86::Bf16Nibbles::detect)
-                .flatten(),
+            nibbles_bf16: crate::x86::Bf16Nibbles::detect(level),
             nibbles_f16: (level == Level::Avx512)
                 .then(crate::x86::F16Nibbles::detect)
                 .flatten(),
-            packer: (level == Level::Avx512)
-                .then(crate::x86::Packer::detect)
-                .flatten(),
+            packer: crate::x86::Packer::detect(level),
         };
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -171,7 +167,7 @@ const MIN_HARDWARE_SCALE: f32 = f32::from_bits(27 << 23);
 /// division, so `x - min_val` is finite (or overflows to infinity) and so is every
 /// product after it.
 #[inline(always)]
-fn rb_no_nan(x: f32) -> f32 {
+pub(crate) fn rb_no_nan(x: f32) -> f32 {
     let b = x.to_bits();
     f32::from_bits(b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000)
 }

@@ -47,6 +47,9 @@ mod kernels;
 pub mod layout;
 mod linear;
 pub mod qparams;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // AVX2 intrinsics; every block has a SAFETY comment
+mod quantize_avx2;
 pub mod reference;
 mod tensor;
 #[cfg(target_arch = "x86_64")]

@@ -153,7 +153,7 @@ fn pair_shifts() -> __m512i {
 /// Whether the packers may write row `nr`'s words of `tile` from the nibbles `u`: whole
 /// slabs of `32·half`, inside the tile.
 #[inline]
-fn pack_fits(u: &[u8], nr: usize, half: usize, tile: &[i32]) -> bool {
+pub(crate) fn pack_fits(u: &[u8], nr: usize, half: usize, tile: &[i32]) -> bool {
     let row = RowWords {
         tile,
         nr,
@@ -510,24 +510,44 @@ fn to_bf16_int(lo: __m512, hi: __m512) -> __m512i {
     _mm512_permutex2var_epi16(round(lo), idx, round(hi))
 }
 
-/// Proof that this CPU runs [`nibbles_bf16`] or [`nibbles_bf16_int`] (AVX-512 with VBMI,
-/// and BF16 for the first), found once by [`Bf16Nibbles::detect`] and held by the
-/// quantize task: probing the features for every group (four checks per 128 values) was
-/// 5 % of the bf16 quantize profile.
+/// Proof that this CPU runs one of the bf16 nibble loops: [`nibbles_bf16`] or
+/// [`nibbles_bf16_int`] (AVX-512 with VBMI, and BF16 for the first), or at AVX2
+/// [`crate::quantize_avx2::nibbles_bf16`]. Found once by [`Bf16Nibbles::detect`] and held
+/// by the quantize task: probing the features for every group (four checks per 128
+/// values) was 5 % of the bf16 quantize profile.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Bf16Nibbles {
-    /// Whether the CPU has AVX-512 BF16 (else the integer rounding runs).
-    hw: bool,
+    route: NibbleRoute,
+}
+
+/// Which loop [`Bf16Nibbles::run`] takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NibbleRoute {
+    /// [`nibbles_bf16`]: AVX-512 BF16 rounds.
+    Bf16,
+    /// [`nibbles_bf16_int`]: AVX-512 without BF16.
+    Int,
+    /// [`crate::quantize_avx2::nibbles_bf16`].
+    Avx2,
 }
 
 impl Bf16Nibbles {
-    /// The proof, where the CPU has AVX-512 (F, BW) and VBMI.
-    pub(crate) fn detect() -> Option<Bf16Nibbles> {
-        let has =
-            Level::Avx512.is_supported() && quant_core::simd::has(quant_core::simd::Ext::Vbmi);
-        has.then(|| Bf16Nibbles {
-            hw: quant_core::simd::has(quant_core::simd::Ext::Bf16),
-        })
+    /// The proof for `level`, where this CPU has one of its loops: at AVX-512 (F, BW)
+    /// with VBMI, or at AVX2.
+    pub(crate) fn detect(level: Level) -> Option<Bf16Nibbles> {
+        let has = |ext| quant_core::simd::has(ext);
+        let route = match level {
+            Level::Avx512 if level.is_supported() && has(quant_core::simd::Ext::Vbmi) => {
+                if has(quant_core::simd::Ext::Bf16) {
+                    NibbleRoute::Bf16
+                } else {
+                    NibbleRoute::Int
+                }
+            }
+            Level::Avx2 if level.is_supported() => NibbleRoute::Avx2,
+            _ => return None,
+        };
+        Some(Bf16Nibbles { route })
     }
 
     /// `u[i] = to_nibble(rb(rb(x[i] - min_val) * r))` for a group of bf16 bit patterns
@@ -546,14 +566,14 @@ impl Bf16Nibbles {
         if !(xs.len().is_multiple_of(32) && u.len() == xs.len()) {
             return false;
         }
-        if self.hw {
+        match self.route {
             // SAFETY: the CPU has AVX-512 F, BW, BF16 and VBMI (`self` exists only where
-            // `detect` found them, `hw` only with BF16).
-            unsafe { nibbles_bf16(xs, min_val, r, u) };
-        } else {
+            // `detect` found them, this route only with BF16).
+            NibbleRoute::Bf16 => unsafe { nibbles_bf16(xs, min_val, r, u) },
             // SAFETY: the CPU has AVX-512 F, BW and VBMI (`self` exists only where
             // `detect` found them).
-            unsafe { nibbles_bf16_int(xs, min_val, r, u) };
+            NibbleRoute::Int => unsafe { nibbles_bf16_int(xs, min_val, r, u) },
+            NibbleRoute::Avx2 => return crate::quantize_avx2::nibbles_bf16(xs, min_val, r, u),
         }
         true
     }
@@ -609,7 +629,7 @@ impl F16Nibbles {
     }
 }
 
-/// Which AVX-512 packer this CPU runs, found once by [`Packer::detect`] and held by the
+/// Which packer this CPU runs (AVX-512 or AVX2), found once by [`Packer::detect`] and held by the
 /// quantize task (like [`Bf16Nibbles`]) rather than probed for every row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Packer {
@@ -617,19 +637,24 @@ pub(crate) enum Packer {
     Avx512,
     /// [`pack_row_vbmi`]: AVX-512 F, BW and VBMI.
     Vbmi,
+    /// [`crate::quantize_avx2::pack_row`].
+    Avx2,
 }
 
 impl Packer {
-    /// The best packer this CPU has; `None` without AVX-512.
-    pub(crate) fn detect() -> Option<Packer> {
-        if !Level::Avx512.is_supported() {
-            return None;
+    /// The best packer of `level` this CPU has; `None` below AVX2.
+    pub(crate) fn detect(level: Level) -> Option<Packer> {
+        match level {
+            Level::Avx512 if level.is_supported() => {
+                Some(if quant_core::simd::has(quant_core::simd::Ext::Vbmi) {
+                    Packer::Vbmi
+                } else {
+                    Packer::Avx512
+                })
+            }
+            Level::Avx2 if level.is_supported() => Some(Packer::Avx2),
+            _ => None,
         }
-        Some(if quant_core::simd::has(quant_core::simd::Ext::Vbmi) {
-            Packer::Vbmi
-        } else {
-            Packer::Avx512
-        })
     }
 
     /// Packs one row's nibbles `u` into its words of `tile` ([`pack_row`]); `false`
@@ -641,6 +666,7 @@ impl Packer {
             Packer::Vbmi => unsafe { pack_row_vbmi(u, nr, half, tile) },
             // SAFETY: `Avx512` exists only where `detect` found AVX-512 F and BW.
             Packer::Avx512 => unsafe { pack_row(u, nr, half, tile) },
+            Packer::Avx2 => crate::quantize_avx2::pack_row(u, nr, half, tile),
         }
     }
 }

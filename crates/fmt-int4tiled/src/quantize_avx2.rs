@@ -1,0 +1,297 @@
+//! The int4 quantize's AVX2 kernels: the bf16 path's nibbles ([`nibbles_bf16`]) and
+//! the packing of a row's nibbles into its tile words ([`pack_row`]).
+//!
+//! **Nibbles.** `u = to_nibble(rb(rb(x - min_val) * r))` for 32 bf16 values per step,
+//! the two bf16 roundings as integer operations on packed lanes: the AVX-512 kernel without BF16 ([`crate::x86`]'s `nibbles_bf16_int`) in 256-bit
+//! registers. Each 16 inputs are widened by in-lane unpacks (`vpunpcklwd` /
+//! `vpunpckhwd` against zero: the bf16 bits into the high half of each f32 lane) and
+//! each rounding's results packed back by `vpackusdw`, whose in-lane order undoes the
+//! unpacks': every rounding leaves the 16 values in input order. At AVX2 the portable
+//! loop ran 8 values per vector and packed its nibbles through `vpackuswb` and a shuffle
+//! per 8.
+//!
+//! **Packing.** A 32-nibble block's words ([`crate::kernels`]' module docs): with
+//! `e[i] = u[2i] | u[2i + 1] << 16`, word `c` is `e[c] | e[4 + c] << 4 | e[8 + c] << 8 |
+//! e[12 + c] << 12`. Zero-extending the block's bytes to u16 lanes makes dword `i` of the
+//! two halves `e[i]` and `e[8 + i]`; one variable shift each, an OR, and an OR of the
+//! 128-bit halves give the four words. A slab's blocks are then interleaved (`[c][p]`)
+//! by 32- and 64-bit unpacks. The portable packer (u64 and u128 shifts per block) was
+//! about a quarter of the quantize's profile at AVX2.
+
+use std::arch::x86_64::{
+    __m128i, __m256, __m256i, _mm_loadu_si128, _mm_or_si128, _mm_setzero_si128, _mm_storeu_si128,
+    _mm_unpackhi_epi32, _mm_unpackhi_epi64, _mm_unpacklo_epi32, _mm_unpacklo_epi64,
+    _mm256_add_epi32, _mm256_add_ps, _mm256_and_si256, _mm256_castps_si256, _mm256_castsi256_ps,
+    _mm256_castsi256_si128, _mm256_cvtepu8_epi16, _mm256_extracti128_si256, _mm256_loadu_si256,
+    _mm256_max_epi16, _mm256_min_epi16, _mm256_mul_ps, _mm256_or_si256, _mm256_packus_epi16,
+    _mm256_packus_epi32, _mm256_permute4x64_epi64, _mm256_set1_epi16, _mm256_set1_epi32,
+    _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_si256, _mm256_sllv_epi32, _mm256_srli_epi32,
+    _mm256_storeu_si256, _mm256_sub_ps, _mm256_unpackhi_epi16, _mm256_unpacklo_epi16,
+};
+
+use quant_core::simd::Level;
+
+use crate::layout::LANES;
+
+/// `u[i] = to_nibble(rb(rb(x[i] - min_val) * r))` for the bf16 bit patterns `xs`, as
+/// `kernels::group_nibbles` computes it on the bf16 path (the multiply form), every
+/// rounding the portable one: nothing flushed, ties to even. The values must not be NaN
+/// (the caller's groups never hold one on this path). Returns `false` (nothing written)
+/// unless the CPU has AVX2 and `xs` and `u` have the same length, a multiple of 32.
+#[inline(always)]
+pub(crate) fn nibbles_bf16(xs: &[u16], min_val: f32, r: f32, u: &mut [u8]) -> bool {
+    if !(Level::Avx2.is_supported() && xs.len().is_multiple_of(32) && u.len() == xs.len()) {
+        return false;
+    }
+    // SAFETY: the CPU has AVX2 and the lengths fit (both checked above).
+    unsafe { nibbles_bf16_steps(xs, min_val, r, u) };
+    true
+}
+
+/// The f32 lanes of the 8 bf16 values of `v` that [`_mm256_unpacklo_epi16`] takes (4
+/// per 128-bit lane), and of those [`_mm256_unpackhi_epi16`] takes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn widen(v: __m256i) -> (__m256, __m256) {
+    let zero = _mm256_setzero_si256();
+    (
+        _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v)),
+        _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v)),
+    )
+}
+
+/// `lo` and `hi` (as [`widen`] gave them) rounded to bf16 bits, back in input order:
+/// each lane's bits plus `0x7FFF` and the lsb of its high half (`rb` of a value that is
+/// not NaN), the high halves packed by `vpackusdw` (they are below `2^16`, so it does
+/// not saturate).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn round_pack(lo: __m256, hi: __m256) -> __m256i {
+    let round = |v: __m256| {
+        let b = _mm256_castps_si256(v);
+        let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(b), _mm256_set1_epi32(1));
+        let b = _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+        _mm256_srli_epi32::<16>(b)
+    };
+    _mm256_packus_epi32(round(lo), round(hi))
+}
+
+/// The nibbles of 16 bf16 values `v` as 16-bit lanes, in input order.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn nibbles16(v: __m256i, mn: __m256, rr: __m256) -> __m256i {
+    let (lo, hi) = widen(v);
+    let t = round_pack(_mm256_sub_ps(lo, mn), _mm256_sub_ps(hi, mn));
+    let (lo, hi) = widen(t);
+    let q = round_pack(_mm256_mul_ps(lo, rr), _mm256_mul_ps(hi, rr));
+    // Clamped to [0, 15] as integers (bf16 order is integer order for positive values;
+    // negative ones, -0 included, are negative i16), then rounded half to even by the
+    // 2^23 addition, the integer in the low bits of each lane.
+    let q = _mm256_min_epi16(
+        _mm256_max_epi16(q, _mm256_setzero_si256()),
+        _mm256_set1_epi16(0x4170), // bf16 15.0
+    );
+    let (lo, hi) = widen(q);
+    let magic = _mm256_set1_ps(8_388_608.0); // 2^23
+    let nibble = |v: __m256| {
+        _mm256_and_si256(
+            _mm256_castps_si256(_mm256_add_ps(v, magic)),
+            _mm256_set1_epi32(0xF),
+        )
+    };
+    _mm256_packus_epi32(nibble(lo), nibble(hi))
+}
+
+/// [`nibbles_bf16`] after its checks.
+///
+/// # Safety
+/// The CPU must have AVX2; `xs.len() == u.len()`, a multiple of 32.
+#[target_feature(enable = "avx2")]
+unsafe fn nibbles_bf16_steps(xs: &[u16], min_val: f32, r: f32, u: &mut [u8]) {
+    let mn = _mm256_set1_ps(min_val);
+    let rr = _mm256_set1_ps(r);
+    for (x, o) in xs.chunks_exact(32).zip(u.chunks_exact_mut(32)) {
+        // SAFETY: `x` is 32 u16 (two unaligned 256-bit loads).
+        let (a, b) = unsafe {
+            (
+                _mm256_loadu_si256(x.as_ptr().cast()),
+                _mm256_loadu_si256(x.as_ptr().add(16).cast()),
+            )
+        };
+        // Bytes per 128-bit lane: `a`'s half, then `b`'s; the permute puts `a`'s two
+        // halves first.
+        let bytes = _mm256_packus_epi16(nibbles16(a, mn, rr), nibbles16(b, mn, rr));
+        let bytes = _mm256_permute4x64_epi64::<0b11_01_10_00>(bytes);
+        // SAFETY: `o` is 32 bytes (one unaligned 256-bit store).
+        unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), bytes) };
+    }
+}
+
+/// Packs one row's nibbles `u` (`k_padded` bytes, values below 16) into its words of
+/// `tile` (the n-tile's `k_padded` words), as `kernels::pack_row` does; `half` is
+/// `inner_k_tiles / 2`. Returns `false` (nothing written) unless the CPU has AVX2, `half`
+/// is 1, 2 or 4 and the arguments fit together.
+#[inline(always)]
+pub(crate) fn pack_row(u: &[u8], nr: usize, half: usize, tile: &mut [i32]) -> bool {
+    let fits = crate::x86::pack_fits(u, nr, half, tile);
+    if !(Level::Avx2.is_supported() && matches!(half, 1 | 2 | 4) && fits) {
+        return false;
+    }
+    // SAFETY: the CPU has AVX2 and the arguments fit (both checked above).
+    unsafe { pack_slabs(u, nr, half, tile) };
+    true
+}
+
+/// The four words of one 32-nibble block `ub` (module docs).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn block_words(ub: &[u8]) -> __m128i {
+    debug_assert_eq!(ub.len(), 32);
+    // SAFETY: `ub` is 32 bytes (two unaligned 128-bit loads).
+    let (a, b) = unsafe {
+        (
+            _mm_loadu_si128(ub.as_ptr().cast()),
+            _mm_loadu_si128(ub.as_ptr().add(16).cast()),
+        )
+    };
+    let a = _mm256_sllv_epi32(
+        _mm256_cvtepu8_epi16(a),
+        _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4),
+    );
+    let b = _mm256_sllv_epi32(
+        _mm256_cvtepu8_epi16(b),
+        _mm256_setr_epi32(8, 8, 8, 8, 12, 12, 12, 12),
+    );
+    let t = _mm256_or_si256(a, b);
+    _mm_or_si128(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t))
+}
+
+/// [`pack_row`] after its checks.
+///
+/// # Safety
+/// The CPU must have AVX2; `half` is 1, 2 or 4 and `pack_fits(u, nr, half, tile)`.
+#[target_feature(enable = "avx2")]
+unsafe fn pack_slabs(u: &[u8], nr: usize, half: usize, tile: &mut [i32]) {
+    let slab = 32 * half;
+    for (kot, us) in u.chunks_exact(slab).enumerate() {
+        let w: [__m128i; 4] = std::array::from_fn(|p| {
+            if p < half {
+                block_words(&us[32 * p..32 * p + 32])
+            } else {
+                _mm_setzero_si128()
+            }
+        });
+        // The slab's words in `[c][p]` order: word `c * half + p` is word `c` of block `p`.
+        let at = (kot * LANES + nr * 4) * half;
+        let dst = &mut tile[at..at + 4 * half];
+        let store = |dst: &mut [i32], i: usize, v: __m128i| {
+            // SAFETY: `4 * i + 4 <= 4 * half = dst.len()` (`i < half`); one unaligned
+            // 128-bit store.
+            unsafe { _mm_storeu_si128(dst.as_mut_ptr().add(4 * i).cast(), v) }
+        };
+        match half {
+            1 => store(dst, 0, w[0]),
+            2 => {
+                store(dst, 0, _mm_unpacklo_epi32(w[0], w[1]));
+                store(dst, 1, _mm_unpackhi_epi32(w[0], w[1]));
+            }
+            _ => {
+                let (t0, t1) = (
+                    _mm_unpacklo_epi32(w[0], w[1]),
+                    _mm_unpacklo_epi32(w[2], w[3]),
+                );
+                let (t2, t3) = (
+                    _mm_unpackhi_epi32(w[0], w[1]),
+                    _mm_unpackhi_epi32(w[2], w[3]),
+                );
+                store(dst, 0, _mm_unpacklo_epi64(t0, t1));
+                store(dst, 1, _mm_unpackhi_epi64(t0, t1));
+                store(dst, 2, _mm_unpacklo_epi64(t2, t3));
+                store(dst, 3, _mm_unpackhi_epi64(t2, t3));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::rb_no_nan;
+    use crate::qparams::to_nibble;
+
+    /// Against the portable multiply form on every non-NaN bf16 pattern (infinities,
+    /// zeros, subnormals), for offsets and reciprocals from an ordinary group's to
+    /// subnormal and huge ones, infinite offsets included.
+    #[test]
+    fn nibbles_equal_the_portable_loop_on_every_input() {
+        if !Level::Avx2.is_supported() {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        let xs: Vec<u16> = (0..=u16::MAX)
+            .filter(|&b| b & 0x7FFF <= 0x7F80)
+            .chain(std::iter::repeat_n(0, 32))
+            .collect();
+        let xs = &xs[..xs.len() / 32 * 32];
+        let mut u = vec![0xFFu8; xs.len()];
+        let cases = [
+            (-2.0f32, 15.0 / 4.0),
+            (-7.5 * 0.25, 4.0),
+            (0.0, 1.0),
+            (-8.0 * 2.0f32.powi(-20), 2.0f32.powi(20)),
+            (-1e-3, 1e30),
+            (0.0, 2.0f32.powi(100)),
+            (-3.0e38, 2.5e-38),
+            (1.5, 0.1),
+            (-0.0, 1.0 / 3.0),
+            (-1.0e-40, 2.0f32.powi(-126)),
+        ];
+        for (min_val, r) in cases {
+            assert!(nibbles_bf16(xs, min_val, r, &mut u));
+            for (&b, &got) in xs.iter().zip(&u) {
+                let x = f32::from_bits(u32::from(b) << 16);
+                let want = to_nibble(rb_no_nan(rb_no_nan(x - min_val) * r));
+                assert_eq!(got, want, "{b:#06x}, min {min_val:e}, r {r:e}");
+            }
+        }
+        // Lengths that are not whole steps are refused, with nothing written.
+        u.fill(0xFF);
+        assert!(!nibbles_bf16(&xs[..24], 0.0, 1.0, &mut u[..24]));
+        assert!(!nibbles_bf16(&xs[..32], 0.0, 1.0, &mut u[..16]));
+        assert!(u.iter().all(|&b| b == 0xFF));
+    }
+
+    /// Against the portable packer, word for word, for every `inner_k_tiles` (`half` 1,
+    /// 2, 4), each row of the n-tile and rows of one to five slabs of random nibbles;
+    /// words of other rows keep their sentinel.
+    #[test]
+    fn packer_equals_the_portable_one() {
+        if !Level::Avx2.is_supported() {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        let mut rng = quantfmt_testkit::XorShift64::new(0x0BAC_CA1B);
+        for half in [1, 2, 4] {
+            for slabs in 1..=5 {
+                let k = 32 * half * slabs;
+                for nr in 0..8 {
+                    let u: Vec<u8> = (0..k).map(|_| (rng.next_u64() % 16) as u8).collect();
+                    let sentinel = vec![0x5A5A_5A5Ai32; k];
+                    let mut want = sentinel.clone();
+                    let portable = crate::kernels::Caps::new(Level::Scalar);
+                    crate::kernels::pack_row(portable, &u, nr, 2 * half, &mut want);
+                    assert_ne!(want, sentinel, "half {half} slabs {slabs} nr {nr}");
+                    let mut got = sentinel.clone();
+                    assert!(pack_row(&u, nr, half, &mut got));
+                    assert_eq!(got, want, "half {half} slabs {slabs} nr {nr}");
+                }
+            }
+        }
+        // Arguments that do not fit are refused, with nothing written.
+        let mut tile = vec![7i32; 64];
+        assert!(!pack_row(&[0; 64], 0, 3, &mut tile));
+        assert!(!pack_row(&[0; 48], 0, 1, &mut tile));
+        assert!(!pack_row(&[0; 64], 0, 1, &mut tile[..32]));
+        assert!(tile.iter().all(|&w| w == 7));
+    }
+}
