@@ -261,32 +261,15 @@ mod tests {
         assert!(u.iter().all(|&b| b == 0xFF));
     }
 
-    /// Against the portable packer, word for word, for every `inner_k_tiles` (`half` 1,
-    /// 2, 4), each row of the n-tile and rows of one to five slabs of random nibbles;
-    /// words of other rows keep their sentinel.
+    /// Against the portable packer ([`crate::x86::tests::assert_packs_as_portable`]), and
+    /// arguments that do not fit refused.
     #[test]
     fn packer_equals_the_portable_one() {
         if !Level::Avx2.is_supported() {
             eprintln!("skipped: this CPU has no AVX2");
             return;
         }
-        let mut rng = quantfmt_testkit::XorShift64::new(0x0BAC_CA1B);
-        for half in [1, 2, 4] {
-            for slabs in 1..=5 {
-                let k = 32 * half * slabs;
-                for nr in 0..8 {
-                    let u: Vec<u8> = (0..k).map(|_| (rng.next_u64() % 16) as u8).collect();
-                    let sentinel = vec![0x5A5A_5A5Ai32; k];
-                    let mut want = sentinel.clone();
-                    let portable = crate::kernels::Caps::new(Level::Scalar);
-                    crate::kernels::pack_row(portable, &u, nr, 2 * half, &mut want);
-                    assert_ne!(want, sentinel, "half {half} slabs {slabs} nr {nr}");
-                    let mut got = sentinel.clone();
-                    assert!(pack_row(&u, nr, half, &mut got));
-                    assert_eq!(got, want, "half {half} slabs {slabs} nr {nr}");
-                }
-            }
-        }
+        crate::x86::tests::assert_packs_as_portable("avx2", pack_row);
         // Arguments that do not fit are refused, with nothing written.
         let mut tile = vec![7i32; 64];
         assert!(!pack_row(&[0; 64], 0, 3, &mut tile));

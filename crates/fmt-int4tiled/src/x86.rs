@@ -755,7 +755,7 @@ pub(crate) fn pack_row_vbmi(u: &[u8], nr: usize, half: usize, tile: &mut [i32]) 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use half::bf16;
     use quantfmt_testkit::XorShift64;
@@ -806,6 +806,33 @@ mod tests {
         assert!(u.iter().all(|&b| b == 0xFF));
     }
 
+    /// `pack(u, nr, half, tile)` against the portable packer, word for word, for every
+    /// `inner_k_tiles` (`half` 1, 2, 4), each row of the n-tile and rows of one to five
+    /// slabs of random nibbles; words of other rows must keep their sentinel. The check
+    /// of the AVX-512 and AVX2 packers.
+    pub(crate) fn assert_packs_as_portable(
+        what: &str,
+        pack: impl Fn(&[u8], usize, usize, &mut [i32]) -> bool,
+    ) {
+        let mut rng = XorShift64::new(0x0BAC_CA1A);
+        for half in [1, 2, 4] {
+            for slabs in 1..=5 {
+                let k = 32 * half * slabs;
+                for nr in 0..8 {
+                    let u: Vec<u8> = (0..k).map(|_| (rng.next_u64() % 16) as u8).collect();
+                    let sentinel = vec![0x5A5A_5A5Ai32; k];
+                    let mut want = sentinel.clone();
+                    let portable = crate::kernels::Caps::new(Level::Scalar);
+                    crate::kernels::pack_row(portable, &u, nr, 2 * half, &mut want);
+                    assert_ne!(want, sentinel, "half {half} slabs {slabs} nr {nr}");
+                    let mut got = sentinel.clone();
+                    assert!(pack(&u, nr, half, &mut got), "{what} half {half}");
+                    assert_eq!(got, want, "{what} half {half} slabs {slabs} nr {nr}");
+                }
+            }
+        }
+    }
+
     /// Both AVX-512 packers against the portable one, word for word, for every
     /// `inner_k_tiles` (`half` 1, 2, 4), each row of the n-tile and rows of one to five
     /// slabs of random nibbles; words of other rows keep their sentinel.
@@ -815,38 +842,17 @@ mod tests {
             eprintln!("note: no AVX-512 on this CPU (or level forced lower): skipped");
             return;
         }
-        let vbmi = quant_core::simd::has(quant_core::simd::Ext::Vbmi);
-        if !vbmi {
+        // SAFETY: the CPU has AVX-512 F and BW (checked above).
+        assert_packs_as_portable("pack_row", |u, nr, half, tile| unsafe {
+            pack_row(u, nr, half, tile)
+        });
+        if quant_core::simd::has(quant_core::simd::Ext::Vbmi) {
+            // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked above).
+            assert_packs_as_portable("vbmi", |u, nr, half, tile| unsafe {
+                pack_row_vbmi(u, nr, half, tile)
+            });
+        } else {
             eprintln!("note: no AVX-512 VBMI on this CPU: pack_row_vbmi not checked");
-        }
-        let mut rng = XorShift64::new(0x0BAC_CA1A);
-        for half in [1, 2, 4] {
-            for slabs in 1..=5 {
-                let k = 32 * half * slabs;
-                for nr in 0..8 {
-                    let u: Vec<u8> = (0..k).map(|_| (rng.next_u64() % 16) as u8).collect();
-                    let sentinel = vec![0x5A5A_5A5Ai32; k];
-                    let mut want = sentinel.clone();
-                    crate::kernels::pack_row(
-                        crate::kernels::Caps::new(Level::Scalar),
-                        &u,
-                        nr,
-                        2 * half,
-                        &mut want,
-                    );
-                    assert_ne!(want, sentinel, "half {half} slabs {slabs} nr {nr}");
-                    let mut got = sentinel.clone();
-                    // SAFETY: the CPU has AVX-512 F and BW (checked above).
-                    assert!(unsafe { pack_row(&u, nr, half, &mut got) });
-                    assert_eq!(got, want, "pack_row half {half} slabs {slabs} nr {nr}");
-                    if vbmi {
-                        let mut got = sentinel.clone();
-                        // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked above).
-                        assert!(unsafe { pack_row_vbmi(&u, nr, half, &mut got) });
-                        assert_eq!(got, want, "vbmi half {half} slabs {slabs} nr {nr}");
-                    }
-                }
-            }
         }
     }
 
