@@ -539,12 +539,15 @@ pub(crate) fn dequantize_rows<T: Element>(
         }
         T::narrow_slice(&scratch.wide, bytemuck::cast_slice_mut(&mut scratch.tables));
         let tables = &scratch.tables;
-        // The AVX-512 walk's hints: at each slab's first block, a line of this row's
-        // share of the next tile (its words' loads otherwise wait on memory: at AVX2 the
-        // f32 dequantize went 27 -> 12.6 ms with them, bf16 10.2 -> 8.6).
+        // Into f32, the AVX-512 walk's hints: at each slab's first block, a line of this
+        // row's share of the next tile (its words' loads otherwise waited on memory). At
+        // AVX2 the f32 dequantize gained x1.40 in the CLI A/B (27 -> 12.6 ms in process);
+        // into bf16 and f16 the CLI A/B lost with them (x0.62-0.84; in process bf16 gained,
+        // 10.2 -> 8.6 ms), so the 16-bit outputs go without.
         let step = lanes.ahead.len().div_ceil(k.div_ceil(32 * half).max(1));
         let words = |b: usize| {
-            if b.is_multiple_of(half)
+            if T::DTYPE == DType::F32
+                && b.is_multiple_of(half)
                 && let Some(w) = lanes.ahead.get(b / half * step..b / half * step + 1)
             {
                 quant_core::simd::prefetch(w);
