@@ -73,6 +73,7 @@ pub(crate) mod avx512 {
 
     use super::{DIM, FIELDS, Narrow, TWICE};
     use crate::rht::R;
+    use crate::rht_x86::butterflies;
 
     /// Columns per step of [`inverse_step`] (i32 lanes of one vector).
     pub(crate) const COLS: usize = 16;
@@ -135,18 +136,7 @@ pub(crate) mod avx512 {
             v[2 * p + 1] = y(hi);
         }
         // The first three stages of the fast Walsh-Hadamard transform (below `2^31`).
-        // Written as `butterflies!` is, so that LLVM unrolls it and `v` stays in registers.
-        let mut h = 1;
-        while h < DIM / 2 {
-            for a in 0..DIM {
-                if a & h == 0 {
-                    let (p, q) = (v[a], v[a + h]);
-                    v[a] = _mm512_add_epi32(p, q);
-                    v[a + h] = _mm512_sub_epi32(p, q);
-                }
-            }
-            h *= 2;
-        }
+        butterflies!(v, _mm512_add_epi32, _mm512_sub_epi32, DIM / 2);
         // The last, each result checked: its sign bit in `wrapped` where it wrapped.
         let mut wrapped = _mm512_setzero_si512();
         for a in 0..DIM / 2 {
@@ -214,6 +204,7 @@ pub(crate) mod avx2 {
 
     use super::{DIM, FIELDS, Narrow, TWICE};
     use crate::rht::R;
+    use crate::rht_x86::butterflies;
     use crate::x86_avx2::e2m1_8;
 
     /// Columns per step of [`inverse_step`] (i32 lanes of one vector).
@@ -268,18 +259,8 @@ pub(crate) mod avx2 {
             v[2 * p] = y(lo);
             v[2 * p + 1] = y(hi);
         }
-        // The first three stages (below `2^31`), written as `butterflies!` is.
-        let mut h = 1;
-        while h < DIM / 2 {
-            for a in 0..DIM {
-                if a & h == 0 {
-                    let (p, q) = (v[a], v[a + h]);
-                    v[a] = _mm256_add_epi32(p, q);
-                    v[a + h] = _mm256_sub_epi32(p, q);
-                }
-            }
-            h *= 2;
-        }
+        // The first three stages (below `2^31`).
+        butterflies!(v, _mm256_add_epi32, _mm256_sub_epi32, DIM / 2);
         // The last, each result checked: its sign bit in `wrapped` where it wrapped.
         let mut wrapped = _mm256_setzero_si256();
         for a in 0..DIM / 2 {
