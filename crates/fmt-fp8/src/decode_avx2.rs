@@ -55,11 +55,8 @@ pub(crate) fn decode_run<T: Element>(
     out: &mut [T],
     mode: StoreMode,
 ) -> bool {
-    let scales_fit = match scale {
-        Scales::One(_) => true,
-        Scales::Each(s) => s.len() == out.len(),
-    };
-    if level != Level::Avx2 || !level.is_supported() || codes.len() != out.len() || !scales_fit {
+    let fits = codes.len() == out.len() && scale.fit(out.len());
+    if level != Level::Avx2 || !level.is_supported() || !fits {
         return false;
     }
     match FloatsMut::of(out) {

@@ -151,6 +151,17 @@ impl Scales<'_> {
             Scales::Each(s) => s[j],
         }
     }
+
+    /// Whether these scales serve a run of `len` codes: one scale serves any run,
+    /// per-code scales must be as many as the codes (what the x86 decoders check).
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) fn fit(self, len: usize) -> bool {
+        match self {
+            Scales::One(_) => true,
+            Scales::Each(s) => s.len() == len,
+        }
+    }
 }
 
 /// `dst[i] = T(decode(src[i]) * scale)`: the AVX-512 kernel ([`crate::x86`], which

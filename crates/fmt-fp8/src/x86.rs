@@ -44,11 +44,7 @@ pub(crate) fn decode_run<T: Element>(
     out: &mut [T],
     (mode, fence): (StoreMode, &Fence),
 ) -> bool {
-    let scales_fit = match scale {
-        Scales::One(_) => true,
-        Scales::Each(s) => s.len() == out.len(),
-    };
-    if level != Level::Avx512 || codes.len() != out.len() || !scales_fit {
+    if level != Level::Avx512 || codes.len() != out.len() || !scale.fit(out.len()) {
         return false;
     }
     match FloatsMut::of(out) {

@@ -285,6 +285,13 @@ impl RowWords<'_> {
         std::array::from_fn(|c| lanes[c * self.half] as u32)
     }
 
+    /// The distance in `ahead` between the words a `k`-column walk fetches at the first
+    /// block of consecutive slabs: its whole share spread over the row's slabs.
+    #[inline(always)]
+    pub(crate) fn ahead_step(&self, k: usize) -> usize {
+        self.ahead.len().div_ceil(k.div_ceil(32 * self.half).max(1))
+    }
+
     /// Whether the kernels may read the words of the first `k` columns (`k` a multiple
     /// of 32): the row's last slab lies inside the tile.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -544,7 +551,7 @@ pub(crate) fn dequantize_rows<T: Element>(
         // AVX2 the f32 dequantize gained x1.40 in the CLI A/B (27 -> 12.6 ms in process);
         // into bf16 and f16 the CLI A/B lost with them (x0.62-0.84; in process bf16 gained,
         // 10.2 -> 8.6 ms), so the 16-bit outputs go without.
-        let step = lanes.ahead.len().div_ceil(k.div_ceil(32 * half).max(1));
+        let step = lanes.ahead_step(k);
         let words = |b: usize| {
             if T::DTYPE == DType::F32
                 && b.is_multiple_of(half)

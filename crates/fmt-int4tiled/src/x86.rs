@@ -109,7 +109,7 @@ fn for_each_block(
     let shift = pair_shifts();
     let nibbles = _mm512_set1_epi32(0x000F_000F);
     let slabs = k.div_ceil(32 * half);
-    let ahead_step = row.ahead.len().div_ceil(slabs);
+    let ahead_step = row.ahead_step(k);
     for kot in 0..slabs {
         if let Some(w) = row.ahead.get(kot * ahead_step) {
             // A hint: it never faults and changes no result.

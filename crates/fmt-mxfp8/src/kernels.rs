@@ -520,8 +520,9 @@ impl<'a> Ahead<'a> {
 
 /// One span of [`rowwise_only`] straight from bf16 or f16 bits, at AVX-512 or AVX2
 /// (f16 there widened and rounded to odd into bf16 in the register), given its block
-/// maxima (`keys`, from [`block_abs_max_bits`] on the 16-bit keys): the encode in 16-bit lanes ([`pow2::encode_blocks`]: an E8M0 scale only moves
-/// the exponent, so no f32 value is formed from bf16). The same codes as the f32 route,
+/// maxima (`keys`, from [`block_abs_max_bits`] on the 16-bit keys): the encode in
+/// 16-bit lanes ([`pow2::encode_blocks`]: an E8M0 scale only moves the exponent, so no
+/// f32 value is formed from bf16). The same codes as the f32 route,
 /// bit for bit (both are tested against it). Returns `false`, leaving `codes` and `out`
 /// to the f32 route, for a span with a block scale the encoder does not take: below
 /// 2^-119 (E4M3; 2^-111 for E5M2) for bf16, `2^127` (code `0xFE`) or NaN for f16.
@@ -846,8 +847,9 @@ fn write_col_codes(cs: &mut ColScales<'_>, [g, cstride, c0]: [usize; 3], codes: 
 
 /// One 32-row group's chunk (`cw` columns from `c0`) of bf16 or f16 input at AVX-512
 /// or AVX2 ([`LaneExps::supports`]), 1x32 blocks, without widening it: the column
-/// maxima folded on the bits ([`column_abs_max_bits`]), the columnwise codes from the per-column exponents in
-/// 16-bit lanes ([`LaneExps`]), and the rowwise blocks (when asked for) by
+/// maxima folded on the bits ([`column_abs_max_bits`]), the columnwise codes from the
+/// per-column exponents in 16-bit lanes ([`LaneExps`]), and the rowwise blocks (when
+/// asked for) by
 /// [`row_run`], which takes its own 16-bit route. The column codes go to `col_code`;
 /// the caller writes them out. Returns `false`, with nothing written, for other input
 /// or levels and where a column's scale is outside the encoder's exact range (a

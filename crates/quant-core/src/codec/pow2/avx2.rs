@@ -313,8 +313,7 @@ pub(super) unsafe fn encode_blocks_f16(
     dst: &mut [u8],
 ) {
     encode_chunks(fp8, (block, ks), plus_zero, (src.len() / 32, dst), |j| {
-        let s = &src[32 * j..32 * j + 32];
-        widened_to_odd(s)
+        widened_to_odd(&src[32 * j..])
     });
 }
 
