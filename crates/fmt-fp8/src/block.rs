@@ -338,18 +338,32 @@ impl Format for Fp8BlockQuantizer {
                             level,
                             #[inline(always)]
                             || {
-                                let mut wide = WIDE;
+                                let (mut wide, mut js) = (WIDE, Vec::new());
+                                let whole = k / BLOCK * BLOCK;
                                 for (r, (o, q)) in o.chunks_mut(k).zip(q.chunks(k)).enumerate() {
                                     let i = mb * BLOCK + r;
-                                    for (kb, (ob, qb)) in
-                                        o.chunks_mut(BLOCK).zip(q.chunks(BLOCK)).enumerate()
+                                    let si = |kb: usize| match block {
+                                        BlockScaling::OneD => s[kb * sr[1] + i],
+                                        BlockScaling::TwoD => s[mb * sr[1] + kb],
+                                    };
+                                    // The row's whole blocks in one call where they all
+                                    // take the 16-bit lanes, else block by block.
+                                    let (ow, qw) = (&mut o[..whole], &q[..whole]);
+                                    let done = if decode_pow2(level, dt, qw, si, &mut js, ow) {
+                                        whole
+                                    } else {
+                                        0
+                                    };
+                                    for (kb, (ob, qb)) in o[done..]
+                                        .chunks_mut(BLOCK)
+                                        .zip(q[done..].chunks(BLOCK))
+                                        .enumerate()
                                     {
-                                        let si = match block {
-                                            BlockScaling::OneD => s[kb * sr[1] + i],
-                                            BlockScaling::TwoD => s[mb * sr[1] + kb],
-                                        };
-                                        if !decode_pow2(level, dt, qb, si, ob) {
-                                            decode_scaled(dt, qb, si, ob, &mut wide);
+                                        let kb = done / BLOCK + kb;
+                                        // (A partial last block is refused: not whole.)
+                                        let one = |_| si(kb);
+                                        if !decode_pow2(level, dt, qb, one, &mut js, ob) {
+                                            decode_scaled(dt, qb, si(kb), ob, &mut wide);
                                         }
                                     }
                                 }

@@ -180,8 +180,13 @@ fn tile_maxima_folded_ahead_equal_a_fresh_walk() {
 
 #[test]
 fn dequantize_bytes_are_level_independent() {
-    let [m, k] = [130, 2200];
-    let base = special_input::input(&[m, k], 5);
+    for ([m, k], seed) in [([130, 2200], 5), ([256, 512], 9)] {
+        dequantize_level_independent(m, k, seed);
+    }
+}
+
+fn dequantize_level_independent(m: usize, k: usize, seed: u64) {
+    let base = special_input::input(&[m, k], seed);
     let x = HostTensor::f32(&base, &[m, k]).unwrap();
     for spec in SPECS {
         let q = spec
@@ -199,7 +204,7 @@ fn dequantize_bytes_are_level_independent() {
                 assert_eq!(
                     simd::level_differing_from_scalar(bytes),
                     None,
-                    "{spec} {dir} {dtype}: bytes differ from the scalar level's"
+                    "{spec} [{m}, {k}] {dir} {dtype}: bytes differ from the scalar level's"
                 );
             }
         }

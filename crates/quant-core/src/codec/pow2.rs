@@ -54,6 +54,8 @@ use crate::simd::Level;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod decode_avx2;
 mod f16;
 mod from_f32;
 
@@ -348,11 +350,12 @@ pub fn encode_blocks(
     }
 }
 
-/// `dst[i] = fp8.decode_bf16(src[i], js[i / block])` with AVX-512, 32 values per step:
-/// dequantization to bf16 under power-of-two scales without forming f32 values. Returns
-/// `false` and writes nothing unless `level` is [`Level::Avx512`] and the CPU has it,
-/// `block` is a nonzero multiple of 32, `src` and `dst` hold `js.len()` blocks, and
-/// every `j` satisfies [`Fp8::decode_exact`]; the caller then takes its f32 route.
+/// `dst[i] = fp8.decode_bf16(src[i], js[i / block])` with AVX-512 (32 values per step)
+/// or AVX2 (16 per step): dequantization to bf16 under power-of-two scales without
+/// forming f32 values. Returns `false` and writes nothing unless `level` is
+/// [`Level::Avx512`] or [`Level::Avx2`] and the CPU has it, `block` is a nonzero
+/// multiple of 32, `src` and `dst` hold `js.len()` blocks, and every `j` satisfies
+/// [`Fp8::decode_exact`]; the caller then takes its f32 route.
 ///
 /// ```
 /// use quant_core::codec::pow2::{Fp8, decode_blocks};
@@ -372,17 +375,67 @@ pub fn decode_blocks(
     js: &[i32],
     dst: &mut [u16],
 ) -> bool {
-    let kernel = runs_fit(level, false, (src.len(), dst.len()), block, js, |j| {
+    let kernel = runs_fit(level, true, (src.len(), dst.len()), block, js, |j| {
         fp8.decode_exact(j)
     });
-    if kernel != Some(Level::Avx512) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match kernel {
+            // SAFETY: the CPU has AVX-512 F and BW (`runs_fit` checked that it has the
+            // level, which includes both); the lengths and exponents were checked there.
+            Some(Level::Avx512) => unsafe { x86::decode_blocks(fp8, src, block, js, dst) },
+            // SAFETY: the CPU has AVX2 (checked there too), as are the lengths and
+            // exponents.
+            Some(Level::Avx2) => unsafe { decode_avx2::decode_blocks(fp8, src, block, js, dst) },
+            _ => return false,
+        }
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = kernel;
+        false
+    }
+}
+
+/// `dst[i] = fp8.decode_bf16(src[i], exps[i] - 127)` with AVX2, 16 values per step: one
+/// power-of-two scale per value, given as its biased exponent (an E8M0 code, or the
+/// exponent field of an f32 power of two), as a columnwise dequantization has them (one
+/// scale per column, repeated row after row). Returns `false` and writes nothing unless
+/// `level` is [`Level::Avx2`] and the CPU has it, the three lengths agree and are a
+/// multiple of 16, and every `exps[i] - 127` satisfies [`Fp8::decode_exact`] (an E8M0
+/// NaN code never does); the caller then takes its f32 route. At AVX-512 the callers'
+/// f32 kernels, which narrow with AVX-512 BF16, take these runs.
+///
+/// ```
+/// use quant_core::codec::pow2::{Fp8, decode_lanes};
+/// use quant_core::simd::{self, Level};
+/// let src: Vec<u8> = (0..32).map(|i| i * 8).collect();
+/// let exps: Vec<u8> = (0..32).map(|i| 120 + i % 16).collect();
+/// let mut dst = [0u16; 32];
+/// if decode_lanes(Level::Avx2, Fp8::E4M3, &src, &exps, &mut dst) {
+///     for i in 0..32 {
+///         assert_eq!(dst[i], Fp8::E4M3.decode_bf16(src[i], i32::from(exps[i]) - 127));
+///     }
+/// }
+/// ```
+#[inline(always)]
+pub fn decode_lanes(level: Level, fp8: Fp8, src: &[u8], exps: &[u8], dst: &mut [u16]) -> bool {
+    let n = src.len();
+    let fits = exps.len() == n
+        && dst.len() == n
+        && n.is_multiple_of(16)
+        // A fold, not `all`: no early exit, so it vectorizes.
+        && exps
+            .iter()
+            .fold(true, |ok, &e| ok & fp8.decode_exact(i32::from(e) - 127));
+    if level != Level::Avx2 || !level.is_supported() || !fits {
         return false;
     }
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512` includes both); the
-        // lengths and exponents were checked above.
-        unsafe { x86::decode_blocks(fp8, src, block, js, dst) };
+        // SAFETY: the CPU has AVX2 (checked above), as are the lengths and exponents.
+        unsafe { decode_avx2::decode_lanes(fp8, src, exps, dst) };
         true
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -1260,33 +1313,88 @@ mod tests {
             }
             let src: Vec<u8> = (0..=255u8).cycle().take(256 * js.len()).collect();
             let mut dst = vec![0u16; src.len()];
-            let level = crate::simd::level();
-            if level == Level::Avx512 {
+            for level in [Level::Avx512, Level::Avx2] {
+                if !level.is_supported() {
+                    eprintln!("skipped the {level:?} kernel: this CPU lacks it");
+                    continue;
+                }
                 // One exponent per 256 codes (8 vectors), and per 32-code block.
+                dst.fill(0);
                 assert!(p2::decode_blocks(level, fp8, &src, 256, &js, &mut dst));
                 for (i, (&c, &d)) in src.iter().zip(&dst).enumerate() {
-                    assert_eq!(d, fp8.decode_bf16(c, js[i / 256]), "{fp8:?} {c:#04x}");
+                    let j = js[i / 256];
+                    assert_eq!(d, fp8.decode_bf16(c, j), "{level:?} {fp8:?} {c:#04x} j {j}");
                 }
                 let js32: Vec<i32> = (0..src.len() / 32)
                     .map(|b| js[(b * 5) % js.len()])
                     .collect();
                 assert!(p2::decode_blocks(level, fp8, &src, 32, &js32, &mut dst));
                 for (i, (&c, &d)) in src.iter().zip(&dst).enumerate() {
-                    assert_eq!(d, fp8.decode_bf16(c, js32[i / 32]));
+                    assert_eq!(d, fp8.decode_bf16(c, js32[i / 32]), "{level:?} {fp8:?}");
+                }
+                // Outside the exact range, on either side, the kernel refuses.
+                for out in [js[0] - 1, js[js.len() - 1] + 1] {
+                    assert!(!p2::decode_blocks(
+                        level,
+                        fp8,
+                        &src[..64],
+                        32,
+                        &[js[0], out],
+                        &mut dst[..64]
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Every code under every exact exponent, one exponent per lane (each code meets
+    /// every exponent in some lane), and the refusals: other levels, lengths that do not
+    /// agree or are not a multiple of 16, and an exponent outside the exact range.
+    #[test]
+    fn decode_lanes_equals_the_specification() {
+        for fp8 in [Fp8::E4M3, Fp8::E5M2] {
+            let exact: Vec<u8> = (0..=255u8)
+                .filter(|&e| fp8.decode_exact(i32::from(e) - 127))
+                .collect();
+            let n = 256 * exact.len();
+            // Code i % 256 under exponent (i / 256 + i) % len: every pair once.
+            let src: Vec<u8> = (0..n).map(|i| i as u8).collect();
+            let exps: Vec<u8> = (0..n).map(|i| exact[(i / 256 + i) % exact.len()]).collect();
+            let mut dst = vec![0u16; n];
+            if Level::Avx2.is_supported() {
+                assert!(p2::decode_lanes(Level::Avx2, fp8, &src, &exps, &mut dst));
+                for i in 0..n {
+                    let j = i32::from(exps[i]) - 127;
+                    let want = fp8.decode_bf16(src[i], j);
+                    assert_eq!(dst[i], want, "{fp8:?} code {:#04x} j {j}", src[i]);
                 }
             } else {
-                eprintln!("skipped the vector half: this CPU has no AVX-512");
+                eprintln!("skipped the AVX2 kernel: this CPU lacks it");
             }
-            // Outside the exact range the kernel refuses.
-            let lo = js[0] - 1;
-            assert!(!p2::decode_blocks(
-                level,
+            let avx2 = Level::Avx2;
+            let mut out = exps[..32].to_vec();
+            for bad in [exact[0] - 1, exact[exact.len() - 1] + 1, 0xFF] {
+                out[17] = bad;
+                assert!(!p2::decode_lanes(
+                    avx2,
+                    fp8,
+                    &src[..32],
+                    &out,
+                    &mut dst[..32]
+                ));
+            }
+            let (s, e) = (&src[..32], &exps[..32]);
+            assert!(!p2::decode_lanes(
+                avx2,
                 fp8,
-                &src[..32],
-                32,
-                &[lo],
-                &mut dst[..32]
+                &src[..24],
+                &e[..24],
+                &mut dst[..24]
             ));
+            assert!(!p2::decode_lanes(avx2, fp8, s, &e[..16], &mut dst[..32]));
+            assert!(!p2::decode_lanes(avx2, fp8, s, e, &mut dst[..16]));
+            assert!(!p2::decode_lanes(Level::Avx512, fp8, s, e, &mut dst[..32]));
+            assert!(!p2::decode_lanes(Level::Scalar, fp8, s, e, &mut dst[..32]));
         }
     }
 
