@@ -959,9 +959,13 @@ pub(crate) enum Codes<'a> {
     Each(&'a [u8]),
 }
 
-/// bf16 output of a run decoded in registers, where the CPU allows
-/// ([`crate::x86::decode_bf16`]); `false` (nothing written) otherwise, and for other
-/// output types, leaving the run to the portable decode-then-narrow loops.
+/// bf16 output of a run decoded in registers, where the CPU allows: at AVX-512 the f32
+/// product narrowed by AVX-512 BF16 ([`crate::x86::decode_bf16`]), at AVX2 the 16-bit
+/// lanes of [`pow2::decode_blocks`] (rowwise) and [`pow2::decode_lanes`] (columnwise),
+/// which form no f32 and take every run whose scales keep the products normal bf16
+/// values. `false` (nothing written) otherwise, and for other output types, leaving
+/// the run to the portable decode-then-narrow loops. `js` is scratch for the rowwise
+/// blocks' exponents.
 #[inline(always)]
 fn decoded_bf16<T: Element>(
     level: Level,
@@ -969,13 +973,25 @@ fn decoded_bf16<T: Element>(
     q: &[u8],
     codes: Codes<'_>,
     out: &mut [T],
+    js: &mut Vec<i32>,
 ) -> bool {
+    let Some(o) = quant_core::dtype::bf16_slice_bits_mut(out) else {
+        return false;
+    };
     #[cfg(target_arch = "x86_64")]
-    if let Some(o) = quant_core::dtype::bf16_slice_bits_mut(out) {
-        return crate::x86::decode_bf16(level, dtype, q, codes, o);
+    if crate::x86::decode_bf16(level, dtype, q, codes, o) {
+        return true;
     }
-    let _ = (level, dtype, q, codes, out);
-    false
+    let fp8 = dtype.pow2_codec();
+    match codes {
+        Codes::PerBlock(c) => {
+            js.clear();
+            // An E8M0 code is its scale's biased exponent (NaN, 255, is refused there).
+            js.extend(c.iter().map(|&e| i32::from(e) - 127));
+            pow2::decode_blocks(level, fp8, q, BLOCK, js, o)
+        }
+        Codes::Each(c) => pow2::decode_lanes(level, fp8, q, c, o),
+    }
 }
 
 /// Values per step of rowwise dequantization (sixteen blocks).
@@ -1005,7 +1021,7 @@ pub(crate) fn dequantize_rowwise<T: Element>(
                     // Spans of sixteen blocks: the narrowing to 16-bit output runs once
                     // per span (one call, not one per block), f32 output is decoded in
                     // place.
-                    let mut w = [0f32; SPAN];
+                    let (mut w, mut js) = ([0f32; SPAN], Vec::new());
                     for (r, (o, q)) in o.chunks_exact_mut(k).zip(q.chunks_exact(k)).enumerate() {
                         let i = t * rows_per_task + r;
                         for (si, (os, qs)) in o.chunks_mut(SPAN).zip(q.chunks(SPAN)).enumerate() {
@@ -1018,7 +1034,7 @@ pub(crate) fn dequantize_rowwise<T: Element>(
                                     .copied()
                                     .unwrap_or(0xFF);
                             }
-                            if decoded_bf16(level, dtype, qs, Codes::PerBlock(codes), os) {
+                            if decoded_bf16(level, dtype, qs, Codes::PerBlock(codes), os, &mut js) {
                                 continue;
                             }
                             narrowed(os, &mut w[..qs.len()], |w| {
@@ -1104,12 +1120,12 @@ pub(crate) fn dequantize_columnwise<T: Element>(
                                 .copied()
                                 .unwrap_or(0xFF);
                         }
-                        let mut w = [0f32; SPAN];
+                        let (mut w, mut js) = ([0f32; SPAN], Vec::new());
                         for (o, q) in o.chunks_exact_mut(k).zip(q.chunks_exact(k)) {
                             for ((os, qs), ss) in
                                 o.chunks_mut(SPAN).zip(q.chunks(SPAN)).zip(s.chunks(SPAN))
                             {
-                                if !decoded_bf16(level, dtype, qs, Codes::Each(ss), os) {
+                                if !decoded_bf16(level, dtype, qs, Codes::Each(ss), os, &mut js) {
                                     narrowed(os, &mut w[..qs.len()], |w| {
                                         decode_cols(dtype, ss, qs, w)
                                     });
