@@ -8,8 +8,9 @@ use quant_core::codec::pow2::{self, LaneExps};
 use quant_core::codec::{e4m3, e5m2};
 use quant_core::dtype::Bits16;
 use quant_core::simd::Level;
+use quant_core::stream::StoreMode;
 use quant_core::strips::{Strip, column_strips};
-use quant_core::{Element, narrowed, simd, widened};
+use quant_core::{DType, Element, narrowed, simd, widened};
 use rayon::prelude::*;
 
 use crate::layout::{
@@ -960,12 +961,11 @@ pub(crate) enum Codes<'a> {
 }
 
 /// bf16 output of a run decoded in registers, where the CPU allows: at AVX-512 the f32
-/// product narrowed by AVX-512 BF16 ([`crate::x86::decode_bf16`]), at AVX2 the 16-bit
-/// lanes of [`pow2::decode_blocks`] (rowwise) and [`pow2::decode_lanes`] (columnwise),
-/// which form no f32 and take every run whose scales keep the products normal bf16
-/// values. `false` (nothing written) otherwise, and for other output types, leaving
-/// the run to the portable decode-then-narrow loops. `js` is scratch for the rowwise
-/// blocks' exponents.
+/// product narrowed by AVX-512 BF16 ([`crate::x86::decode_bf16`]), at AVX2 (one code per
+/// block) the 16-bit lanes of [`pow2::decode_blocks`], which form no f32 and take every
+/// run whose scales keep the products normal bf16 values. `false` (nothing written)
+/// otherwise, and for other output types, leaving the run to the portable
+/// decode-then-narrow loops. `js` is scratch for the blocks' exponents.
 #[inline(always)]
 fn decoded_bf16<T: Element>(
     level: Level,
@@ -982,15 +982,15 @@ fn decoded_bf16<T: Element>(
     if crate::x86::decode_bf16(level, dtype, q, codes, o) {
         return true;
     }
-    let fp8 = dtype.pow2_codec();
     match codes {
         Codes::PerBlock(c) => {
             js.clear();
             // An E8M0 code is its scale's biased exponent (NaN, 255, is refused there).
             js.extend(c.iter().map(|&e| i32::from(e) - 127));
-            pow2::decode_blocks(level, fp8, q, BLOCK, js, o)
+            pow2::decode_blocks(level, dtype.pow2_codec(), q, BLOCK, js, o)
         }
-        Codes::Each(c) => pow2::decode_lanes(level, fp8, q, c, o),
+        // Columnwise rows at AVX2 take `ExactExps`, whole (`dequantize_columnwise`).
+        Codes::Each(_) => false,
     }
 }
 
@@ -1121,7 +1121,19 @@ pub(crate) fn dequantize_columnwise<T: Element>(
                                 .unwrap_or(0xFF);
                         }
                         let (mut w, mut js) = ([0f32; SPAN], Vec::new());
+                        // At AVX2, bf16 rows in 16-bit lanes, whole, the codes (E8M0: the
+                        // scales' exponents) checked once for the group's 32 rows.
+                        let lanes = (level == Level::Avx2 && T::DTYPE == DType::BF16)
+                            .then(|| pow2::ExactExps::new(dtype.pow2_codec(), s))
+                            .flatten();
                         for (o, q) in o.chunks_exact_mut(k).zip(q.chunks_exact(k)) {
+                            // Ordinary stores: each task writes whole rows in sequence.
+                            if lanes.is_some_and(|l| {
+                                quant_core::dtype::bf16_slice_bits_mut(&mut *o)
+                                    .is_some_and(|o| l.decode(level, q, o, StoreMode::Cached))
+                            }) {
+                                continue;
+                            }
                             for ((os, qs), ss) in
                                 o.chunks_mut(SPAN).zip(q.chunks(SPAN)).zip(s.chunks(SPAN))
                             {

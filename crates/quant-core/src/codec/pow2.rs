@@ -398,48 +398,97 @@ pub fn decode_blocks(
     }
 }
 
-/// `dst[i] = fp8.decode_bf16(src[i], exps[i] - 127)` with AVX2, 16 values per step: one
-/// power-of-two scale per value, given as its biased exponent (an E8M0 code, or the
-/// exponent field of an f32 power of two), as a columnwise dequantization has them (one
-/// scale per column, repeated row after row). Returns `false` and writes nothing unless
-/// `level` is [`Level::Avx2`] and the CPU has it, the three lengths agree and are a
-/// multiple of 16, and every `exps[i] - 127` satisfies [`Fp8::decode_exact`] (an E8M0
-/// NaN code never does); the caller then takes its f32 route. At AVX-512 the callers'
-/// f32 kernels, which narrow with AVX-512 BF16, take these runs.
+/// One power-of-two scale per value, given as its biased exponent (an E8M0 code, or the
+/// exponent field of an f32 power of two), checked once against [`Fp8::decode_exact`]
+/// for the many rows a columnwise dequantization decodes under them (one scale per
+/// column, repeated row after row): [`ExactExps::decode`] then writes
+/// `dst[i] = fp8.decode_bf16(src[i], exps[i] - 127)` with AVX2, 16 values per step. At
+/// AVX-512 the callers' f32 kernels, which narrow with AVX-512 BF16, take these runs.
 ///
 /// ```
-/// use quant_core::codec::pow2::{Fp8, decode_lanes};
-/// use quant_core::simd::{self, Level};
-/// let src: Vec<u8> = (0..32).map(|i| i * 8).collect();
-/// let exps: Vec<u8> = (0..32).map(|i| 120 + i % 16).collect();
-/// let mut dst = [0u16; 32];
-/// if decode_lanes(Level::Avx2, Fp8::E4M3, &src, &exps, &mut dst) {
-///     for i in 0..32 {
+/// use quant_core::codec::pow2::{ExactExps, Fp8};
+/// use quant_core::simd::Level;
+/// use quant_core::stream::StoreMode;
+/// let exps: Vec<u8> = (0..40).map(|i| 120 + i % 16).collect();
+/// let lanes = ExactExps::new(Fp8::E4M3, &exps).unwrap();
+/// let src: Vec<u8> = (0..40).map(|i| i * 6).collect();
+/// let mut dst = [0u16; 40];
+/// if lanes.decode(Level::Avx2, &src, &mut dst, StoreMode::Cached) {
+///     for i in 0..40 {
 ///         assert_eq!(dst[i], Fp8::E4M3.decode_bf16(src[i], i32::from(exps[i]) - 127));
 ///     }
 /// }
+/// // An E8M0 NaN code (255) is no exponent at all.
+/// assert!(ExactExps::new(Fp8::E4M3, &[127, 255]).is_none());
 /// ```
-#[inline(always)]
-pub fn decode_lanes(level: Level, fp8: Fp8, src: &[u8], exps: &[u8], dst: &mut [u16]) -> bool {
-    let n = src.len();
-    let fits = exps.len() == n
-        && dst.len() == n
-        && n.is_multiple_of(16)
+#[derive(Clone, Copy, Debug)]
+pub struct ExactExps<'a> {
+    fp8: Fp8,
+    exps: &'a [u8],
+}
+
+impl<'a> ExactExps<'a> {
+    /// `exps` where every `exps[i] - 127` satisfies [`Fp8::decode_exact`], else `None`.
+    #[inline(always)]
+    pub fn new(fp8: Fp8, exps: &'a [u8]) -> Option<ExactExps<'a>> {
         // A fold, not `all`: no early exit, so it vectorizes.
-        && exps
+        let exact = exps
             .iter()
             .fold(true, |ok, &e| ok & fp8.decode_exact(i32::from(e) - 127));
-    if level != Level::Avx2 || !level.is_supported() || !fits {
-        return false;
+        exact.then_some(ExactExps { fp8, exps })
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: the CPU has AVX2 (checked above), as are the lengths and exponents.
-        unsafe { decode_avx2::decode_lanes(fp8, src, exps, dst) };
-        true
+
+    /// The exponents `range` (clamped to the set), still checked.
+    #[inline(always)]
+    pub fn range(self, range: std::ops::Range<usize>) -> ExactExps<'a> {
+        let end = range.end.min(self.exps.len());
+        ExactExps {
+            fp8: self.fp8,
+            exps: &self.exps[range.start.min(end)..end],
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+
+    /// How many exponents.
+    pub fn len(self) -> usize {
+        self.exps.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(self) -> bool {
+        self.exps.is_empty()
+    }
+
+    /// `dst[i] = fp8.decode_bf16(src[i], exps[i] - 127)`, written in `mode`: streamed,
+    /// the run's whole lines by streaming stores, and the caller fences them
+    /// ([`crate::stream::Fence`]), as [`crate::stream::avx2::write_u16_steps`] does.
+    /// Returns `false` and writes nothing unless `level` is [`Level::Avx2`] and the CPU
+    /// has it, and `src`, `dst` and the exponents have one length; the caller then takes
+    /// its f32 route.
+    #[inline(always)]
+    pub fn decode(
+        self,
+        level: Level,
+        src: &[u8],
+        dst: &mut [u16],
+        mode: crate::stream::StoreMode,
+    ) -> bool {
+        let n = self.exps.len();
+        if level != Level::Avx2 || !level.is_supported() || src.len() != n || dst.len() != n {
+            return false;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: the CPU has the AVX2 level's features (checked above), as are the
+            // lengths; the exponents were checked by `new`.
+            unsafe { decode_avx2::decode_lanes(self.fp8, src, self.exps, dst, mode) };
+            true
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = mode;
+            false
+        }
+    }
 }
 
 /// One power-of-two scale per lane of a run that repeats row after row: per-column
@@ -1348,10 +1397,13 @@ mod tests {
     }
 
     /// Every code under every exact exponent, one exponent per lane (each code meets
-    /// every exponent in some lane), and the refusals: other levels, lengths that do not
-    /// agree or are not a multiple of 16, and an exponent outside the exact range.
+    /// every exponent in some lane), in both store modes from every start offset modulo
+    /// a line with ragged lengths (the streamed route's ends go value by value), through
+    /// sub-ranges too; and the refusals: exponents outside the exact range, other
+    /// levels, lengths that do not agree.
     #[test]
-    fn decode_lanes_equals_the_specification() {
+    fn exact_exps_decode_as_the_specification() {
+        use crate::stream::{Fence, StoreMode};
         for fp8 in [Fp8::E4M3, Fp8::E5M2] {
             let exact: Vec<u8> = (0..=255u8)
                 .filter(|&e| fp8.decode_exact(i32::from(e) - 127))
@@ -1360,41 +1412,40 @@ mod tests {
             // Code i % 256 under exponent (i / 256 + i) % len: every pair once.
             let src: Vec<u8> = (0..n).map(|i| i as u8).collect();
             let exps: Vec<u8> = (0..n).map(|i| exact[(i / 256 + i) % exact.len()]).collect();
-            let mut dst = vec![0u16; n];
-            if Level::Avx2.is_supported() {
-                assert!(p2::decode_lanes(Level::Avx2, fp8, &src, &exps, &mut dst));
-                for i in 0..n {
-                    let j = i32::from(exps[i]) - 127;
-                    let want = fp8.decode_bf16(src[i], j);
-                    assert_eq!(dst[i], want, "{fp8:?} code {:#04x} j {j}", src[i]);
-                }
-            } else {
+            let all = p2::ExactExps::new(fp8, &exps).unwrap();
+            let mut dst = vec![0u16; n + 64];
+            if !Level::Avx2.is_supported() {
                 eprintln!("skipped the AVX2 kernel: this CPU lacks it");
             }
-            let avx2 = Level::Avx2;
+            for mode in [StoreMode::Cached, StoreMode::Streaming] {
+                for (start, cut) in [(0, 0), (1, 3), (7, 17), (16, 31), (31, 1)] {
+                    if !Level::Avx2.is_supported() {
+                        break;
+                    }
+                    let (s, e) = (&src[cut..], &exps[cut..]);
+                    let d = &mut dst[start..start + n - cut];
+                    d.fill(0xDEAD);
+                    assert!(all.range(cut..n).decode(Level::Avx2, s, d, mode));
+                    drop(Fence::new());
+                    for i in 0..s.len() {
+                        let j = i32::from(e[i]) - 127;
+                        let want = fp8.decode_bf16(s[i], j);
+                        assert_eq!(d[i], want, "{fp8:?} {mode:?} code {:#04x} j {j}", s[i]);
+                    }
+                }
+            }
             let mut out = exps[..32].to_vec();
             for bad in [exact[0] - 1, exact[exact.len() - 1] + 1, 0xFF] {
                 out[17] = bad;
-                assert!(!p2::decode_lanes(
-                    avx2,
-                    fp8,
-                    &src[..32],
-                    &out,
-                    &mut dst[..32]
-                ));
+                assert!(p2::ExactExps::new(fp8, &out).is_none());
             }
-            let (s, e) = (&src[..32], &exps[..32]);
-            assert!(!p2::decode_lanes(
-                avx2,
-                fp8,
-                &src[..24],
-                &e[..24],
-                &mut dst[..24]
-            ));
-            assert!(!p2::decode_lanes(avx2, fp8, s, &e[..16], &mut dst[..32]));
-            assert!(!p2::decode_lanes(avx2, fp8, s, e, &mut dst[..16]));
-            assert!(!p2::decode_lanes(Level::Avx512, fp8, s, e, &mut dst[..32]));
-            assert!(!p2::decode_lanes(Level::Scalar, fp8, s, e, &mut dst[..32]));
+            let (s, some) = (&src[..32], all.range(0..32));
+            let (avx2, cached) = (Level::Avx2, StoreMode::Cached);
+            assert_eq!((some.len(), all.range(n - 5..n + 9).len()), (32, 5));
+            assert!(!some.decode(avx2, &s[..16], &mut dst[..32], cached));
+            assert!(!some.decode(avx2, s, &mut dst[..16], cached));
+            assert!(!some.decode(Level::Avx512, s, &mut dst[..32], cached));
+            assert!(!some.decode(Level::Scalar, s, &mut dst[..32], cached));
         }
     }
 

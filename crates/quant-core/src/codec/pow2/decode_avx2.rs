@@ -6,7 +6,8 @@
 //! pair `2m, 2m + 1` made by one multiply), and the masks are compare vectors. Under one
 //! exponent per block the exponent is folded into the block's constants (the normal
 //! rebias and the subnormal table); under one per lane ([`decode_lanes`]) it is added
-//! after the two routes meet, and a zero code is masked back to zero.
+//! after the two routes meet, and a zero code is masked back to zero; those runs are
+//! written by the stream module's step writers, streamed where the caller asks.
 //!
 //! Where the f32 route takes 8 codes per vector (widen to 32-bit lanes, decode, multiply,
 //! round to bf16, pack), this takes 16 with about as many operations per vector.
@@ -20,6 +21,8 @@ use std::arch::x86_64::{
 };
 
 use super::Fp8;
+use crate::stream::StoreMode;
+use crate::stream::avx2::write_u16_steps;
 
 /// The call's constant vectors.
 struct Consts {
@@ -165,25 +168,34 @@ pub(super) unsafe fn decode_blocks(
     }
 }
 
-/// [`super::decode_lanes`] after its checks.
+/// [`super::decode_lanes`] after its checks, written by
+/// [`crate::stream::avx2::write_u16_steps`] in `mode` (the streamed stores' fence left
+/// to the caller).
 ///
 /// # Safety
-/// The CPU must have AVX2; `src.len() == exps.len() == dst.len()`, a multiple of 16;
-/// every `exps[i] - 127` satisfies [`Fp8::decode_exact`].
+/// The CPU must have the [`crate::simd::Level::Avx2`] features; `src.len() ==
+/// exps.len() == dst.len()`; every `exps[i] - 127` satisfies [`Fp8::decode_exact`].
 #[inline]
-#[target_feature(enable = "avx2")]
-pub(super) unsafe fn decode_lanes(fp8: Fp8, src: &[u8], exps: &[u8], dst: &mut [u16]) {
+#[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
+pub(super) unsafe fn decode_lanes(
+    fp8: Fp8,
+    src: &[u8],
+    exps: &[u8],
+    dst: &mut [u16],
+    mode: StoreMode,
+) {
     let c = Consts::new(fp8);
     let bias = _mm256_set1_epi16(127);
-    let steps = src.chunks_exact(16).zip(exps.chunks_exact(16));
-    for ((s, e), d) in steps.zip(dst.chunks_exact_mut(16)) {
-        let x = load16(s);
+    let step = |j: usize| {
+        let x = load16(&src[j..]);
         let (mag, v) = magnitudes(&c, x, c.rebias, c.sub);
-        // `(e - 127) << 7`: the lane's `j` in the exponent field (wrapping as i16 adds do,
-        // which the exact range keeps from mattering).
-        let jsh = _mm256_slli_epi16::<7>(_mm256_sub_epi16(load16(e), bias));
+        // `(e - 127) << 7`: the lane's `j` in the exponent field (wrapping as i16 adds
+        // do, which the exact range keeps from mattering).
+        let jsh = _mm256_slli_epi16::<7>(_mm256_sub_epi16(load16(&exps[j..]), bias));
         let v = _mm256_add_epi16(v, jsh);
         let v = _mm256_andnot_si256(_mm256_cmpeq_epi16(mag, c.zero), v);
-        store16(d, specials(&c, x, mag, v));
-    }
+        specials(&c, x, mag, v)
+    };
+    let one = |j: usize| fp8.decode_bf16(src[j], i32::from(exps[j]) - 127);
+    write_u16_steps(dst, mode, step, one);
 }
