@@ -37,7 +37,7 @@ use std::arch::x86_64::{
 };
 
 use quant_core::Element;
-use quant_core::bf16_narrow::avx2::narrow16;
+use quant_core::bf16_narrow::avx2::{narrow16, narrow16_pairs};
 use quant_core::codec::e2m1;
 use quant_core::dtype::FloatsMut;
 use quant_core::simd::Level;
@@ -145,14 +145,35 @@ fn decode_row_f32(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [f32]) 
     });
 }
 
-/// [`decode_row`] into bf16 bits.
+/// [`decode_row`] into bf16 bits. Each byte's two values stay in one 32-bit lane pair:
+/// the low nibbles (values 0, 2, ..) in one vector, the high nibbles in the other, and
+/// [`narrow16_pairs`] writes each lane's pair in order, with no pack or permute and,
+/// under a finite factor (no product is NaN: the E2M1 values are finite), no NaN
+/// select: 10 operations of rounding per block where [`narrow16`] takes 22 (in process,
+/// 8192^2 on two Zen 4 cores: 12.1-13.9 -> 7.2-9.6 ms, plain, 2-D and SR, over the
+/// ordered halves and `narrow16`).
 #[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
 fn decode_row_bf16(codes: &[u8], factor: impl Fn(usize) -> f32, out: &mut [u16]) {
-    for_each_block(codes, factor, |b, lo, hi| {
-        let o = &mut out[b * BLOCK..(b + 1) * BLOCK];
+    // SAFETY: `DECODE` is 16 f32; its first 8 are one unaligned 256-bit load.
+    let table = unsafe { _mm256_loadu_ps(e2m1::DECODE.as_ptr()) };
+    for (b, (c, o)) in codes
+        .chunks_exact(BLOCK / 2)
+        .zip(out.chunks_exact_mut(BLOCK))
+        .enumerate()
+    {
+        let c = &c[..BLOCK / 2];
+        // SAFETY: `c` is 8 bytes (one unaligned 64-bit load).
+        let w = _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(c.as_ptr().cast()) });
+        let f = factor(b);
+        let fv = _mm256_set1_ps(f);
+        // `e2m1_8` reads the low four bits of each lane: the low nibble as it is, the
+        // high one shifted down.
+        let even = _mm256_mul_ps(fv, e2m1_8(table, w));
+        let odd = _mm256_mul_ps(fv, e2m1_8(table, _mm256_srli_epi32::<4>(w)));
+        let v = narrow16_pairs(even, odd, f.is_finite());
         // SAFETY: `o` is 16 u16 (one unaligned 256-bit store).
-        unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), narrow16(lo, hi)) };
-    });
+        unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), v) };
+    }
 }
 
 /// [`decode_row`] into f16 bits, rounded to nearest even by `vcvtps2ph`.
@@ -643,7 +664,8 @@ mod tests {
     }
 
     /// Every byte in every position of a block, under factors that include zero, a
-    /// subnormal product, overflow to infinity and NaN: the bits of the portable
+    /// subnormal product, overflow to infinity, infinity and NaN (NaNs whose low payload
+    /// bits would round up, were they narrowed as numbers): the bits of the portable
     /// decode and narrowing, into each output type.
     #[test]
     fn every_code_decodes_as_the_portable_loop() {
@@ -662,6 +684,9 @@ mod tests {
             1.0e5,
             f32::NAN,
             0.3,
+            f32::INFINITY,
+            f32::from_bits(0x7FC0_8001),
+            f32::from_bits(0xFFC1_FFFF),
         ];
         let blocks = codes.len() / (BLOCK / 2);
         let factor = |b: usize| factors[b % factors.len()];
