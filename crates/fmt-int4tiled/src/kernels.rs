@@ -495,6 +495,8 @@ pub(crate) fn dequantize_rows<T: Element>(
     scratch: &mut RowTables<T>,
 ) {
     let _ = level; // only the x86-64 build has kernels to choose
+    // Orders the AVX2 lookup's streamed stores (f32 rows) when the task ends.
+    let _fence = quant_core::stream::Fence::new();
     let (k, g) = (geo.k, geo.group_size);
     let half = geo.inner_k_tiles / 2;
     let groups = k / g;
@@ -546,15 +548,15 @@ pub(crate) fn dequantize_rows<T: Element>(
         }
         T::narrow_slice(&scratch.wide, bytemuck::cast_slice_mut(&mut scratch.tables));
         let tables = &scratch.tables;
-        // Into f32, the AVX-512 walk's hints: at each slab's first block, a line of this
-        // row's share of the next tile (its words' loads otherwise waited on memory). At
-        // AVX2 the f32 dequantize gained x1.40 in the CLI A/B (27 -> 12.6 ms in process);
-        // into bf16 and f16 the CLI A/B lost with them (x0.62-0.84; in process bf16 gained,
-        // 10.2 -> 8.6 ms), so the 16-bit outputs go without.
+        // The AVX-512 walk's hints: at each slab's first block, a line of this row's
+        // share of the next tile (its words' loads otherwise waited on memory). At AVX2
+        // the f32 dequantize gained x1.40 in the CLI A/B (27 -> 12.6 ms in process). The
+        // 16-bit outputs lost with them (x0.62-0.84) while the lookups divided per block
+        // (`32 b / g`); since they walk group by group, bf16 and f16 gain too (CLI A/B,
+        // 3 pairs: x2.9 and x1.19).
         let step = lanes.ahead_step(k);
         let words = |b: usize| {
-            if T::DTYPE == DType::F32
-                && b.is_multiple_of(half)
+            if b.is_multiple_of(half)
                 && let Some(w) = lanes.ahead.get(b / half * step..b / half * step + 1)
             {
                 quant_core::simd::prefetch(w);
@@ -562,7 +564,7 @@ pub(crate) fn dequantize_rows<T: Element>(
             lanes.block_words(b)
         };
         #[cfg(target_arch = "x86_64")]
-        if level == Level::Avx2 && crate::x86_avx2::lookup(tables, g, words, row) {
+        if level == Level::Avx2 && crate::x86_avx2::lookup(tables, g, words, row, scratch.mode) {
             continue;
         }
         for (block, ob) in row.chunks_exact_mut(32).enumerate() {
