@@ -287,7 +287,8 @@ pub(crate) fn decode_pow2<T: Element>(
 
 /// The biased exponents (`e` of `2^(e - 127)`, as an E8M0 code holds it) of `scales`
 /// into `exps`, where every scale is a normal power of two; `false` (`exps` then
-/// unspecified) where one is not.
+/// unspecified) where one is not. Checked by [`pow2::ExactExps`], they decode bf16
+/// output in 16-bit lanes at AVX2 where [`decode_run`] would form f32 products.
 #[inline(always)]
 pub(crate) fn pow2_biased(scales: &[f32], exps: &mut [u8]) -> bool {
     // A fold, not `all`: no early exit, so it vectorizes.
@@ -299,22 +300,6 @@ pub(crate) fn pow2_biased(scales: &[f32], exps: &mut [u8]) -> bool {
             *e = (k + 127) as u8;
             ok & (k != i32::MIN)
         })
-}
-
-/// [`decode_run`] for bf16 output under per-code power-of-two scales given as their
-/// checked biased exponents ([`pow2_biased`], [`pow2::ExactExps`]), in 16-bit lanes at
-/// AVX2 (the same bits, no f32 formed), written in `mode` (the fence left to the
-/// caller's [`Fence`]). `false`, with nothing written, elsewhere (other levels or output
-/// types), and the caller takes [`decode_run`].
-#[inline(always)]
-pub(crate) fn decode_lanes<T: Element>(
-    level: Level,
-    exps: pow2::ExactExps<'_>,
-    src: &[u8],
-    dst: &mut [T],
-    mode: StoreMode,
-) -> bool {
-    quant_core::dtype::bf16_slice_bits_mut(dst).is_some_and(|d| exps.decode(level, src, d, mode))
 }
 
 /// Widens one block, takes its NaN-ignoring amax, derives the scale with `scale_of`,

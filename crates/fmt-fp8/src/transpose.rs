@@ -15,7 +15,7 @@ use quant_core::stream::{Fence, StoreMode, line_chunks, write_bytes};
 use quant_core::strips::{Strip, task_rows};
 use rayon::prelude::*;
 
-use crate::kernels::{Scales, WIDE, decode_lanes, decode_run, pow2_biased};
+use crate::kernels::{Scales, WIDE, decode_run, pow2_biased};
 use crate::scale::Fp8Dtype;
 
 /// Input rows per task (and output columns per strip).
@@ -194,7 +194,7 @@ fn decode_task<T: Element>(
                 &tile[r * pitch..r * pitch + cw],
                 &mut o[r * k + c0..r * k + c0 + cw],
             );
-            if !exact.is_some_and(|e| decode_lanes(level, e, codes, out, mode)) {
+            if !exact.is_some_and(|e| e.decode(level, codes, out, mode)) {
                 let scale = Scales::Each(&si[..cw]);
                 decode_run((level, mode, &fence), dt, codes, scale, out, &mut wide);
             }

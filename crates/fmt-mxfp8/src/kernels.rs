@@ -1128,10 +1128,7 @@ pub(crate) fn dequantize_columnwise<T: Element>(
                             .flatten();
                         for (o, q) in o.chunks_exact_mut(k).zip(q.chunks_exact(k)) {
                             // Ordinary stores: each task writes whole rows in sequence.
-                            if lanes.is_some_and(|l| {
-                                quant_core::dtype::bf16_slice_bits_mut(&mut *o)
-                                    .is_some_and(|o| l.decode(level, q, o, StoreMode::Cached))
-                            }) {
+                            if lanes.is_some_and(|l| l.decode(level, q, o, StoreMode::Cached)) {
                                 continue;
                             }
                             for ((os, qs), ss) in

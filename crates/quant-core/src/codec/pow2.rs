@@ -412,10 +412,11 @@ pub fn decode_blocks(
 /// let exps: Vec<u8> = (0..40).map(|i| 120 + i % 16).collect();
 /// let lanes = ExactExps::new(Fp8::E4M3, &exps).unwrap();
 /// let src: Vec<u8> = (0..40).map(|i| i * 6).collect();
-/// let mut dst = [0u16; 40];
+/// let mut dst = [half::bf16::ZERO; 40];
 /// if lanes.decode(Level::Avx2, &src, &mut dst, StoreMode::Cached) {
 ///     for i in 0..40 {
-///         assert_eq!(dst[i], Fp8::E4M3.decode_bf16(src[i], i32::from(exps[i]) - 127));
+///         let want = Fp8::E4M3.decode_bf16(src[i], i32::from(exps[i]) - 127);
+///         assert_eq!(dst[i].to_bits(), want);
 ///     }
 /// }
 /// // An E8M0 NaN code (255) is no exponent at all.
@@ -438,44 +439,27 @@ impl<'a> ExactExps<'a> {
         exact.then_some(ExactExps { fp8, exps })
     }
 
-    /// The exponents `range` (clamped to the set), still checked.
-    #[inline(always)]
-    pub fn range(self, range: std::ops::Range<usize>) -> ExactExps<'a> {
-        let end = range.end.min(self.exps.len());
-        ExactExps {
-            fp8: self.fp8,
-            exps: &self.exps[range.start.min(end)..end],
-        }
-    }
-
-    /// How many exponents.
-    pub fn len(self) -> usize {
-        self.exps.len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(self) -> bool {
-        self.exps.is_empty()
-    }
-
     /// `dst[i] = fp8.decode_bf16(src[i], exps[i] - 127)`, written in `mode`: streamed,
     /// the run's whole lines by streaming stores, and the caller fences them
     /// ([`crate::stream::Fence`]), as [`crate::stream::avx2::write_u16_steps`] does.
-    /// Returns `false` and writes nothing unless `level` is [`Level::Avx2`] and the CPU
-    /// has it, and `src`, `dst` and the exponents have one length; the caller then takes
-    /// its f32 route.
+    /// Returns `false` and writes nothing unless `T` is bf16, `level` is [`Level::Avx2`]
+    /// and the CPU has it, and `src`, `dst` and the exponents have one length; the caller
+    /// (generic over its output type) then takes its f32 route.
     #[inline(always)]
-    pub fn decode(
+    pub fn decode<T: crate::Element>(
         self,
         level: Level,
         src: &[u8],
-        dst: &mut [u16],
+        dst: &mut [T],
         mode: crate::stream::StoreMode,
     ) -> bool {
         let n = self.exps.len();
         if level != Level::Avx2 || !level.is_supported() || src.len() != n || dst.len() != n {
             return false;
         }
+        let Some(dst) = crate::dtype::bf16_slice_bits_mut(dst) else {
+            return false;
+        };
         #[cfg(target_arch = "x86_64")]
         {
             // SAFETY: the CPU has the AVX2 level's features (checked above), as are the
@@ -1398,12 +1382,13 @@ mod tests {
 
     /// Every code under every exact exponent, one exponent per lane (each code meets
     /// every exponent in some lane), in both store modes from every start offset modulo
-    /// a line with ragged lengths (the streamed route's ends go value by value), through
-    /// sub-ranges too; and the refusals: exponents outside the exact range, other
-    /// levels, lengths that do not agree.
+    /// a line with ragged lengths (the streamed route's ends go value by value); and the
+    /// refusals: exponents outside the exact range, other levels, lengths that do not
+    /// agree, output other than bf16.
     #[test]
     fn exact_exps_decode_as_the_specification() {
         use crate::stream::{Fence, StoreMode};
+        use half::bf16;
         for fp8 in [Fp8::E4M3, Fp8::E5M2] {
             let exact: Vec<u8> = (0..=255u8)
                 .filter(|&e| fp8.decode_exact(i32::from(e) - 127))
@@ -1412,8 +1397,7 @@ mod tests {
             // Code i % 256 under exponent (i / 256 + i) % len: every pair once.
             let src: Vec<u8> = (0..n).map(|i| i as u8).collect();
             let exps: Vec<u8> = (0..n).map(|i| exact[(i / 256 + i) % exact.len()]).collect();
-            let all = p2::ExactExps::new(fp8, &exps).unwrap();
-            let mut dst = vec![0u16; n + 64];
+            let mut dst = vec![bf16::ZERO; n + 64];
             if !Level::Avx2.is_supported() {
                 eprintln!("skipped the AVX2 kernel: this CPU lacks it");
             }
@@ -1424,13 +1408,15 @@ mod tests {
                     }
                     let (s, e) = (&src[cut..], &exps[cut..]);
                     let d = &mut dst[start..start + n - cut];
-                    d.fill(0xDEAD);
-                    assert!(all.range(cut..n).decode(Level::Avx2, s, d, mode));
+                    d.fill(bf16::from_bits(0xDEAD));
+                    let lanes = p2::ExactExps::new(fp8, e).unwrap();
+                    assert!(lanes.decode(Level::Avx2, s, d, mode));
                     drop(Fence::new());
                     for i in 0..s.len() {
                         let j = i32::from(e[i]) - 127;
                         let want = fp8.decode_bf16(s[i], j);
-                        assert_eq!(d[i], want, "{fp8:?} {mode:?} code {:#04x} j {j}", s[i]);
+                        let got = d[i].to_bits();
+                        assert_eq!(got, want, "{fp8:?} {mode:?} code {:#04x} j {j}", s[i]);
                     }
                 }
             }
@@ -1439,13 +1425,14 @@ mod tests {
                 out[17] = bad;
                 assert!(p2::ExactExps::new(fp8, &out).is_none());
             }
-            let (s, some) = (&src[..32], all.range(0..32));
+            let (s, some) = (&src[..32], p2::ExactExps::new(fp8, &exps[..32]).unwrap());
             let (avx2, cached) = (Level::Avx2, StoreMode::Cached);
-            assert_eq!((some.len(), all.range(n - 5..n + 9).len()), (32, 5));
             assert!(!some.decode(avx2, &s[..16], &mut dst[..32], cached));
             assert!(!some.decode(avx2, s, &mut dst[..16], cached));
             assert!(!some.decode(Level::Avx512, s, &mut dst[..32], cached));
             assert!(!some.decode(Level::Scalar, s, &mut dst[..32], cached));
+            assert!(!some.decode(avx2, s, &mut [0f32; 32], cached));
+            assert!(!some.decode(avx2, s, &mut [half::f16::ZERO; 32], cached));
         }
     }
 
