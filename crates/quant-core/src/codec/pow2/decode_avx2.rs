@@ -168,7 +168,7 @@ pub(super) unsafe fn decode_blocks(
     }
 }
 
-/// [`super::decode_lanes`] after its checks, written by
+/// [`super::ExactExps::decode`] after its checks, written by
 /// [`crate::stream::avx2::write_u16_steps`] in `mode` (the streamed stores' fence left
 /// to the caller).
 ///
