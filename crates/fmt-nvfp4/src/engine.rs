@@ -577,11 +577,11 @@ fn rowwise_chunk(
 }
 
 /// Rowwise 1-D quantization of a slab with no other output (the common inference
-/// case), row by row: each row's run of a chunk is read in place (f32, and bf16 where
-/// the AVX-512 encoder takes its bits) or widened into an L1-resident `wide` (other
+/// case), row by row: each row's run of a chunk is read in place (f32, and 16-bit input where
+/// a vector encoder takes its bits) or widened into an L1-resident `wide` (other
 /// 16-bit input), instead of the whole chunk being widened into an L2-resident buffer
 /// first and read back (a copy, even for f32, that was a fifth of the profile).
-/// Where the AVX-512 encoder takes the input, a row goes in 16 KiB spans
+/// Where a vector encoder (AVX-512 or AVX2) takes the input, a row goes in 16 KiB spans
 /// ([`rowwise_span`]), each fetching the next span (in the slab) a few lines per
 /// encode step; otherwise in 256-value runs ([`rowwise_run`]), each prefetched a few
 /// rows ahead. A span's block maxima are its only loads from memory and its encode
@@ -667,7 +667,7 @@ struct SpanScratch {
 }
 
 /// One span of row `i` of 1-D NVFP4 (blocks from `kb0`), in three batched steps: every
-/// block maximum, every scale, then every code (the AVX-512 encoder, which also
+/// block maximum, every scale, then every code (the vector encoder, which also
 /// prefetches `ahead`, the bytes of the next span, spread over its steps; reading the f32
 /// values in place or bf16 as bits; under stochastic rounding with the random bytes of
 /// every block drawn first, 16 blocks per [`philox_lanes`]). With `tiles` (2-D: one
@@ -694,7 +694,6 @@ fn rowwise_span<T: Element>(
     out: &mut [u8],
     sp: &mut SpanScratch,
 ) -> bool {
-    use crate::x86_encode::encode_run;
     if !span_encoder::<T>(p) {
         return false;
     }
@@ -734,27 +733,30 @@ fn rowwise_span<T: Element>(
     };
     block_scales(amax, se, sd, &mut sdb[..nb], &mut enc[..nb]);
     match p.seed {
-        None => encode_run(run, &enc[..nb], None, out, ahead),
+        None => encode_run_at(p.level, run, &enc[..nb], None, out, ahead),
         Some(seed) => {
             for (g, r) in rnd[..nb].chunks_mut(LANES).enumerate() {
                 let blocks: [u32; LANES] = std::array::from_fn(|b| (kb0 + g * LANES + b) as u32);
                 row_bytes(p.level, &blocks, i as u64, seed, r);
             }
-            encode_run(run, &enc[..nb], Some(&rnd[..nb]), out, ahead)
+            encode_run_at(p.level, run, &enc[..nb], Some(&rnd[..nb]), out, ahead)
         }
     }
 }
 
-/// Whether the AVX-512 encoder ([`crate::x86_encode`]) takes runs of `T` as they are:
-/// f32, bf16 or f16 input at [`Level::Avx512`]. [`rowwise_span`] runs
-/// only then (it also checks the lengths), and [`encoder_bits`] reads 16-bit input as
-/// bits only then.
+/// Whether a vector encoder takes runs of `T` as they are: f32, bf16 or f16 input at
+/// [`Level::Avx512`] ([`crate::x86_encode`]) or [`Level::Avx2`] ([`crate::x86_avx2`]).
+/// [`rowwise_span`] runs only then (it also checks the lengths), and [`encoder_bits`]
+/// reads 16-bit input as bits only then.
 #[inline(always)]
 fn span_encoder<T: Element>(p: &Params<'_>) -> bool {
     #[cfg(target_arch = "x86_64")]
     return matches!(T::DTYPE, DType::F32 | DType::BF16 | DType::F16)
-        && p.level == Level::Avx512
-        && crate::x86_encode::supported();
+        && match p.level {
+            Level::Avx512 => crate::x86_encode::supported(),
+            Level::Avx2 => Level::Avx2.is_supported(),
+            Level::Scalar => false,
+        };
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = p;
@@ -802,7 +804,7 @@ fn rowwise_2d_only<T: Element>(
 /// groups) into `out`, one 16-row group at a time, in spans of [`SPAN`] columns, each
 /// read twice while it is in L2: first each row's block maxima folded over the group
 /// into the span's 16x16 tile amaxes ([`span_tiles`]), then each row's span encoded
-/// against its tiles, in one batch by [`rowwise_span`] where the AVX-512 encoder takes
+/// against its tiles, in one batch by [`rowwise_span`] where a vector encoder takes
 /// it, else run by run by [`rowwise_run`]. `put(r, kb0, sdb)` receives row `r`'s scale
 /// codes of blocks `kb0..` (every row of a group gets its tiles' codes). (The slab walk
 /// instead widens 256-column runs of 256 rows, 512 bytes to 1 KiB a row apart, which
@@ -830,7 +832,7 @@ fn encode_2d_rows<T: Element>(
             let mut tiles = [0u32; SPAN / BLOCK];
             let tiles = &mut tiles[..cw / BLOCK];
             let rows = |rr: usize| {
-                // Where the AVX-512 encoder runs, the encode pass below fetched this
+                // Where a vector encoder runs, the encode pass below fetched this
                 // span; elsewhere, the span of a row a few rows ahead (into the next
                 // group at the end of this one) is fetched while this row folds.
                 if !span_encoder::<T>(p) {
@@ -1114,7 +1116,7 @@ fn rowwise_run<T: Element>(
             Some(b) => b.run(),
             None => Run::F32(&w[..nb * BLOCK]),
         };
-        if encode_run_at(p.level, run, &enc[..nb], rnd, out) {
+        if encode_run_at(p.level, run, &enc[..nb], rnd, out, &[]) {
             return sdb;
         }
     }
@@ -1149,16 +1151,17 @@ fn encode_run_at(
     enc: &[f32],
     rnd: Option<&[[u8; BLOCK]]>,
     out: &mut [u8],
+    ahead: &[u8],
 ) -> bool {
     match (level, rnd) {
-        (Level::Avx512, _) => crate::x86_encode::encode_run(run, enc, rnd, out, &[]),
-        (Level::Avx2, None) => crate::x86_avx2::encode_run_rn(run, enc, out),
-        (Level::Avx2, Some(r)) => crate::x86_avx2::encode_run_sr(run, enc, r, out),
+        (Level::Avx512, _) => crate::x86_encode::encode_run(run, enc, rnd, out, ahead),
+        (Level::Avx2, None) => crate::x86_avx2::encode_run_rn(run, enc, out, ahead),
+        (Level::Avx2, Some(r)) => crate::x86_avx2::encode_run_sr(run, enc, r, out, ahead),
         (Level::Scalar, _) => false,
     }
 }
 
-/// A run of 16-bit input read as its bits by the AVX-512 encoder ([`encoder_bits`]):
+/// A run of 16-bit input read as its bits by a vector encoder ([`encoder_bits`]):
 /// its block maxima come from the bits and its values are widened in registers, so the
 /// run skips the widening copy.
 #[derive(Clone, Copy)]
@@ -1177,7 +1180,7 @@ impl<'a> Bits<'a> {
         }
     }
 
-    /// Block `b` widened exactly: the fallback of a run the AVX-512 encoders refuse.
+    /// Block `b` widened exactly: the fallback of a run the vector encoders refuse.
     #[inline(always)]
     fn widen_block(self, b: usize) -> [f32; BLOCK] {
         let mut w = [0f32; BLOCK];
@@ -1196,7 +1199,7 @@ impl<'a> Bits<'a> {
         w
     }
 
-    /// The run as the AVX-512 encoder takes it.
+    /// The run as the vector encoders take it.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     fn run(self) -> Run<'a> {
@@ -1208,21 +1211,17 @@ impl<'a> Bits<'a> {
 }
 
 /// The bits of `xs` when the vector encoders take them directly: bf16 or f16 input
-/// under [`Level::Avx512`], bf16 input under [`Level::Avx2`] (whose block maxima have
-/// a bf16 kernel, [`quant_core::block_max`]'s `avx2`, but not yet an f16 one), nearest
-/// or stochastic rounding. The run then skips the widening copy, its block maxima and
-/// codes reading the bits.
+/// wherever [`span_encoder`] holds (AVX-512 or AVX2; both levels have block-maximum
+/// kernels for both, [`quant_core::block_max`]), nearest or stochastic rounding. The run
+/// then skips the widening copy, its block maxima and codes reading the bits.
 #[inline(always)]
 fn encoder_bits<'a, T: Element>(p: &Params<'_>, xs: &'a [T]) -> Option<Bits<'a>> {
-    if span_encoder::<T>(p) {
-        return quant_core::dtype::bf16_slice_bits(xs)
-            .map(Bits::Bf16)
-            .or_else(|| quant_core::dtype::f16_slice_bits(xs).map(Bits::F16));
+    if !span_encoder::<T>(p) {
+        return None;
     }
-    if cfg!(target_arch = "x86_64") && p.level == Level::Avx2 {
-        return quant_core::dtype::bf16_slice_bits(xs).map(Bits::Bf16);
-    }
-    None
+    quant_core::dtype::bf16_slice_bits(xs)
+        .map(Bits::Bf16)
+        .or_else(|| quant_core::dtype::f16_slice_bits(xs).map(Bits::F16))
 }
 
 /// 4over6 rowwise: the scalar candidate functions of [`crate::kernel`], block by block.

@@ -24,16 +24,18 @@
 use std::arch::x86_64::{
     __m128i, __m256, __m256i, _CMP_GE_OQ, _CMP_UNORD_Q, _MM_FROUND_TO_NEAREST_INT,
     _mm_cvtsi32_si128, _mm_loadl_epi64, _mm_loadu_si128, _mm_srli_si128, _mm_storel_epi64,
-    _mm_storeu_si128, _mm_unpacklo_epi8, _mm256_add_epi32, _mm256_add_ps, _mm256_and_si256,
-    _mm256_blendv_epi8, _mm256_blendv_ps, _mm256_castps_si256, _mm256_castsi256_ps,
-    _mm256_castsi256_si128, _mm256_cmp_ps, _mm256_cmpgt_epi32, _mm256_cvtepi32_ps,
-    _mm256_cvtepu8_epi32, _mm256_cvtepu16_epi32, _mm256_cvtph_ps, _mm256_cvtps_ph, _mm256_loadu_ps,
-    _mm256_loadu_si256, _mm256_max_epi32, _mm256_min_epi32, _mm256_min_epu32, _mm256_mul_ps,
-    _mm256_or_si256, _mm256_packus_epi16, _mm256_packus_epi32, _mm256_permute4x64_epi64,
-    _mm256_permutevar8x32_epi32, _mm256_permutevar8x32_ps, _mm256_set_m128i, _mm256_set1_epi32,
-    _mm256_set1_ps, _mm256_setr_epi8, _mm256_setr_epi32, _mm256_shuffle_epi8, _mm256_slli_epi32,
-    _mm256_srl_epi32, _mm256_srli_epi32, _mm256_srlv_epi32, _mm256_storeu_ps, _mm256_storeu_si256,
-    _mm256_sub_epi32, _mm256_xor_ps,
+    _mm_storeu_si128, _mm_unpacklo_epi8, _mm_unpacklo_epi16, _mm256_add_epi32, _mm256_add_ps,
+    _mm256_and_si256, _mm256_blendv_epi8, _mm256_blendv_ps, _mm256_castps_si256,
+    _mm256_castsi256_ps, _mm256_castsi256_si128, _mm256_cmp_ps, _mm256_cmpgt_epi32,
+    _mm256_cvtepi32_ps, _mm256_cvtepu8_epi32, _mm256_cvtepu16_epi32, _mm256_cvtph_ps,
+    _mm256_cvtps_ph, _mm256_extracti128_si256, _mm256_loadu_ps, _mm256_loadu_si256,
+    _mm256_maddubs_epi16, _mm256_max_epi32, _mm256_max_ps, _mm256_min_epi32, _mm256_min_epu32,
+    _mm256_min_ps, _mm256_mul_ps, _mm256_or_si256, _mm256_packs_epi16, _mm256_packs_epi32,
+    _mm256_packus_epi16, _mm256_packus_epi32, _mm256_permutevar8x32_epi32,
+    _mm256_permutevar8x32_ps, _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_epi16,
+    _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi8, _mm256_setr_epi32, _mm256_shuffle_epi8,
+    _mm256_slli_epi32, _mm256_srl_epi32, _mm256_srli_epi32, _mm256_srlv_epi32, _mm256_storeu_ps,
+    _mm256_storeu_si256, _mm256_sub_epi32, _mm256_sub_ps, _mm256_subs_epu16, _mm256_xor_ps,
 };
 
 use quant_core::Element;
@@ -305,9 +307,13 @@ fn nibbles_f16(codes: &[u8], nibble: Nibble, f: &[f32], out: &mut [u16], mode: S
 /// enc[b]`, the values of a bf16 or f16 run widened exactly in the register. Returns
 /// `false` (nothing written) unless the CPU has AVX2 and `x` holds `enc.len()` blocks
 /// and `out` half as many bytes; the caller then runs the portable loop.
+///
+/// `ahead` (any bytes, usually the caller's next run) is prefetched a share per four
+/// blocks: the encode reads only `x`, which its caller's block maxima just brought into
+/// L1, so without it the memory would sit idle through the encode.
 #[inline(always)]
-pub(crate) fn encode_run_rn(x: Run<'_>, enc: &[f32], out: &mut [u8]) -> bool {
-    encode_run(x, enc, None, out)
+pub(crate) fn encode_run_rn(x: Run<'_>, enc: &[f32], out: &mut [u8], ahead: &[u8]) -> bool {
+    encode_run(x, enc, None, out, ahead)
 }
 
 /// Stochastic-rounding [`encode_run_rn`]: value `e` of block `b` takes the random
@@ -315,30 +321,42 @@ pub(crate) fn encode_run_rn(x: Run<'_>, enc: &[f32], out: &mut [u8]) -> bool {
 /// [`crate::sr::stochastic_round_e2m1`]). Also `false` unless `rnd` has a row per
 /// block.
 #[inline(always)]
-pub(crate) fn encode_run_sr(x: Run<'_>, enc: &[f32], rnd: &[[u8; BLOCK]], out: &mut [u8]) -> bool {
-    rnd.len() == enc.len() && encode_run(x, enc, Some(rnd), out)
+pub(crate) fn encode_run_sr(
+    x: Run<'_>,
+    enc: &[f32],
+    rnd: &[[u8; BLOCK]],
+    out: &mut [u8],
+    ahead: &[u8],
+) -> bool {
+    rnd.len() == enc.len() && encode_run(x, enc, Some(rnd), out, ahead)
 }
 
 /// [`encode_run_rn`] (`rnd` `None`) or [`encode_run_sr`] after their own checks.
 #[inline(always)]
-fn encode_run(x: Run<'_>, enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8]) -> bool {
+fn encode_run(
+    x: Run<'_>,
+    enc: &[f32],
+    rnd: Option<&[[u8; BLOCK]]>,
+    out: &mut [u8],
+    ahead: &[u8],
+) -> bool {
     if !Level::Avx2.is_supported() || x.len() != enc.len() * BLOCK || out.len() * 2 != x.len() {
         return false;
     }
     match x {
         // SAFETY: the CPU has AVX2 (checked above, with F16C and FMA in the level).
-        Run::F32(w) => unsafe { encode_f32(w, enc, rnd, out) },
+        Run::F32(w) => unsafe { encode_f32(w, enc, rnd, out, ahead) },
         // SAFETY: as above.
-        Run::Bf16(w) => unsafe { encode_bf16(w, enc, rnd, out) },
+        Run::Bf16(w) => unsafe { encode_bf16(w, enc, rnd, out, ahead) },
         // SAFETY: as above.
-        Run::F16(w) => unsafe { encode_f16(w, enc, rnd, out) },
+        Run::F16(w) => unsafe { encode_f16(w, enc, rnd, out, ahead) },
     }
     true
 }
 
 /// [`encode_run`] of f32 values.
 #[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
-fn encode_f32(w: &[f32], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8]) {
+fn encode_f32(w: &[f32], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8], ahead: &[u8]) {
     let load = |b: usize| {
         let v = &w[b * BLOCK..(b + 1) * BLOCK];
         // SAFETY: `v` is 16 f32 (two unaligned 256-bit loads).
@@ -349,34 +367,41 @@ fn encode_f32(w: &[f32], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8
             )
         }
     };
-    encode_blocks(load, enc, rnd, out);
+    encode_blocks(load, enc, rnd, out, ahead);
 }
 
 /// [`encode_run`] of bf16 bits, widened exactly (a shift into the high half).
 #[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
-fn encode_bf16(w: &[u16], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8]) {
+fn encode_bf16(w: &[u16], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8], ahead: &[u8]) {
     let widen = |h| widen_bf16(h);
     let load = |b: usize| {
         let v = &w[b * BLOCK..(b + 1) * BLOCK];
         (load8_bits(v, 0, widen), load8_bits(v, 8, widen))
     };
-    encode_blocks(load, enc, rnd, out);
+    encode_blocks(load, enc, rnd, out, ahead);
 }
 
 /// [`encode_run`] of f16 bits, widened exactly by `vcvtph2ps`.
 #[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
-fn encode_f16(w: &[u16], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8]) {
+fn encode_f16(w: &[u16], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8], ahead: &[u8]) {
     let widen = |h| _mm256_cvtph_ps(h);
     let load = |b: usize| {
         let v = &w[b * BLOCK..(b + 1) * BLOCK];
         (load8_bits(v, 0, widen), load8_bits(v, 8, widen))
     };
-    encode_blocks(load, enc, rnd, out);
+    encode_blocks(load, enc, rnd, out, ahead);
 }
 
-/// The block loop of the encoders: block `b`'s 16 values (`load(b)`: values 0..8, then
-/// 8..16) times `enc[b]`, encoded by [`encode8`] or, with `rnd`, by [`sr_code8`] with
-/// the block's random bytes, packed into the block's 8 bytes of `out`.
+/// The block loop of the encoders, two blocks per step: block `b`'s 16 values
+/// (`load(b)`: values 0..8, then 8..16) times `enc[b]`, encoded by [`rn_bytes`] or,
+/// with `rnd`, by [`sr_code8`] with the block's random bytes, then packed two codes per
+/// byte by [`nibbles`], 16 bytes per store (8 for an odd last block). Every other step
+/// also prefetches its share of `ahead`.
+///
+/// A block per step, with the codes in 32-bit lanes packed per block (`pack16`, five
+/// shuffles per 16 codes) and the sign and NaN rule applied per 8 lanes, took about 55
+/// instructions per block, and the encode is compute-bound at AVX2: the packing and the
+/// per-lane steps were half of them.
 #[inline]
 #[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
 fn encode_blocks(
@@ -384,28 +409,119 @@ fn encode_blocks(
     enc: &[f32],
     rnd: Option<&[[u8; BLOCK]]>,
     out: &mut [u8],
+    ahead: &[u8],
 ) {
-    for (b, (&e, o)) in enc.iter().zip(out.chunks_exact_mut(BLOCK / 2)).enumerate() {
-        let e = _mm256_set1_ps(e);
+    let nb = enc.len();
+    let per = ahead.len().checked_div(nb).unwrap_or(0);
+    let scaled = |b: usize| {
+        let e = _mm256_set1_ps(enc[b]);
         let (lo, hi) = load(b);
-        let (lo, hi) = (_mm256_mul_ps(lo, e), _mm256_mul_ps(hi, e));
-        let (lo, hi) = match rnd {
-            None => (encode8(lo), encode8(hi)),
-            Some(rnd) => {
-                // SAFETY: `rnd[b]` is 16 bytes (one unaligned 128-bit load).
-                let r = unsafe { _mm_loadu_si128(rnd[b].as_ptr().cast()) };
-                let r_hi = _mm_srli_si128::<8>(r);
-                (
-                    sr_code8(lo, _mm256_cvtepu8_epi32(r)),
-                    sr_code8(hi, _mm256_cvtepu8_epi32(r_hi)),
-                )
+        (_mm256_mul_ps(lo, e), _mm256_mul_ps(hi, e))
+    };
+    let random = |b: usize| {
+        // SAFETY: a row of `rnd` is 16 bytes (one unaligned 128-bit load).
+        let r = unsafe { _mm_loadu_si128(rnd.unwrap_or_default()[b].as_ptr().cast()) };
+        (
+            _mm256_cvtepu8_epi32(r),
+            _mm256_cvtepu8_epi32(_mm_srli_si128::<8>(r)),
+        )
+    };
+    for b in (0..nb).step_by(2) {
+        if b % 4 == 0 {
+            quant_core::simd::prefetch(ahead.get(b * per..(b + 4) * per).unwrap_or(&[]));
+        }
+        // An odd last block is encoded twice; only its own 8 bytes are stored.
+        let b1 = (b + 1).min(nb - 1);
+        let ((p0, p1), (p2, p3)) = (scaled(b), scaled(b1));
+        let bytes = match rnd {
+            None => rn_bytes([p0, p1, p2, p3]),
+            Some(_) => {
+                let ((r0, r1), (r2, r3)) = (random(b), random(b1));
+                code_bytes([
+                    sr_code8(p0, r0),
+                    sr_code8(p1, r1),
+                    sr_code8(p2, r2),
+                    sr_code8(p3, r3),
+                ])
             }
         };
-        let bytes = pack16(lo, hi);
-        // SAFETY: `o` is 8 bytes (a `chunks_exact_mut(8)` chunk; one unaligned 64-bit
-        // store).
-        unsafe { _mm_storel_epi64(o.as_mut_ptr().cast(), _mm256_castsi256_si128(bytes)) };
+        let packed = nibbles(bytes);
+        let o = &mut out[b * BLOCK / 2..(b1 + 1) * BLOCK / 2];
+        if b1 > b {
+            // SAFETY: `o` is 16 bytes (two blocks; one unaligned 128-bit store).
+            unsafe { _mm_storeu_si128(o.as_mut_ptr().cast(), packed) };
+        } else {
+            // SAFETY: `o` is 8 bytes (one block; one unaligned 64-bit store).
+            unsafe { _mm_storel_epi64(o.as_mut_ptr().cast(), packed) };
+        }
     }
+}
+
+/// The E2M1 codes ([`e2m1::encode`]) of 32 values (`p[0]` values 0..8, ..., `p[3]`
+/// values 24..32), as bytes in the order of [`code_bytes`].
+///
+/// A magnitude `a` (at most 6: larger values and NaN, by `vminps`'s NaN rule, become 6,
+/// code 7, and a NaN keeps no sign) is rounded to the E2M1 grid by one float add and
+/// subtract of `2^(e + 22)`, `e` its exponent but at least 0 (the subnormal step 0.5
+/// below 1): the sum's ulp is the grid step of `a`'s binade, so the add rounds `a` to
+/// the grid, ties to even as the codec. The grid value's bits `>> 22` are 0 or
+/// 252..=259, and one byte shuffle maps them (less 244) to the codes. The sign is a
+/// signed compare: bits below `-inf`'s are negative numbers, `-0` included, and not
+/// NaN. Checked against [`e2m1::encode_reference`] on every f32 in the tests.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn rn_bytes(p: [__m256; 4]) -> __m256i {
+    let index8 = |v: __m256| {
+        let bits = _mm256_castps_si256(v);
+        let a = _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF_FFFF)));
+        let a = _mm256_min_ps(a, _mm256_set1_ps(6.0));
+        let e = _mm256_castps_si256(_mm256_max_ps(a, _mm256_set1_ps(1.0)));
+        let e = _mm256_and_si256(e, _mm256_set1_epi32(0x7F80_0000));
+        let magic = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_set1_epi32(22 << 23)));
+        let grid = _mm256_sub_ps(_mm256_add_ps(a, magic), magic);
+        let index = _mm256_srli_epi32::<22>(_mm256_castps_si256(grid));
+        let negative = _mm256_cmpgt_epi32(_mm256_set1_epi32(-0x7F_FFFF), bits);
+        (index, negative)
+    };
+    let ((i0, n0), (i1, n1)) = (index8(p[0]), index8(p[1]));
+    let ((i2, n2), (i3, n3)) = (index8(p[2]), index8(p[3]));
+    let less = |w: __m256i| _mm256_subs_epu16(w, _mm256_set1_epi16(244));
+    let index = _mm256_packus_epi16(
+        less(_mm256_packus_epi32(i0, i1)),
+        less(_mm256_packus_epi32(i2, i3)),
+    );
+    // Grid value 0 -> index 0, 0.5 -> 8, 1 -> 10, 1.5 -> 11, 2 -> 12, ..., 6 -> 15.
+    let table = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 2, 3, 4, 5, 6, 7, //
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 2, 3, 4, 5, 6, 7,
+    );
+    let codes = _mm256_shuffle_epi8(table, index);
+    let negative = _mm256_packs_epi16(_mm256_packs_epi32(n0, n1), _mm256_packs_epi32(n2, n3));
+    _mm256_or_si256(codes, _mm256_and_si256(negative, _mm256_set1_epi8(0x8)))
+}
+
+/// Four vectors of codes (u32 lanes below 16; values 0..8, 8..16, 16..24, 24..32) as
+/// bytes: `vpackusdw` and `vpackuswb` work within 128-bit halves, so half 0 holds values
+/// 0..4, 8..12, 16..20, 24..28 and half 1 the other four of each eight.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn code_bytes(c: [__m256i; 4]) -> __m256i {
+    _mm256_packus_epi16(
+        _mm256_packus_epi32(c[0], c[1]),
+        _mm256_packus_epi32(c[2], c[3]),
+    )
+}
+
+/// The 32 code bytes of [`code_bytes`]'s order packed two per byte, in value order:
+/// value `2j` in the low nibble of byte `j`. `vpmaddubsw` joins each even/odd pair (odd
+/// times 16, plus even) into a 16-bit lane, `vpackuswb` narrows them, and the two halves'
+/// 2-byte groups (values 4q..4q + 4 in half 0, the next four in half 1) interleave.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn nibbles(bytes: __m256i) -> __m128i {
+    let pairs = _mm256_maddubs_epi16(bytes, _mm256_set1_epi16(0x1001));
+    let p = _mm256_packus_epi16(pairs, pairs);
+    _mm_unpacklo_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256::<1>(p))
 }
 
 /// The engine's `sr_code` of 8 values `v` and their random bytes `r` (u32 lanes below
@@ -617,26 +733,6 @@ fn encode8(x: __m256) -> __m256i {
     _mm256_blendv_epi8(_mm256_or_si256(sign, code), _mm256_set1_epi32(0x7), nan)
 }
 
-/// A block's 16 codes (values 0..8 in `lo`, 8..16 in `hi`, u32 lanes below 16) packed
-/// two per byte into the low 8 bytes of the result, value `2j` in the low nibble of
-/// byte `j`.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn pack16(lo: __m256i, hi: __m256i) -> __m256i {
-    // u16 codes in order: `vpackusdw` interleaves the 128-bit halves, `vpermq` undoes it.
-    let w = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(lo, hi));
-    // Low byte of each 32-bit lane: the even code, and the odd one (bits 16..20) moved
-    // to bits 4..8.
-    let p = _mm256_or_si256(w, _mm256_srli_epi32::<12>(w));
-    let first_bytes = _mm256_setr_epi8(
-        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, //
-        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-    );
-    let b = _mm256_shuffle_epi8(p, first_bytes);
-    // Bytes 0..4 of each half next to each other.
-    _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -776,6 +872,49 @@ mod tests {
         check("f16", Run::F16(&f16), &wide);
     }
 
+    /// The first `n` values of `run`.
+    fn head(run: Run<'_>, n: usize) -> Run<'_> {
+        match run {
+            Run::F32(w) => Run::F32(&w[..n]),
+            Run::Bf16(w) => Run::Bf16(&w[..n]),
+            Run::F16(w) => Run::F16(&w[..n]),
+        }
+    }
+
+    /// [`rn_bytes`] then [`nibbles`] on every f32 of each sign, exponent and top 12
+    /// mantissa bits, with low bits 0, 1, `0x400` and `0x7FF` (the E2M1 grid and its
+    /// rounding edges all lie in the top 3 mantissa bits): the bytes of
+    /// [`e2m1::encode_reference`] packed as [`e2m1::pack_slice`] packs them. (The same
+    /// float steps, written as scalar code, were also checked against the reference on
+    /// all 2^32 patterns while the kernel was written.)
+    #[test]
+    fn rn_bytes_equal_the_reference_codec() {
+        if !Level::Avx2.is_supported() {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        let xs: Vec<f32> = (0..2u32 << 20)
+            .flat_map(|top| [0u32, 1, 0x400, 0x7FF].map(|low| f32::from_bits(top << 11 | low)))
+            .collect();
+        let (mut want, mut got) = ([0u8; 16], [0u8; 16]);
+        for v in xs.chunks_exact(32) {
+            let codes: Vec<u8> = v.iter().map(|&x| e2m1::encode_reference(x)).collect();
+            e2m1::pack_slice(&codes, &mut want);
+            // SAFETY: the CPU has AVX2 (checked above); `v` is 32 f32 (four unaligned
+            // 256-bit loads) and `got` 16 bytes (one unaligned 128-bit store).
+            unsafe {
+                let p = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(v[i..].as_ptr()));
+                _mm_storeu_si128(got.as_mut_ptr().cast(), nibbles(rn_bytes(p)));
+            }
+            assert_eq!(
+                got,
+                want,
+                "{:08x?}",
+                v.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            );
+        }
+    }
+
     /// [`encoder_input`] under round to nearest, as each run kind: the codes of the
     /// portable encoder of the run's values, packed as [`e2m1::pack_slice`] packs them.
     #[test]
@@ -794,16 +933,32 @@ mod tests {
             let mut want = vec![0u8; xs.len() / 2];
             e2m1::pack_slice(&codes, &mut want);
             let mut got = vec![0u8; xs.len() / 2];
-            assert!(encode_run_rn(run, &enc, &mut got));
+            assert!(encode_run_rn(run, &enc, &mut got, &[]));
             assert_eq!(got, want, "{what}");
+            // An odd number of blocks (the last one stored alone).
+            let odd = enc.len() - 1;
+            let mut got = vec![0u8; odd * BLOCK / 2];
+            assert!(encode_run_rn(
+                head(run, odd * BLOCK),
+                &enc[..odd],
+                &mut got,
+                &[]
+            ));
+            assert_eq!(got, want[..odd * BLOCK / 2], "{what}, {odd} blocks");
         });
         // Lengths that do not fit are declined.
         let mut got = [0u8; 8];
-        assert!(!encode_run_rn(Run::F32(&xs[..BLOCK]), &enc[..2], &mut got));
+        assert!(!encode_run_rn(
+            Run::F32(&xs[..BLOCK]),
+            &enc[..2],
+            &mut got,
+            &[]
+        ));
         assert!(!encode_run_rn(
             Run::F32(&xs[..BLOCK]),
             &enc[..1],
-            &mut got[..7]
+            &mut got[..7],
+            &[]
         ));
     }
 
@@ -846,15 +1001,32 @@ mod tests {
                 let mut want = vec![0u8; xs.len() / 2];
                 e2m1::pack_slice(&codes, &mut want);
                 let mut got = vec![0u8; xs.len() / 2];
-                assert!(encode_run_sr(run, &enc, &rnd, &mut got));
+                assert!(encode_run_sr(run, &enc, &rnd, &mut got, &[]));
                 assert_eq!(got, want, "{what}, bytes {fill:?}");
+                let odd = enc.len() - 1;
+                let mut got = vec![0u8; odd * BLOCK / 2];
+                let (enc, rnd) = (&enc[..odd], &rnd[..odd]);
+                assert!(encode_run_sr(
+                    head(run, odd * BLOCK),
+                    enc,
+                    rnd,
+                    &mut got,
+                    &[]
+                ));
+                assert_eq!(got, want[..odd * BLOCK / 2], "{what}, {odd} blocks");
             });
         }
         // Lengths that do not fit are declined.
         let mut out = [0u8; 8];
         let block = Run::F32(&xs[..BLOCK]);
-        assert!(!encode_run_sr(block, &enc[..1], &[], &mut out));
-        assert!(!encode_run_sr(block, &enc[..1], &[[0; BLOCK]; 2], &mut out));
+        assert!(!encode_run_sr(block, &enc[..1], &[], &mut out, &[]));
+        assert!(!encode_run_sr(
+            block,
+            &enc[..1],
+            &[[0; BLOCK]; 2],
+            &mut out,
+            &[]
+        ));
     }
 
     /// Two rows of [`encoder_input`]'s values (the second reversed) under per-column
