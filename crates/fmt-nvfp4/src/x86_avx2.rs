@@ -14,12 +14,15 @@
 //! with the slice narrowing, per 16 values: 0.30 of the copy roofline into bf16 on Zen 4
 //! with `QUANTFMT_SIMD=avx2`.
 //!
-//! The encoder ([`encode_run_rn`]) is [`e2m1::encode`] in 32-bit lanes, operation for
-//! operation, of the same products `x * enc`; a block's 16 codes are packed two per
-//! byte by `vpackusdw` (in order after one `vpermq`), an `or` of each 32-bit lane with
-//! itself shifted down by 12 (the odd code into the high nibble of the low byte) and a
-//! byte shuffle. The portable loop's packing, a 64-bit lane narrowed to a byte (one
-//! instruction at AVX-512), was a quarter of the NVFP4 quantize at AVX2.
+//! The encoders ([`encode_run_rn`], and [`encode_pairs_rn`] for two stored rows of a
+//! columnwise group) take the same products `x * enc` as [`e2m1::encode`] and give its
+//! codes, but not by its steps: [`rn_bytes`] rounds each magnitude to the E2M1 grid by
+//! one float add and subtract and maps the grid value to its code by a byte table, 32
+//! values per step, with the packing shared by four vectors. Before (a block per step,
+//! `e2m1::encode`'s integer steps per 8 lanes, five shuffles to pack 16 codes) the
+//! encode took about 55 instructions per block and, being compute-bound at AVX2, most
+//! of the NVFP4 quantize; the portable loop's packing before that (a 64-bit lane
+//! narrowed to a byte, one instruction at AVX-512) was a quarter of it.
 
 use std::arch::x86_64::{
     __m128i, __m256, __m256i, _CMP_GE_OQ, _CMP_UNORD_Q, _MM_FROUND_TO_NEAREST_INT,
@@ -29,13 +32,13 @@ use std::arch::x86_64::{
     _mm256_castsi256_ps, _mm256_castsi256_si128, _mm256_cmp_ps, _mm256_cmpgt_epi32,
     _mm256_cvtepi32_ps, _mm256_cvtepu8_epi32, _mm256_cvtepu16_epi32, _mm256_cvtph_ps,
     _mm256_cvtps_ph, _mm256_extracti128_si256, _mm256_loadu_ps, _mm256_loadu_si256,
-    _mm256_maddubs_epi16, _mm256_max_epi32, _mm256_max_ps, _mm256_min_epi32, _mm256_min_epu32,
-    _mm256_min_ps, _mm256_mul_ps, _mm256_or_si256, _mm256_packs_epi16, _mm256_packs_epi32,
-    _mm256_packus_epi16, _mm256_packus_epi32, _mm256_permutevar8x32_epi32,
-    _mm256_permutevar8x32_ps, _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_epi16,
-    _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi8, _mm256_setr_epi32, _mm256_shuffle_epi8,
-    _mm256_slli_epi32, _mm256_srl_epi32, _mm256_srli_epi32, _mm256_srlv_epi32, _mm256_storeu_ps,
-    _mm256_storeu_si256, _mm256_sub_epi32, _mm256_sub_ps, _mm256_subs_epu16, _mm256_xor_ps,
+    _mm256_maddubs_epi16, _mm256_max_epi32, _mm256_max_ps, _mm256_min_epi32, _mm256_min_ps,
+    _mm256_mul_ps, _mm256_or_si256, _mm256_packs_epi16, _mm256_packs_epi32, _mm256_packus_epi16,
+    _mm256_packus_epi32, _mm256_permutevar8x32_epi32, _mm256_permutevar8x32_ps, _mm256_set_m128i,
+    _mm256_set1_epi8, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi8,
+    _mm256_setr_epi32, _mm256_shuffle_epi8, _mm256_slli_epi16, _mm256_slli_epi32, _mm256_srl_epi32,
+    _mm256_srli_epi32, _mm256_srli_si256, _mm256_srlv_epi32, _mm256_storeu_ps, _mm256_storeu_si256,
+    _mm256_sub_epi32, _mm256_sub_ps, _mm256_subs_epu16, _mm256_xor_ps,
 };
 
 use quant_core::Element;
@@ -660,9 +663,13 @@ fn pairs_f16(a: &[u16], b: &[u16], enc: &[f32], sr: Option<(&[u32], u32)>, out: 
 }
 
 /// The column loop of the pair encoders: `load(c)` gives columns `c..c + 8` of both
-/// rows; each value times its column's `enc`, encoded (round to nearest, or
-/// [`sr_code8`] with the random byte of its row from the column's word), the two codes
-/// of a column joined into one byte, 8 columns per store.
+/// rows; each value times its column's `enc`, encoded by [`rn_bytes`] (round to
+/// nearest, 16 columns per step) or by [`sr_code8`] with the random byte of its row
+/// from the column's word (8 per step), the two codes of a column joined into one byte.
+///
+/// Stochastic rounding keeps 8 columns per step: at 16 (both halves' codes packed
+/// together, as round to nearest does) the columnwise SR quantize ran x0.88-0.92. That
+/// quantize waits on its transposed loads, and the longer step issued them later.
 #[inline]
 #[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
 fn pairs(
@@ -671,34 +678,45 @@ fn pairs(
     sr: Option<(&[u32], u32)>,
     out: &mut [u8],
 ) {
-    let bytes8 = |c: usize| {
+    let scaled = |c: usize| {
         let (x, y) = load(c);
         let e = &enc[c..c + 8];
         // SAFETY: `e` is 8 f32 (one unaligned 256-bit load).
         let e = unsafe { _mm256_loadu_ps(e.as_ptr()) };
-        let (x, y) = (_mm256_mul_ps(x, e), _mm256_mul_ps(y, e));
-        let (cx, cy) = match sr {
-            None => (encode8(x), encode8(y)),
-            Some((words, shift)) => {
-                let w = &words[c..c + 8];
-                // SAFETY: `w` is 8 u32 (one unaligned 256-bit load).
-                let w = unsafe { _mm256_loadu_si256(w.as_ptr().cast()) };
-                let byte = |s: u32| {
-                    let count = _mm_cvtsi32_si128(s as i32);
-                    _mm256_and_si256(_mm256_srl_epi32(w, count), _mm256_set1_epi32(0xFF))
-                };
-                (sr_code8(x, byte(shift)), sr_code8(y, byte(shift + 8)))
-            }
-        };
-        _mm256_or_si256(cx, _mm256_slli_epi32::<4>(cy))
+        (_mm256_mul_ps(x, e), _mm256_mul_ps(y, e))
     };
-    // One call site of `bytes8`, so that it inlines (called twice per 16 columns, as
-    // a closure it stayed a call: a quarter of the columnwise quantize).
+    let Some((words, shift)) = sr else {
+        for (c, o) in (0..enc.len()).step_by(16).zip(out.chunks_exact_mut(16)) {
+            let ((x0, y0), (x1, y1)) = (scaled(c), scaled(c + 8));
+            // Code bytes in `code_bytes`' order, each half: 4 columns of `x0`, 4 of
+            // `x1`, the same 8 columns of the second row. The second row's code of each
+            // column goes into the high nibble of the first's byte (`vpsllw` by 4 keeps
+            // each code, below 16, in its byte), then the 4-column groups in order: half
+            // 0 has columns 0..4 and 8..12, half 1 4..8 and 12..16.
+            let bytes = rn_bytes([x0, x1, y0, y1]);
+            let high = _mm256_slli_epi16::<4>(_mm256_srli_si256::<8>(bytes));
+            let b = _mm256_or_si256(bytes, high);
+            let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0));
+            // SAFETY: `o` is 16 bytes (a `chunks_exact_mut(16)` chunk; one unaligned
+            // 128-bit store).
+            unsafe { _mm_storeu_si128(o.as_mut_ptr().cast(), _mm256_castsi256_si128(b)) };
+        }
+        return;
+    };
     for (c, o) in (0..enc.len()).step_by(8).zip(out.chunks_exact_mut(8)) {
-        // Bytes (one per u32 lane, below 256) of columns `c..c + 8`: `vpackusdw` and
-        // `vpackuswb` pack within 128-bit halves, so half 0 holds columns 0..4 and half
-        // 1 columns 4..8 (each four times); one `vpermd` puts them next to each other.
-        let b = bytes8(c);
+        let (x, y) = scaled(c);
+        let w = &words[c..c + 8];
+        // SAFETY: `w` is 8 u32 (one unaligned 256-bit load).
+        let w = unsafe { _mm256_loadu_si256(w.as_ptr().cast()) };
+        let byte = |s: u32| {
+            let count = _mm_cvtsi32_si128(s as i32);
+            _mm256_and_si256(_mm256_srl_epi32(w, count), _mm256_set1_epi32(0xFF))
+        };
+        let (cx, cy) = (sr_code8(x, byte(shift)), sr_code8(y, byte(shift + 8)));
+        // One byte per u32 lane; `vpackusdw` and `vpackuswb` pack within 128-bit
+        // halves, so half 0 holds columns 0..4 and half 1 columns 4..8 (each four
+        // times); one `vpermd` puts them next to each other.
+        let b = _mm256_or_si256(cx, _mm256_slli_epi32::<4>(cy));
         let w = _mm256_packus_epi32(b, b);
         let b = _mm256_packus_epi16(w, w);
         let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
@@ -706,31 +724,6 @@ fn pairs(
         // store).
         unsafe { _mm_storel_epi64(o.as_mut_ptr().cast(), _mm256_castsi256_si128(b)) };
     }
-}
-
-/// [`e2m1::encode`] of 8 values, codes in u32 lanes (the same integer and float steps).
-#[inline]
-#[target_feature(enable = "avx2")]
-fn encode8(x: __m256) -> __m256i {
-    let bits = _mm256_castps_si256(x);
-    let abits = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF_FFFF));
-    let n = _mm256_sub_epi32(abits, _mm256_set1_epi32(126 << 23));
-    let lsb = _mm256_and_si256(_mm256_srli_epi32::<22>(n), _mm256_set1_epi32(1));
-    let norm = _mm256_srli_epi32::<22>(_mm256_add_epi32(
-        n,
-        _mm256_add_epi32(_mm256_set1_epi32((1 << 21) - 1), lsb),
-    ));
-    let twice = _mm256_mul_ps(_mm256_castsi256_ps(abits), _mm256_set1_ps(2.0));
-    let sub = _mm256_sub_epi32(
-        _mm256_castps_si256(_mm256_add_ps(twice, _mm256_set1_ps(8_388_608.0))),
-        _mm256_set1_epi32(0x4B00_0000),
-    );
-    // Signed compares are right: `abits` is at most `0x7FFF_FFFF`.
-    let small = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3F80_0000), abits);
-    let code = _mm256_min_epu32(_mm256_blendv_epi8(norm, sub, small), _mm256_set1_epi32(7));
-    let sign = _mm256_and_si256(_mm256_srli_epi32::<28>(bits), _mm256_set1_epi32(0x8));
-    let nan = _mm256_cmpgt_epi32(abits, _mm256_set1_epi32(0x7F80_0000));
-    _mm256_blendv_epi8(_mm256_or_si256(sign, code), _mm256_set1_epi32(0x7), nan)
 }
 
 #[cfg(test)]
