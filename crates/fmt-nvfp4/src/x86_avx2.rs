@@ -25,20 +25,19 @@
 //! narrowed to a byte, one instruction at AVX-512) was a quarter of it.
 
 use std::arch::x86_64::{
-    __m128i, __m256, __m256i, _CMP_GE_OQ, _CMP_UNORD_Q, _MM_FROUND_TO_NEAREST_INT,
-    _mm_cvtsi32_si128, _mm_loadl_epi64, _mm_loadu_si128, _mm_srli_si128, _mm_storel_epi64,
-    _mm_storeu_si128, _mm_unpacklo_epi8, _mm_unpacklo_epi16, _mm256_add_epi32, _mm256_add_ps,
-    _mm256_and_si256, _mm256_blendv_epi8, _mm256_blendv_ps, _mm256_castps_si256,
-    _mm256_castsi256_ps, _mm256_castsi256_si128, _mm256_cmp_ps, _mm256_cmpgt_epi32,
-    _mm256_cvtepi32_ps, _mm256_cvtepu8_epi32, _mm256_cvtepu16_epi32, _mm256_cvtph_ps,
-    _mm256_cvtps_ph, _mm256_extracti128_si256, _mm256_loadu_ps, _mm256_loadu_si256,
-    _mm256_maddubs_epi16, _mm256_max_epi32, _mm256_max_ps, _mm256_min_epi32, _mm256_min_ps,
-    _mm256_mul_ps, _mm256_or_si256, _mm256_packs_epi16, _mm256_packs_epi32, _mm256_packus_epi16,
+    __m128i, __m256, __m256i, _MM_FROUND_TO_NEAREST_INT, _mm_cvtsi32_si128, _mm_loadl_epi64,
+    _mm_loadu_si128, _mm_srli_si128, _mm_storel_epi64, _mm_storeu_si128, _mm_unpacklo_epi8,
+    _mm_unpacklo_epi16, _mm256_add_epi32, _mm256_add_ps, _mm256_and_si256, _mm256_castps_si256,
+    _mm256_castsi256_ps, _mm256_castsi256_si128, _mm256_cmpgt_epi32, _mm256_cvtepi32_ps,
+    _mm256_cvtepu8_epi32, _mm256_cvtepu16_epi32, _mm256_cvtph_ps, _mm256_cvtps_ph,
+    _mm256_extracti128_si256, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_loadu_si256,
+    _mm256_maddubs_epi16, _mm256_max_ps, _mm256_min_epu8, _mm256_min_ps, _mm256_mul_ps,
+    _mm256_or_si256, _mm256_packs_epi16, _mm256_packs_epi32, _mm256_packus_epi16,
     _mm256_packus_epi32, _mm256_permutevar8x32_epi32, _mm256_permutevar8x32_ps, _mm256_set_m128i,
     _mm256_set1_epi8, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi8,
     _mm256_setr_epi32, _mm256_shuffle_epi8, _mm256_slli_epi16, _mm256_slli_epi32, _mm256_srl_epi32,
     _mm256_srli_epi32, _mm256_srli_si256, _mm256_srlv_epi32, _mm256_storeu_ps, _mm256_storeu_si256,
-    _mm256_sub_epi32, _mm256_sub_ps, _mm256_subs_epu16, _mm256_xor_ps,
+    _mm256_sub_ps, _mm256_subs_epu16, _mm256_xor_ps,
 };
 
 use quant_core::Element;
@@ -397,7 +396,7 @@ fn encode_f16(w: &[u16], enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &mut [u8
 
 /// The block loop of the encoders, two blocks per step: block `b`'s 16 values
 /// (`load(b)`: values 0..8, then 8..16) times `enc[b]`, encoded by [`rn_bytes`] or,
-/// with `rnd`, by [`sr_code8`] with the block's random bytes, then packed two codes per
+/// with `rnd`, by [`sr_bytes`] with the block's random bytes, then packed two codes per
 /// byte by [`nibbles`], 16 bytes per store (8 for an odd last block). Every other step
 /// also prefetches its share of `ahead`.
 ///
@@ -440,12 +439,7 @@ fn encode_blocks(
             None => rn_bytes([p0, p1, p2, p3]),
             Some(_) => {
                 let ((r0, r1), (r2, r3)) = (random(b), random(b1));
-                code_bytes([
-                    sr_code8(p0, r0),
-                    sr_code8(p1, r1),
-                    sr_code8(p2, r2),
-                    sr_code8(p3, r3),
-                ])
+                sr_bytes([p0, p1, p2, p3], [r0, r1, r2, r3])
             }
         };
         let packed = nibbles(bytes);
@@ -461,61 +455,98 @@ fn encode_blocks(
 }
 
 /// The E2M1 codes ([`e2m1::encode`]) of 32 values (`p[0]` values 0..8, ..., `p[3]`
-/// values 24..32), as bytes in the order of [`code_bytes`].
+/// values 24..32), as bytes in [`grid_bytes`]' order.
 ///
 /// A magnitude `a` (at most 6: larger values and NaN, by `vminps`'s NaN rule, become 6,
 /// code 7, and a NaN keeps no sign) is rounded to the E2M1 grid by one float add and
 /// subtract of `2^(e + 22)`, `e` its exponent but at least 0 (the subnormal step 0.5
 /// below 1): the sum's ulp is the grid step of `a`'s binade, so the add rounds `a` to
-/// the grid, ties to even as the codec. The grid value's bits `>> 22` are 0 or
-/// 252..=259, and one byte shuffle maps them (less 244) to the codes. The sign is a
-/// signed compare: bits below `-inf`'s are negative numbers, `-0` included, and not
-/// NaN. Checked against [`e2m1::encode_reference`] on every f32 in the tests.
+/// the grid, ties to even as the codec. [`grid_bytes`] maps the grid value to its code.
+/// Checked against [`e2m1::encode_reference`] on 8.4M patterns in the tests (and, as
+/// scalar code, on all 2^32 while it was written).
 #[inline]
 #[target_feature(enable = "avx2")]
 fn rn_bytes(p: [__m256; 4]) -> __m256i {
-    let index8 = |v: __m256| {
-        let bits = _mm256_castps_si256(v);
-        let a = _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF_FFFF)));
+    let grid8 = |v: __m256| {
+        let a = magnitude(v);
         let a = _mm256_min_ps(a, _mm256_set1_ps(6.0));
         let e = _mm256_castps_si256(_mm256_max_ps(a, _mm256_set1_ps(1.0)));
         let e = _mm256_and_si256(e, _mm256_set1_epi32(0x7F80_0000));
         let magic = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_set1_epi32(22 << 23)));
-        let grid = _mm256_sub_ps(_mm256_add_ps(a, magic), magic);
-        let index = _mm256_srli_epi32::<22>(_mm256_castps_si256(grid));
-        let negative = _mm256_cmpgt_epi32(_mm256_set1_epi32(-0x7F_FFFF), bits);
-        (index, negative)
+        _mm256_sub_ps(_mm256_add_ps(a, magic), magic)
     };
-    let ((i0, n0), (i1, n1)) = (index8(p[0]), index8(p[1]));
-    let ((i2, n2), (i3, n3)) = (index8(p[2]), index8(p[3]));
+    grid_bytes(p.map(grid8), p)
+}
+
+/// The engine's `sr_code` of 32 values `p` (as in [`rn_bytes`]) and their random bytes
+/// `r` (u32 lanes below 256, in the same order), as bytes in [`grid_bytes`]' order.
+///
+/// `t = |v| + r * jitter`, the jitter `step / 256` of `|v|`'s interval (`0.5 / 256`
+/// below 2, `1 / 256` below 4, `2 / 256` above): `2^e * (0.5 / 256)` for `|v|`'s
+/// exponent `e` clamped to 0..=2 (`vmaxps` with 1 gives 1 for a NaN), and `r * jitter`
+/// is exact, so one FMA rounds as the engine's add does. [`grid_bytes`] then takes `t`
+/// down to the grid, as `sr_code`'s `(bits(t) >> 22) - 252` with its floor at
+/// `t >= 0.5` and its saturation at 7 do; a NaN `v` gives a NaN `t`, code 7 with no
+/// sign. Checked against `sr_code` on 300M (value, byte) pairs while it was written, and
+/// on the SR bucket edges in the tests.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn sr_bytes(p: [__m256; 4], r: [__m256i; 4]) -> __m256i {
+    let t8 = |(v, r): (__m256, __m256i)| {
+        let a = magnitude(v);
+        let e = _mm256_min_ps(_mm256_max_ps(a, _mm256_set1_ps(1.0)), _mm256_set1_ps(4.0));
+        let e = _mm256_and_si256(_mm256_castps_si256(e), _mm256_set1_epi32(0x7F80_0000));
+        let jitter = _mm256_mul_ps(_mm256_castsi256_ps(e), _mm256_set1_ps(0.5 / 256.0));
+        _mm256_fmadd_ps(_mm256_cvtepi32_ps(r), jitter, a)
+    };
+    let t = [(p[0], r[0]), (p[1], r[1]), (p[2], r[2]), (p[3], r[3])].map(t8);
+    grid_bytes(t, p)
+}
+
+/// `|v|` (the sign bit cleared; a NaN stays NaN).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn magnitude(v: __m256) -> __m256 {
+    let bits = _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7FFF_FFFF));
+    _mm256_castsi256_ps(bits)
+}
+
+/// The codes of 32 nonnegative values `t` (or NaN), each taken down to the E2M1 grid
+/// (exact for grid values, as [`rn_bytes`] gives them), with the sign of its value in
+/// `v`, as bytes: `vpackusdw` and `vpackuswb` work within 128-bit halves, so half 0
+/// holds values 0..4, 8..12, 16..20, 24..28 (`t[0]`: values 0..8, ..., `t[3]`: 24..32)
+/// and half 1 the other four of each eight.
+///
+/// `bits(t) >> 22` is `t`'s exponent and first mantissa bit: less 244 and clamped to
+/// 0..=15, it is 8 + 0..8 for `t` in `[0.5, 8)` (0.5 and 0.75 give 8 and 9, then one
+/// index per grid interval from 1), below 8 for smaller `t` and 15 from 6 up (infinity
+/// and NaN included); one byte shuffle maps it to the code. The sign is a signed
+/// compare: bits below `-inf`'s are negative numbers, `-0` included, and not NaN.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn grid_bytes(t: [__m256; 4], v: [__m256; 4]) -> __m256i {
+    let index = |t: __m256| _mm256_srli_epi32::<22>(_mm256_castps_si256(t));
     let less = |w: __m256i| _mm256_subs_epu16(w, _mm256_set1_epi16(244));
     let index = _mm256_packus_epi16(
-        less(_mm256_packus_epi32(i0, i1)),
-        less(_mm256_packus_epi32(i2, i3)),
+        less(_mm256_packus_epi32(index(t[0]), index(t[1]))),
+        less(_mm256_packus_epi32(index(t[2]), index(t[3]))),
     );
-    // Grid value 0 -> index 0, 0.5 -> 8, 1 -> 10, 1.5 -> 11, 2 -> 12, ..., 6 -> 15.
+    let index = _mm256_min_epu8(index, _mm256_set1_epi8(15));
     let table = _mm256_setr_epi8(
-        0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 2, 3, 4, 5, 6, 7, //
-        0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 2, 3, 4, 5, 6, 7,
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 2, 3, 4, 5, 6, 7, //
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 2, 3, 4, 5, 6, 7,
     );
     let codes = _mm256_shuffle_epi8(table, index);
-    let negative = _mm256_packs_epi16(_mm256_packs_epi32(n0, n1), _mm256_packs_epi32(n2, n3));
+    let negative =
+        |v: __m256| _mm256_cmpgt_epi32(_mm256_set1_epi32(-0x7F_FFFF), _mm256_castps_si256(v));
+    let negative = _mm256_packs_epi16(
+        _mm256_packs_epi32(negative(v[0]), negative(v[1])),
+        _mm256_packs_epi32(negative(v[2]), negative(v[3])),
+    );
     _mm256_or_si256(codes, _mm256_and_si256(negative, _mm256_set1_epi8(0x8)))
 }
 
-/// Four vectors of codes (u32 lanes below 16; values 0..8, 8..16, 16..24, 24..32) as
-/// bytes: `vpackusdw` and `vpackuswb` work within 128-bit halves, so half 0 holds values
-/// 0..4, 8..12, 16..20, 24..28 and half 1 the other four of each eight.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn code_bytes(c: [__m256i; 4]) -> __m256i {
-    _mm256_packus_epi16(
-        _mm256_packus_epi32(c[0], c[1]),
-        _mm256_packus_epi32(c[2], c[3]),
-    )
-}
-
-/// The 32 code bytes of [`code_bytes`]'s order packed two per byte, in value order:
+/// The 32 code bytes of [`grid_bytes`]' order packed two per byte, in value order:
 /// value `2j` in the low nibble of byte `j`. `vpmaddubsw` joins each even/odd pair (odd
 /// times 16, plus even) into a 16-bit lane, `vpackuswb` narrows them, and the two halves'
 /// 2-byte groups (values 4q..4q + 4 in half 0, the next four in half 1) interleave.
@@ -525,38 +556,6 @@ fn nibbles(bytes: __m256i) -> __m128i {
     let pairs = _mm256_maddubs_epi16(bytes, _mm256_set1_epi16(0x1001));
     let p = _mm256_packus_epi16(pairs, pairs);
     _mm_unpacklo_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256::<1>(p))
-}
-
-/// The engine's `sr_code` of 8 values `v` and their random bytes `r` (u32 lanes below
-/// 256), codes in u32 lanes, operation for operation: `t = |v| + r * jitter` (the
-/// jitter `step / 256` by `|v|`'s interval), code `max((bits(t) >> 22) - 252, t >=
-/// 0.5)` saturated at 7, `v`'s sign, and 7 for a NaN `v`.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn sr_code8(v: __m256, r: __m256i) -> __m256i {
-    let bits = _mm256_castps_si256(v);
-    let a = _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF_FFFF)));
-    let ge = |x: __m256, t: f32| _mm256_cmp_ps::<_CMP_GE_OQ>(x, _mm256_set1_ps(t));
-    let jitter = _mm256_blendv_ps(
-        _mm256_blendv_ps(
-            _mm256_set1_ps(0.5 / 256.0),
-            _mm256_set1_ps(1.0 / 256.0),
-            ge(a, 2.0),
-        ),
-        _mm256_set1_ps(2.0 / 256.0),
-        ge(a, 4.0),
-    );
-    // `r * jitter` is exact (8-bit `r`, power-of-two jitter); one rounding in the add.
-    let t = _mm256_add_ps(a, _mm256_mul_ps(_mm256_cvtepi32_ps(r), jitter));
-    let e = _mm256_sub_epi32(
-        _mm256_srli_epi32::<22>(_mm256_castps_si256(t)),
-        _mm256_set1_epi32(252),
-    );
-    let half = _mm256_srli_epi32::<31>(_mm256_castps_si256(ge(t, 0.5)));
-    let code = _mm256_min_epi32(_mm256_max_epi32(e, half), _mm256_set1_epi32(7));
-    let sign = _mm256_and_si256(_mm256_srli_epi32::<28>(bits), _mm256_set1_epi32(0x8));
-    let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
-    _mm256_blendv_epi8(_mm256_or_si256(sign, code), _mm256_set1_epi32(0x7), nan)
 }
 
 /// [`crate::x86_encode::encode_pairs_rn`] at AVX2: two stored rows of a columnwise
@@ -662,14 +661,10 @@ fn pairs_f16(a: &[u16], b: &[u16], enc: &[f32], sr: Option<(&[u32], u32)>, out: 
     );
 }
 
-/// The column loop of the pair encoders: `load(c)` gives columns `c..c + 8` of both
-/// rows; each value times its column's `enc`, encoded by [`rn_bytes`] (round to
-/// nearest, 16 columns per step) or by [`sr_code8`] with the random byte of its row
-/// from the column's word (8 per step), the two codes of a column joined into one byte.
-///
-/// Stochastic rounding keeps 8 columns per step: at 16 (both halves' codes packed
-/// together, as round to nearest does) the columnwise SR quantize ran x0.88-0.92. That
-/// quantize waits on its transposed loads, and the longer step issued them later.
+/// The column loop of the pair encoders, 16 columns per step: `load(c)` gives columns
+/// `c..c + 8` of both rows; each value times its column's `enc`, encoded by
+/// [`rn_bytes`] (round to nearest) or by [`sr_bytes`] with the random byte of its row
+/// from the column's word, the two codes of a column joined into one byte.
 #[inline]
 #[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
 fn pairs(
@@ -685,26 +680,9 @@ fn pairs(
         let e = unsafe { _mm256_loadu_ps(e.as_ptr()) };
         (_mm256_mul_ps(x, e), _mm256_mul_ps(y, e))
     };
-    let Some((words, shift)) = sr else {
-        for (c, o) in (0..enc.len()).step_by(16).zip(out.chunks_exact_mut(16)) {
-            let ((x0, y0), (x1, y1)) = (scaled(c), scaled(c + 8));
-            // Code bytes in `code_bytes`' order, each half: 4 columns of `x0`, 4 of
-            // `x1`, the same 8 columns of the second row. The second row's code of each
-            // column goes into the high nibble of the first's byte (`vpsllw` by 4 keeps
-            // each code, below 16, in its byte), then the 4-column groups in order: half
-            // 0 has columns 0..4 and 8..12, half 1 4..8 and 12..16.
-            let bytes = rn_bytes([x0, x1, y0, y1]);
-            let high = _mm256_slli_epi16::<4>(_mm256_srli_si256::<8>(bytes));
-            let b = _mm256_or_si256(bytes, high);
-            let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0));
-            // SAFETY: `o` is 16 bytes (a `chunks_exact_mut(16)` chunk; one unaligned
-            // 128-bit store).
-            unsafe { _mm_storeu_si128(o.as_mut_ptr().cast(), _mm256_castsi256_si128(b)) };
-        }
-        return;
-    };
-    for (c, o) in (0..enc.len()).step_by(8).zip(out.chunks_exact_mut(8)) {
-        let (x, y) = scaled(c);
+    // Columns `c..c + 8`'s random bytes of the two rows: bytes `shift / 8` and
+    // `shift / 8 + 1` of each column's word.
+    let random = |c: usize, (words, shift): (&[u32], u32)| {
         let w = &words[c..c + 8];
         // SAFETY: `w` is 8 u32 (one unaligned 256-bit load).
         let w = unsafe { _mm256_loadu_si256(w.as_ptr().cast()) };
@@ -712,17 +690,30 @@ fn pairs(
             let count = _mm_cvtsi32_si128(s as i32);
             _mm256_and_si256(_mm256_srl_epi32(w, count), _mm256_set1_epi32(0xFF))
         };
-        let (cx, cy) = (sr_code8(x, byte(shift)), sr_code8(y, byte(shift + 8)));
-        // One byte per u32 lane; `vpackusdw` and `vpackuswb` pack within 128-bit
-        // halves, so half 0 holds columns 0..4 and half 1 columns 4..8 (each four
-        // times); one `vpermd` puts them next to each other.
-        let b = _mm256_or_si256(cx, _mm256_slli_epi32::<4>(cy));
-        let w = _mm256_packus_epi32(b, b);
-        let b = _mm256_packus_epi16(w, w);
-        let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
-        // SAFETY: `o` is 8 bytes (a `chunks_exact_mut(8)` chunk; one unaligned 64-bit
+        (byte(shift), byte(shift + 8))
+    };
+    for (c, o) in (0..enc.len()).step_by(16).zip(out.chunks_exact_mut(16)) {
+        // In `grid_bytes`' order each half holds 4 columns of the first 8, 4 of the
+        // next 8, then the same 8 columns of the second row.
+        let ((x0, y0), (x1, y1)) = (scaled(c), scaled(c + 8));
+        let p = [x0, x1, y0, y1];
+        let bytes = match sr {
+            None => rn_bytes(p),
+            Some(sr) => {
+                let ((rx0, ry0), (rx1, ry1)) = (random(c, sr), random(c + 8, sr));
+                sr_bytes(p, [rx0, rx1, ry0, ry1])
+            }
+        };
+        // The second row's code of each column into the high nibble of the first's
+        // byte (`vpsllw` by 4 keeps each code, below 16, in its byte), then the
+        // 4-column groups in order: half 0 has columns 0..4 and 8..12, half 1 4..8 and
+        // 12..16.
+        let high = _mm256_slli_epi16::<4>(_mm256_srli_si256::<8>(bytes));
+        let b = _mm256_or_si256(bytes, high);
+        let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0));
+        // SAFETY: `o` is 16 bytes (a `chunks_exact_mut(16)` chunk; one unaligned 128-bit
         // store).
-        unsafe { _mm_storel_epi64(o.as_mut_ptr().cast(), _mm256_castsi256_si128(b)) };
+        unsafe { _mm_storeu_si128(o.as_mut_ptr().cast(), _mm256_castsi256_si128(b)) };
     }
 }
 
@@ -905,6 +896,46 @@ mod tests {
                 "{:08x?}",
                 v.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
             );
+        }
+    }
+
+    /// [`sr_bytes`] then [`nibbles`] on every f32 of each sign, exponent and top 12
+    /// mantissa bits, with low bits 0 and `0x7FF`, each with a random byte (and the
+    /// bytes 0 and 255 on every 5th and 7th value): TE's rule
+    /// ([`crate::sr::stochastic_round_e2m1`]), then the exact code of its grid value.
+    #[test]
+    fn sr_bytes_equal_the_rule() {
+        if !Level::Avx2.is_supported() {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        let mut rng = quantfmt_testkit::XorShift32::new(7);
+        let xs: Vec<(f32, u32)> = (0..2u32 << 20)
+            .flat_map(|top| [0u32, 0x7FF].map(|low| f32::from_bits(top << 11 | low)))
+            .enumerate()
+            .map(|(i, x)| match (i % 5, i % 7) {
+                (0, _) => (x, 0),
+                (_, 0) => (x, 255),
+                _ => (x, rng.next_u32() & 0xFF),
+            })
+            .collect();
+        let (mut want, mut got) = ([0u8; 16], [0u8; 16]);
+        for v in xs.chunks_exact(32) {
+            let codes: Vec<u8> = v
+                .iter()
+                .map(|&(x, r)| e2m1::encode(crate::sr::stochastic_round_e2m1(x, r)))
+                .collect();
+            e2m1::pack_slice(&codes, &mut want);
+            let (x, r): (Vec<f32>, Vec<i32>) = v.iter().map(|&(x, r)| (x, r as i32)).unzip();
+            // SAFETY: the CPU has AVX2 and FMA (checked above: `Level::Avx2` includes
+            // FMA); `x` and `r` are 32 lanes each (four unaligned 256-bit loads each) and
+            // `got` 16 bytes (one unaligned 128-bit store).
+            unsafe {
+                let p = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(x[i..].as_ptr()));
+                let r = [0, 8, 16, 24].map(|i| _mm256_loadu_si256(r[i..].as_ptr().cast()));
+                _mm_storeu_si128(got.as_mut_ptr().cast(), nibbles(sr_bytes(p, r)));
+            }
+            assert_eq!(got, want, "{v:?}");
         }
     }
 
