@@ -1141,8 +1141,8 @@ fn rowwise_run<T: Element>(
 
 /// A rowwise run encoded by the vector encoder of `level`, round to nearest or, with
 /// `rnd` (a row of random bytes per block), stochastic: [`crate::x86_encode::encode_run`]
-/// at AVX-512, [`crate::x86_avx2::encode_run_rn`] / [`crate::x86_avx2::encode_run_sr`]
-/// at AVX2. `false` (nothing written) where there is none or it declines.
+/// at AVX-512, [`crate::x86_avx2::encode_run`] at AVX2. `false` (nothing written) where
+/// there is none or it declines.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn encode_run_at(
@@ -1153,11 +1153,10 @@ fn encode_run_at(
     out: &mut [u8],
     ahead: &[u8],
 ) -> bool {
-    match (level, rnd) {
-        (Level::Avx512, _) => crate::x86_encode::encode_run(run, enc, rnd, out, ahead),
-        (Level::Avx2, None) => crate::x86_avx2::encode_run_rn(run, enc, out, ahead),
-        (Level::Avx2, Some(r)) => crate::x86_avx2::encode_run_sr(run, enc, r, out, ahead),
-        (Level::Scalar, _) => false,
+    match level {
+        Level::Avx512 => crate::x86_encode::encode_run(run, enc, rnd, out, ahead),
+        Level::Avx2 => crate::x86_avx2::encode_run(run, enc, rnd, out, ahead),
+        Level::Scalar => false,
     }
 }
 

@@ -14,7 +14,7 @@
 //! with the slice narrowing, per 16 values: 0.30 of the copy roofline into bf16 on Zen 4
 //! with `QUANTFMT_SIMD=avx2`.
 //!
-//! The encoders ([`encode_run_rn`], and [`encode_pairs_rn`] for two stored rows of a
+//! The encoders ([`encode_run`], and [`encode_pairs_rn`] for two stored rows of a
 //! columnwise group) take the same products `x * enc` as [`e2m1::encode`] and give its
 //! codes, but not by its steps: [`rn_bytes`] rounds each magnitude to the E2M1 grid by
 //! one float add and subtract and maps the grid value to its code by a byte table, 32
@@ -304,45 +304,31 @@ fn nibbles_f16(codes: &[u8], nibble: Nibble, f: &[f32], out: &mut [u16], mode: S
     );
 }
 
-/// Round-to-nearest encode of a run of whole blocks: `out[8b + j]` packs the E2M1 codes
-/// ([`e2m1::encode`]) of `x[16b + 2j] * enc[b]` (low nibble) and `x[16b + 2j + 1] *
-/// enc[b]`, the values of a bf16 or f16 run widened exactly in the register. Returns
-/// `false` (nothing written) unless the CPU has AVX2 and `x` holds `enc.len()` blocks
-/// and `out` half as many bytes; the caller then runs the portable loop.
+/// Encodes whole blocks at AVX2, as [`crate::x86_encode::encode_run`] does at AVX-512:
+/// `out[8b + j]` packs the E2M1 codes of `x[16b + 2j] * enc[b]` (low nibble) and
+/// `x[16b + 2j + 1] * enc[b]`, the values of a bf16 or f16 run widened exactly in the
+/// register; round to nearest ([`e2m1::encode`]), or with `rnd` stochastic, value `e`
+/// of block `b` taking the random byte `rnd[b][e]` (the portable `sr_code`, TE's rule
+/// [`crate::sr::stochastic_round_e2m1`]). Returns `false` (nothing written) unless the
+/// CPU has AVX2, `x` holds `enc.len()` blocks, `out` half as many bytes and `rnd` (if
+/// any) a row per block; the caller then runs the portable loop.
 ///
-/// `ahead` (any bytes, usually the caller's next run) is prefetched a share per four
-/// blocks: the encode reads only `x`, which its caller's block maxima just brought into
-/// L1, so without it the memory would sit idle through the encode.
+/// `ahead` (any bytes, usually the caller's next run; may be empty) is prefetched a
+/// share per two blocks: the encode reads only `x`, which its caller's block maxima
+/// just brought into L1, so without it the memory would sit idle through the encode.
 #[inline(always)]
-pub(crate) fn encode_run_rn(x: Run<'_>, enc: &[f32], out: &mut [u8], ahead: &[u8]) -> bool {
-    encode_run(x, enc, None, out, ahead)
-}
-
-/// Stochastic-rounding [`encode_run_rn`]: value `e` of block `b` takes the random
-/// byte `rnd[b][e]`, the codes of the portable `sr_code` (TE's rule,
-/// [`crate::sr::stochastic_round_e2m1`]). Also `false` unless `rnd` has a row per
-/// block.
-#[inline(always)]
-pub(crate) fn encode_run_sr(
-    x: Run<'_>,
-    enc: &[f32],
-    rnd: &[[u8; BLOCK]],
-    out: &mut [u8],
-    ahead: &[u8],
-) -> bool {
-    rnd.len() == enc.len() && encode_run(x, enc, Some(rnd), out, ahead)
-}
-
-/// [`encode_run_rn`] (`rnd` `None`) or [`encode_run_sr`] after their own checks.
-#[inline(always)]
-fn encode_run(
+pub(crate) fn encode_run(
     x: Run<'_>,
     enc: &[f32],
     rnd: Option<&[[u8; BLOCK]]>,
     out: &mut [u8],
     ahead: &[u8],
 ) -> bool {
-    if !Level::Avx2.is_supported() || x.len() != enc.len() * BLOCK || out.len() * 2 != x.len() {
+    if !Level::Avx2.is_supported()
+        || x.len() != enc.len() * BLOCK
+        || out.len() * 2 != x.len()
+        || rnd.is_some_and(|r| r.len() != enc.len())
+    {
         return false;
     }
     match x {
@@ -354,6 +340,18 @@ fn encode_run(
         Run::F16(w) => unsafe { encode_f16(w, enc, rnd, out, ahead) },
     }
     true
+}
+
+/// [`encode_run`] rounding to nearest (as the tests name the modes).
+#[cfg(test)]
+fn encode_run_rn(x: Run<'_>, enc: &[f32], out: &mut [u8]) -> bool {
+    encode_run(x, enc, None, out, &[])
+}
+
+/// [`encode_run`] under stochastic rounding.
+#[cfg(test)]
+fn encode_run_sr(x: Run<'_>, enc: &[f32], rnd: &[[u8; BLOCK]], out: &mut [u8]) -> bool {
+    encode_run(x, enc, Some(rnd), out, &[])
 }
 
 /// [`encode_run`] of f32 values.
@@ -957,32 +955,21 @@ mod tests {
             let mut want = vec![0u8; xs.len() / 2];
             e2m1::pack_slice(&codes, &mut want);
             let mut got = vec![0u8; xs.len() / 2];
-            assert!(encode_run_rn(run, &enc, &mut got, &[]));
+            assert!(encode_run_rn(run, &enc, &mut got));
             assert_eq!(got, want, "{what}");
             // An odd number of blocks (the last one stored alone).
             let odd = enc.len() - 1;
             let mut got = vec![0u8; odd * BLOCK / 2];
-            assert!(encode_run_rn(
-                head(run, odd * BLOCK),
-                &enc[..odd],
-                &mut got,
-                &[]
-            ));
+            assert!(encode_run_rn(head(run, odd * BLOCK), &enc[..odd], &mut got));
             assert_eq!(got, want[..odd * BLOCK / 2], "{what}, {odd} blocks");
         });
         // Lengths that do not fit are declined.
         let mut got = [0u8; 8];
-        assert!(!encode_run_rn(
-            Run::F32(&xs[..BLOCK]),
-            &enc[..2],
-            &mut got,
-            &[]
-        ));
+        assert!(!encode_run_rn(Run::F32(&xs[..BLOCK]), &enc[..2], &mut got));
         assert!(!encode_run_rn(
             Run::F32(&xs[..BLOCK]),
             &enc[..1],
-            &mut got[..7],
-            &[]
+            &mut got[..7]
         ));
     }
 
@@ -1025,32 +1012,20 @@ mod tests {
                 let mut want = vec![0u8; xs.len() / 2];
                 e2m1::pack_slice(&codes, &mut want);
                 let mut got = vec![0u8; xs.len() / 2];
-                assert!(encode_run_sr(run, &enc, &rnd, &mut got, &[]));
+                assert!(encode_run_sr(run, &enc, &rnd, &mut got));
                 assert_eq!(got, want, "{what}, bytes {fill:?}");
                 let odd = enc.len() - 1;
                 let mut got = vec![0u8; odd * BLOCK / 2];
                 let (enc, rnd) = (&enc[..odd], &rnd[..odd]);
-                assert!(encode_run_sr(
-                    head(run, odd * BLOCK),
-                    enc,
-                    rnd,
-                    &mut got,
-                    &[]
-                ));
+                assert!(encode_run_sr(head(run, odd * BLOCK), enc, rnd, &mut got));
                 assert_eq!(got, want[..odd * BLOCK / 2], "{what}, {odd} blocks");
             });
         }
         // Lengths that do not fit are declined.
         let mut out = [0u8; 8];
         let block = Run::F32(&xs[..BLOCK]);
-        assert!(!encode_run_sr(block, &enc[..1], &[], &mut out, &[]));
-        assert!(!encode_run_sr(
-            block,
-            &enc[..1],
-            &[[0; BLOCK]; 2],
-            &mut out,
-            &[]
-        ));
+        assert!(!encode_run_sr(block, &enc[..1], &[], &mut out));
+        assert!(!encode_run_sr(block, &enc[..1], &[[0; BLOCK]; 2], &mut out));
     }
 
     /// Two rows of [`encoder_input`]'s values (the second reversed) under per-column
