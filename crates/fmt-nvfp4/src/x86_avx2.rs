@@ -1,5 +1,6 @@
-//! The AVX2 bodies of the rowwise dequantization and of the round-to-nearest rowwise
-//! encode: one 16-value block per step, as two vectors of 8 lanes.
+//! The AVX2 bodies of the NVFP4 rowwise dequantization (one 16-value block per step, as
+//! two vectors of 8 lanes) and of the E2M1 encoders, rowwise and columnwise, round to
+//! nearest and stochastic (two blocks, or 16 columns of two rows, per step).
 //!
 //! AVX2 has no 16-entry permute, so a block decodes its codes' magnitudes (the low three
 //! bits) with `vpermps` from the positive half of [`e2m1::DECODE`] and puts the sign bit
@@ -314,7 +315,7 @@ fn nibbles_f16(codes: &[u8], nibble: Nibble, f: &[f32], out: &mut [u16], mode: S
 /// any) a row per block; the caller then runs the portable loop.
 ///
 /// `ahead` (any bytes, usually the caller's next run; may be empty) is prefetched a
-/// share per two blocks: the encode reads only `x`, which its caller's block maxima
+/// share per four blocks: the encode reads only `x`, which its caller's block maxima
 /// just brought into L1, so without it the memory would sit idle through the encode.
 #[inline(always)]
 pub(crate) fn encode_run(
