@@ -27,12 +27,12 @@ use std::arch::x86_64::{
     _mm_max_epi16, _mm_max_epu16, _mm_min_epu16, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi16,
     _mm_set1_epi32, _mm_setzero_si128, _mm_shuffle_ps, _mm_srli_epi16, _mm_storeu_ps,
     _mm_storeu_si128, _mm_sub_epi16, _mm_unpacklo_epi32, _mm256_add_pd, _mm256_add_ps,
-    _mm256_and_ps, _mm256_andnot_pd, _mm256_castpd_ps, _mm256_castps256_ps128, _mm256_castsi256_ps,
-    _mm256_cmp_pd, _mm256_cvtepu8_epi32, _mm256_cvtpd_ps, _mm256_cvtps_pd, _mm256_extractf128_ps,
-    _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_max_ps, _mm256_movemask_pd, _mm256_mul_pd,
-    _mm256_mul_ps, _mm256_set_m128, _mm256_set1_epi32, _mm256_set1_pd, _mm256_set1_ps,
-    _mm256_setr_epi32, _mm256_setzero_pd, _mm256_setzero_ps, _mm256_slli_epi32, _mm256_srlv_epi32,
-    _mm256_storeu_ps, _mm256_sub_pd, _mm256_sub_ps,
+    _mm256_andnot_pd, _mm256_castpd_ps, _mm256_castps256_ps128, _mm256_castsi256_ps, _mm256_cmp_pd,
+    _mm256_cvtepu8_epi32, _mm256_cvtpd_ps, _mm256_cvtps_pd, _mm256_extractf128_ps, _mm256_fmadd_ps,
+    _mm256_loadu_ps, _mm256_max_ps, _mm256_movemask_pd, _mm256_mul_pd, _mm256_mul_ps,
+    _mm256_set_m128, _mm256_set1_pd, _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_pd,
+    _mm256_setzero_ps, _mm256_slli_epi32, _mm256_srlv_epi32, _mm256_storeu_ps, _mm256_sub_pd,
+    _mm256_sub_ps,
 };
 
 use quant_core::bf16_narrow::avx2::round8;
@@ -42,7 +42,7 @@ use quant_core::simd::Level;
 use crate::rht::{DIM, R};
 use crate::rht_int::avx2 as int;
 use crate::rht_x86::{Narrow, butterflies, index_order_column};
-use crate::x86_avx2::{e2m1_8, widen_bf16};
+use crate::x86_avx2::{e2m1_8, magnitude, widen_bf16};
 
 /// Columns per step (f32 lanes of one vector).
 const COLS: usize = 8;
@@ -215,13 +215,6 @@ macro_rules! bf16_sums {
     }};
 }
 
-/// `|v|` lane by lane (the sign bit cleared).
-#[target_feature(enable = "avx2")]
-#[inline]
-fn abs(v: __m256) -> __m256 {
-    _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF)))
-}
-
 /// [`crate::rht_x86::rounded_sums_bf16`] at AVX2: for each of the `cols` columns (a
 /// multiple of 8) `c`, `out[j][c] = bf16(sum_i x[i * stride + c] * R[i][j])` (the sums
 /// of [`hadamard_sums`], rounded to nearest even, held as f32), and `amax[c] = max_j
@@ -264,7 +257,7 @@ unsafe fn sums_bf16<const N: usize>(
         for (o, y) in out.iter_mut().zip(bf16_sums!(&rows)) {
             let r = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(round8(y)));
             // `vmaxps` returns its second operand when either is NaN: a NaN loses.
-            m = _mm256_max_ps(abs(r), m);
+            m = _mm256_max_ps(magnitude(r), m);
             // SAFETY: `c + 8 <= cols <= N`; one unaligned 256-bit store.
             unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(c), r) };
         }
@@ -306,7 +299,7 @@ unsafe fn abs_max_bf16(bits: &[u16], stride: usize, cols: usize) -> (f32, f32) {
         }
         // `vmaxps` returns its second operand when either is NaN: a NaN loses.
         for y in bf16_sums!(&rows) {
-            my = _mm256_max_ps(abs(y), my);
+            my = _mm256_max_ps(magnitude(y), my);
         }
     }
     // No lane is NaN (none entered), so the lanes fold in any order.

@@ -502,10 +502,10 @@ fn sr_bytes(p: [__m256; 4], r: [__m256i; 4]) -> __m256i {
     grid_bytes(t, p)
 }
 
-/// `|v|` (the sign bit cleared; a NaN stays NaN).
+/// `|v|` lane by lane (the sign bit cleared; a NaN stays NaN).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn magnitude(v: __m256) -> __m256 {
+pub(crate) fn magnitude(v: __m256) -> __m256 {
     let bits = _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7FFF_FFFF));
     _mm256_castsi256_ps(bits)
 }
