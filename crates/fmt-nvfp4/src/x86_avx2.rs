@@ -325,11 +325,7 @@ pub(crate) fn encode_run(
     out: &mut [u8],
     ahead: &[u8],
 ) -> bool {
-    if !Level::Avx2.is_supported()
-        || x.len() != enc.len() * BLOCK
-        || out.len() * 2 != x.len()
-        || rnd.is_some_and(|r| r.len() != enc.len())
-    {
+    if !Level::Avx2.is_supported() || !x.fits(enc, rnd, out) {
         return false;
     }
     match x {

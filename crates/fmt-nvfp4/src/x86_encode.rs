@@ -45,6 +45,15 @@ impl Run<'_> {
             Run::Bf16(w) | Run::F16(w) => w.len(),
         }
     }
+
+    /// Whether the run encodes as whole blocks into `out` at every level: `enc.len()`
+    /// blocks of values, half as many bytes of `out` as values, and (stochastic
+    /// rounding) a row of `rnd` per block.
+    pub(crate) fn fits(&self, enc: &[f32], rnd: Option<&[[u8; BLOCK]]>, out: &[u8]) -> bool {
+        self.len() == BLOCK * enc.len()
+            && out.len() * 2 == self.len()
+            && rnd.is_none_or(|r| r.len() == enc.len())
+    }
 }
 
 /// Encodes whole blocks: byte `j` of block `b` holds the codes of `x[16b + 2j] * enc[b]`
@@ -81,10 +90,7 @@ pub(crate) fn encode_run(
     out: &mut [u8],
     ahead: &[u8],
 ) -> bool {
-    if rnd.is_some_and(|r| r.len() != enc.len()) {
-        return false;
-    }
-    if x.len() != BLOCK * enc.len() || out.len() * 2 != x.len() || !supported() {
+    if !x.fits(enc, rnd, out) || !supported() {
         return false;
     }
     if quant_core::simd::has(quant_core::simd::Ext::Vbmi) {
