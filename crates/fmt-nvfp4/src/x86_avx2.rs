@@ -415,9 +415,10 @@ fn encode_blocks(
         let (lo, hi) = load(b);
         (_mm256_mul_ps(lo, e), _mm256_mul_ps(hi, e))
     };
-    let random = |b: usize| {
-        // SAFETY: a row of `rnd` is 16 bytes (one unaligned 128-bit load).
-        let r = unsafe { _mm_loadu_si128(rnd.unwrap_or_default()[b].as_ptr().cast()) };
+    // A block's random bytes as two vectors of u32 lanes (values 0..8, then 8..16).
+    let random = |row: &[u8; BLOCK]| {
+        // SAFETY: `row` is 16 bytes (one unaligned 128-bit load).
+        let r = unsafe { _mm_loadu_si128(row.as_ptr().cast()) };
         (
             _mm256_cvtepu8_epi32(r),
             _mm256_cvtepu8_epi32(_mm_srli_si128::<8>(r)),
@@ -432,8 +433,8 @@ fn encode_blocks(
         let ((p0, p1), (p2, p3)) = (scaled(b), scaled(b1));
         let bytes = match rnd {
             None => rn_bytes([p0, p1, p2, p3]),
-            Some(_) => {
-                let ((r0, r1), (r2, r3)) = (random(b), random(b1));
+            Some(rnd) => {
+                let ((r0, r1), (r2, r3)) = (random(&rnd[b]), random(&rnd[b1]));
                 sr_bytes([p0, p1, p2, p3], [r0, r1, r2, r3])
             }
         };
