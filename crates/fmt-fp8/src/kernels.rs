@@ -141,7 +141,7 @@ pub(crate) enum Scales<'a> {
     Each(&'a [f32]),
 }
 
-impl Scales<'_> {
+impl<'a> Scales<'a> {
     /// The scale of code `j` (used by the x86 decoders).
     #[inline(always)]
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -149,6 +149,16 @@ impl Scales<'_> {
         match self {
             Scales::One(s) => s,
             Scales::Each(s) => s[j],
+        }
+    }
+
+    /// The scales of codes `r` of the run (one scale serves every part of it).
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) fn cut(self, r: std::ops::Range<usize>) -> Scales<'a> {
+        match self {
+            Scales::Each(s) => Scales::Each(&s[r]),
+            one => one,
         }
     }
 
@@ -164,6 +174,71 @@ impl Scales<'_> {
     }
 }
 
+/// A run's scales times its element type's rebias `2^(127 - bias)` (`2^120` for E4M3,
+/// `2^112` for E5M2), every product finite: what [`crate::decode_avx2`]'s fast loops
+/// multiply by.
+///
+/// **Why the products are the same.** A code's magnitude bits, shifted into place in
+/// an f32 (`(code & 0x7F) << 20` for E4M3), are that code's value divided by the
+/// rebias, exactly (a normal or subnormal f32, the exponent field unbiased by
+/// `127 - bias`). Times `s * rebias`, itself exact (a power-of-two scaling that does
+/// not overflow: that is the check), the one rounding of the product is that of the
+/// same real number `decode(code) * s`, so the bits are the portable decode's, zeros'
+/// signs included. One multiply per value, where the rebias step takes two and an
+/// infinity and NaN patch besides; codes that decode to NaN or an infinity are left to
+/// the general loops (the decoder checks each run for them).
+///
+/// Made once per run of one scale, or once per slab of per-column scales (its checks
+/// then run once for the slab's rows, not once per row).
+#[derive(Clone, Copy)]
+pub(crate) struct Folded<'a>(Scales<'a>);
+
+impl<'a> Folded<'a> {
+    /// `s` folded, or `None` where `s * rebias` is not finite (`s` NaN, infinite, or
+    /// at least `2^8` for E4M3, `2^16` for E5M2).
+    #[inline(always)]
+    pub(crate) fn one(dt: Fp8Dtype, s: f32) -> Option<Folded<'static>> {
+        let f = s * rebias(dt);
+        f.is_finite().then_some(Folded(Scales::One(f)))
+    }
+
+    /// Each of `s` folded into `buf` (at least as long), or `None` where one of them
+    /// is not finite (`buf` then unspecified).
+    #[inline(always)]
+    pub(crate) fn each(dt: Fp8Dtype, s: &[f32], buf: &'a mut [f32]) -> Option<Folded<'a>> {
+        let (r, buf) = (rebias(dt), &mut buf[..s.len()]);
+        // A fold, not `all`: no early exit, so it vectorizes.
+        let finite = s.iter().zip(buf.iter_mut()).fold(true, |ok, (&s, f)| {
+            *f = s * r;
+            ok & f.is_finite()
+        });
+        finite.then_some(Folded(Scales::Each(buf)))
+    }
+
+    /// The folded scales of codes `at..at + len` of the run (tests cut runs).
+    #[cfg(test)]
+    pub(crate) fn cut(self, at: usize, len: usize) -> Folded<'a> {
+        Folded(self.0.cut(at..at + len))
+    }
+
+    /// The folded scales.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) fn scales(self) -> Scales<'a> {
+        self.0
+    }
+}
+
+/// `2^(127 - bias)`: an FP8 code's magnitude bits read as f32 bits in place, times this,
+/// are its value ([`Folded`]).
+#[inline(always)]
+pub(crate) fn rebias(dt: Fp8Dtype) -> f32 {
+    match dt {
+        Fp8Dtype::E4M3 => f32::from_bits((127 + 120) << 23),
+        Fp8Dtype::E5M2 => f32::from_bits((127 + 112) << 23),
+    }
+}
+
 /// `dst[i] = T(decode(src[i]) * scale)`: the AVX-512 kernel ([`crate::x86`], which
 /// streams large outputs in `mode`, leaving the fence to `fence`) where `level` runs it,
 /// else the portable loop ([`decode_f32`]); the same bits either way.
@@ -176,25 +251,33 @@ impl Scales<'_> {
 /// the blockwise columnwise dequantizes into bf16 and f16 x1.30-1.59, CLI A/B, 5
 /// pairs, since their 2 KiB runs of hundreds of output rows, with ordinary stores,
 /// read every line first). A run under one scale (the per-tensor rowwise dequantize)
-/// keeps ordinary stores: streamed through the scratch it ran x0.68 at AVX2 (CLI A/B,
-/// 5 pairs; in process x1.03: the scratch's 4K aliasing, [`crate::decode_avx2`]), and
-/// through the register decoder 0.90.
+/// takes the register decoder where its scale folds (`folded`, [`Folded`]): its fast
+/// loops, streamed in `mode`, ran x1.57 into bf16, x1.18 into f16 and x1.14 into f32
+/// against the portable loop with ordinary stores (in process, 3 pairs). Unfolded, it
+/// keeps that loop: streamed through the scratch it ran x0.68 at AVX2 (CLI A/B, 5
+/// pairs; in process x1.03: the scratch's 4K aliasing, [`crate::decode_avx2`]), and
+/// through the register decoder's general loops 0.90.
+///
+/// `folded` is `scale` folded ([`Folded`]), where the caller could fold it: the AVX2
+/// register decoder then takes its fast loops for each part of the run that holds no
+/// special code.
 #[inline(always)]
 pub(crate) fn decode_run<T: Element>(
     how: (Level, StoreMode, &Fence),
     dt: Fp8Dtype,
     src: &[u8],
-    scale: Scales<'_>,
+    (scale, folded): (Scales<'_>, Option<Folded<'_>>),
     dst: &mut [T],
     buf: &mut Wide,
 ) {
     #[cfg(target_arch = "x86_64")]
     if crate::x86::decode_run(how.0, dt, src, scale, dst, (how.1, how.2))
-        || (matches!(scale, Scales::Each(_))
-            && crate::decode_avx2::decode_run(how.0, dt, src, scale, dst, how.1))
+        || ((matches!(scale, Scales::Each(_)) || folded.is_some())
+            && crate::decode_avx2::decode_run(how.0, dt, src, (scale, folded), dst, how.1))
     {
         return;
     }
+    let _ = folded;
     match scale {
         Scales::One(c) => decode_scaled(dt, src, c, dst, buf),
         Scales::Each(c) => {

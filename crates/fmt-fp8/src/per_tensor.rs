@@ -18,7 +18,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{self, Mode};
-use crate::kernels::{Scales, WIDE, decode_run, encode_scaled};
+use crate::kernels::{Folded, Scales, WIDE, decode_run, encode_scaled};
 use crate::scale::{AmaxEpsilon, Fp8Dtype, compute_scale_from_amax};
 use crate::transpose::{decode_transposed, transpose_bytes};
 use quant_core::simd;
@@ -317,7 +317,8 @@ impl Format for Fp8Quantizer {
                             level,
                             #[inline(always)]
                             || {
-                                let (scale, fence) = (Scales::One(sinv), Fence::new());
+                                let scale = (Scales::One(sinv), Folded::one(dt, sinv));
+                                let fence = Fence::new();
                                 decode_run((level, mode, &fence), dt, q, scale, o, &mut { WIDE })
                             },
                         )

@@ -15,7 +15,7 @@ use quant_core::stream::{Fence, StoreMode, line_chunks, write_bytes};
 use quant_core::strips::{Strip, task_rows};
 use rayon::prelude::*;
 
-use crate::kernels::{Scales, WIDE, decode_run, pow2_biased};
+use crate::kernels::{Folded, Scales, WIDE, decode_run, pow2_biased};
 use crate::scale::Fp8Dtype;
 
 /// Input rows per task (and output columns per strip).
@@ -168,6 +168,11 @@ fn decode_task<T: Element>(
     let lanes = level == simd::Level::Avx2 && T::DTYPE == quant_core::DType::BF16;
     let mut exps = [0u8; DECODE_COLS];
     let mut exact = None;
+    // The slab's scales folded for the AVX2 register decoder's fast loops, checked once
+    // for the slab's rows (not where the 16-bit lanes take them).
+    let fold = level == simd::Level::Avx2;
+    let mut sf = [0f32; DECODE_COLS];
+    let mut folded = None;
     let mut wide = WIDE;
     let fence = Fence::new();
     for chunk in line_chunks(o, k, cols) {
@@ -186,6 +191,11 @@ fn decode_task<T: Element>(
                 if lanes && pow2_biased(&si[..cw], &mut exps[..cw]) {
                     exact = ExactExps::new(dt.pow2_codec(), &exps[..cw]);
                 }
+                folded = if fold && exact.is_none() {
+                    Folded::each(dt, &si[..cw], &mut sf)
+                } else {
+                    None
+                };
             }
             for j in next + r * share..(next + (r + 1) * share).min(next + ahead) {
                 simd::prefetch(run(j));
@@ -195,7 +205,7 @@ fn decode_task<T: Element>(
                 &mut o[r * k + c0..r * k + c0 + cw],
             );
             if !exact.is_some_and(|e| e.decode(level, codes, out, mode)) {
-                let scale = Scales::Each(&si[..cw]);
+                let scale = (Scales::Each(&si[..cw]), folded);
                 decode_run((level, mode, &fence), dt, codes, scale, out, &mut wide);
             }
         }

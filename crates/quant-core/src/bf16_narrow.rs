@@ -57,6 +57,18 @@ pub mod avx2 {
 
     use crate::dtype::bf16_bits;
 
+    /// The bits of 8 values plus the round-to-nearest-even addend (`0x7FFF`, and one
+    /// more where bit 16 is set): the rounded bf16 bits are the high half of each lane,
+    /// for every lane that is not NaN (a NaN's payload can carry into its sign or
+    /// exponent). 5 operations, where [`round8`]'s NaN select takes 5 more.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn biased(v: __m256) -> __m256i {
+        let b = _mm256_castps_si256(v);
+        let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(b), _mm256_set1_epi32(1));
+        _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)))
+    }
+
     /// 8 values rounded to bf16, the bits in the low half of each 32-bit lane (the high
     /// half zero): [`bf16_bits`] on every lane, round to nearest even, NaN quieted with
     /// its sign and top payload bits kept. Shifted up by 16, the lanes are the rounded
@@ -72,11 +84,7 @@ pub mod avx2 {
     pub fn round8(v: __m256) -> __m256i {
         let b = _mm256_castps_si256(v);
         let high = _mm256_srli_epi32::<16>(b);
-        let lsb = _mm256_and_si256(high, _mm256_set1_epi32(1));
-        let rounded = _mm256_srli_epi32::<16>(_mm256_add_epi32(
-            b,
-            _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)),
-        ));
+        let rounded = _mm256_srli_epi32::<16>(biased(v));
         // A signed compare is right here: the magnitude is at most `0x7FFF_FFFF`.
         let is_nan = _mm256_cmpgt_epi32(
             _mm256_and_si256(b, _mm256_set1_epi32(0x7FFF_FFFF)),
@@ -104,6 +112,29 @@ pub mod avx2 {
         _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(round8(lo), round8(hi)))
     }
 
+    /// [`narrow16`] for values known not to be NaN (finite scales times finite codes,
+    /// say): the NaN select left out, 12 operations per 16 values where [`narrow16`]
+    /// takes 22. A NaN lane comes out as some bit pattern other than the quiet NaN
+    /// [`bf16_bits`] gives (no undefined behaviour); infinities and values that round
+    /// past `bf16::MAX` come out as infinities, as there.
+    ///
+    /// Call it from a function that enables AVX2 (it then inlines).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 (a caller without it enabled needs `unsafe` and a run-time
+    /// check).
+    ///
+    /// Checked against `bf16_bits` on every non-NaN rounding case by this module's tests.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub fn narrow16_no_nan(lo: __m256, hi: __m256) -> __m256i {
+        let (lo, hi) = (
+            _mm256_srli_epi32::<16>(biased(lo)),
+            _mm256_srli_epi32::<16>(biased(hi)),
+        );
+        _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(lo, hi))
+    }
+
     /// 16 values given as pairs, `even` holding values 0, 2, .., 14 and `odd` values 1,
     /// 3, .., 15, narrowed to bf16 bit patterns in order (lane `i` holding value `i`):
     /// [`bf16_bits`] on every lane. Each 32-bit lane of the result is one pair, the even
@@ -127,11 +158,6 @@ pub mod avx2 {
         if no_nan {
             // The rounding addend in place, without the final shift: the odd value's
             // rounded bits are then already in the high half of its lane.
-            let biased = |v: __m256| {
-                let b = _mm256_castps_si256(v);
-                let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(b), _mm256_set1_epi32(1));
-                _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)))
-            };
             _mm256_blend_epi16::<0b1010_1010>(_mm256_srli_epi32::<16>(biased(even)), biased(odd))
         } else {
             _mm256_or_si256(round8(even), _mm256_slli_epi32::<16>(round8(odd)))
@@ -387,6 +413,34 @@ mod tests {
             for (x, g) in src.iter().zip(&got) {
                 assert_eq!(*g, bf16_bits(*x), "{:#010x}", x.to_bits());
             }
+        }
+    }
+
+    /// [`avx2::narrow16_no_nan`] against the portable formula on every non-NaN rounding
+    /// case (a mutation of its addend or its shift fails here).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_no_nan_narrowing_equals_the_portable_formula() {
+        if !Level::Avx2.is_supported() {
+            eprintln!("note: no AVX2 on this CPU: skipped");
+            return;
+        }
+        let finite: Vec<f32> = rounding_cases()
+            .into_iter()
+            .filter(|x| !x.is_nan())
+            .collect();
+        for step in finite.chunks_exact(16) {
+            // SAFETY: 8 f32 are one 256-bit vector of plain data, as are 16 u16; the CPU
+            // has AVX2 (checked above).
+            let got: [u16; 16] = unsafe {
+                let v = |a: &[f32]| {
+                    let a: [f32; 8] = a.try_into().expect("8 values");
+                    std::mem::transmute::<[f32; 8], std::arch::x86_64::__m256>(a)
+                };
+                std::mem::transmute(avx2::narrow16_no_nan(v(&step[..8]), v(&step[8..])))
+            };
+            let want: Vec<u16> = step.iter().map(|&x| bf16_bits(x)).collect();
+            assert_eq!(got[..], want[..], "{step:?}");
         }
     }
 
