@@ -368,23 +368,6 @@ pub(crate) fn decode_pow2<T: Element>(
     pow2::decode_blocks(level, dt.pow2_codec(), src, SCALED, js, d)
 }
 
-/// The biased exponents (`e` of `2^(e - 127)`, as an E8M0 code holds it) of `scales`
-/// into `exps`, where every scale is a normal power of two; `false` (`exps` then
-/// unspecified) where one is not. Checked by [`pow2::ExactExps`], they decode bf16
-/// output in 16-bit lanes at AVX2 where [`decode_run`] would form f32 products.
-#[inline(always)]
-pub(crate) fn pow2_biased(scales: &[f32], exps: &mut [u8]) -> bool {
-    // A fold, not `all`: no early exit, so it vectorizes.
-    scales
-        .iter()
-        .zip(exps.iter_mut())
-        .fold(true, |ok, (&s, e)| {
-            let k = pow2_exponent(s);
-            *e = (k + 127) as u8;
-            ok & (k != i32::MIN)
-        })
-}
-
 /// Widens one block, takes its NaN-ignoring amax, derives the scale with `scale_of`,
 /// encodes the block with it and returns the scale: the whole 1x128 step in one pass
 /// over the (cached) input.

@@ -9,13 +9,12 @@
 //! of the stored rows, a [`DECODE_COLS`]-row chunk of them at a time.
 
 use quant_core::Element;
-use quant_core::codec::pow2::ExactExps;
 use quant_core::simd;
 use quant_core::stream::{Fence, StoreMode, line_chunks, write_bytes};
 use quant_core::strips::{Strip, task_rows};
 use rayon::prelude::*;
 
-use crate::kernels::{Folded, Scales, WIDE, decode_run, pow2_biased};
+use crate::kernels::{Folded, Scales, WIDE, decode_run};
 use crate::scale::Fp8Dtype;
 
 /// Input rows per task (and output columns per strip).
@@ -162,14 +161,10 @@ fn decode_task<T: Element>(
     let rows = o.len() / k;
     let run = |j: usize| &q[j * m + i0..j * m + i0 + rows];
     let mut si = [0f32; DECODE_COLS];
-    // bf16 output at AVX2: the slab's power-of-two scales as biased exponents, checked
-    // once for its rows, for the 16-bit lanes (in process, 8192^2 on two Zen 4 cores:
-    // 1x128 23 -> 17.7 ms, 128x128 21.7 -> 16-21, over the f32 register decoder).
-    let lanes = level == simd::Level::Avx2 && T::DTYPE == quant_core::DType::BF16;
-    let mut exps = [0u8; DECODE_COLS];
-    let mut exact = None;
     // The slab's scales folded for the AVX2 register decoder's fast loops, checked once
-    // for the slab's rows (not where the 16-bit lanes take them).
+    // for the slab's rows. (bf16 output under power-of-two scales took the 16-bit lanes
+    // of `pow2::ExactExps` here until the fast loops matched them: in process, 8192^2
+    // on two Zen 4 cores, 8 A/B pairs each, 1x128 x0.96-1.10, 128x128 x1.03-1.07.)
     let fold = level == simd::Level::Avx2;
     let mut sf = [0f32; DECODE_COLS];
     let mut folded = None;
@@ -187,11 +182,7 @@ fn decode_task<T: Element>(
         for r in 0..rows {
             if r % SLAB == 0 {
                 scale_inv(i0 + r, c0, &mut si[..cw]);
-                exact = None;
-                if lanes && pow2_biased(&si[..cw], &mut exps[..cw]) {
-                    exact = ExactExps::new(dt.pow2_codec(), &exps[..cw]);
-                }
-                folded = if fold && exact.is_none() {
+                folded = if fold {
                     Folded::each(dt, &si[..cw], &mut sf)
                 } else {
                     None
@@ -204,10 +195,8 @@ fn decode_task<T: Element>(
                 &tile[r * pitch..r * pitch + cw],
                 &mut o[r * k + c0..r * k + c0 + cw],
             );
-            if !exact.is_some_and(|e| e.decode(level, codes, out, mode)) {
-                let scale = (Scales::Each(&si[..cw]), folded);
-                decode_run((level, mode, &fence), dt, codes, scale, out, &mut wide);
-            }
+            let scale = (Scales::Each(&si[..cw]), folded);
+            decode_run((level, mode, &fence), dt, codes, scale, out, &mut wide);
         }
     }
 }
