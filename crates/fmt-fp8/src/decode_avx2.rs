@@ -19,29 +19,29 @@
 //! bf16 where FP8 1x128's took 13.4-14.
 //!
 //! **The fast loops.** Where the run's scales fold ([`Folded`]: each scale times the
-//! element type's rebias is finite) and no code of the run decodes to NaN or an
-//! infinity (one byte-maximum pass over the codes), each 8 codes take 4 operations
-//! instead of 10: the sign-extended code shifted into place, masked to its sign and
-//! magnitude bits, and multiplied by the folded scale. No product is then NaN, so bf16
-//! output narrows without the NaN select ([`narrow16_no_nan`]). In process (8192x8192,
-//! two Zen 4 cores at AVX2, FP8 per-tensor E4M3), measured before the change's other
-//! parts: columnwise into bf16 x1.24, f32 x1.32, f16 x1.18; rowwise into bf16 x1.57,
-//! f16 x1.73.
+//! element type's rebias is finite) and a piece of the run holds no code that decodes to
+//! NaN or an infinity, each 8 codes take 4 operations instead of 10
+//! ([`quant_core::codec::folded`]: the sign-extended code shifted into place, masked to
+//! its sign and magnitude bits, and multiplied by the folded scale). No product is then
+//! NaN, so bf16 output narrows without the NaN select ([`narrow16_no_nan`]). In process
+//! (8192x8192, two Zen 4 cores at AVX2, FP8 per-tensor E4M3, 3 A/B pairs against the
+//! general loops and, rowwise, the portable loop): columnwise into bf16 x1.41, f16
+//! x1.28, f32 x1.02; rowwise into bf16 x1.57, f16 x1.18, f32 x1.14.
 //!
 //! [`e4m3::decode_fast`]: quant_core::codec::e4m3::decode_fast
 //! [`e5m2::decode_fast`]: quant_core::codec::e5m2::decode_fast
 //! [`bf16_bits`]: quant_core::dtype::bf16_bits
 
 use std::arch::x86_64::{
-    __m128i, __m256, __m256i, _MM_FROUND_TO_NEAREST_INT, _mm_loadl_epi64, _mm256_and_si256,
+    __m256, __m256i, _MM_FROUND_TO_NEAREST_INT, _mm_loadl_epi64, _mm256_and_si256,
     _mm256_blendv_ps, _mm256_castps_si256, _mm256_castsi256_ps, _mm256_cmpeq_epi32,
-    _mm256_cmpgt_epi32, _mm256_cvtepi8_epi32, _mm256_cvtepu8_epi32, _mm256_cvtps_ph,
-    _mm256_loadu_ps, _mm256_mul_ps, _mm256_or_si256, _mm256_set_m128i, _mm256_set1_epi32,
-    _mm256_set1_ps, _mm256_slli_epi32,
+    _mm256_cmpgt_epi32, _mm256_cvtepu8_epi32, _mm256_cvtps_ph, _mm256_loadu_ps, _mm256_mul_ps,
+    _mm256_or_si256, _mm256_set_m128i, _mm256_set1_epi32, _mm256_set1_ps, _mm256_slli_epi32,
 };
 
 use quant_core::Element;
 use quant_core::bf16_narrow::avx2::{narrow16, narrow16_no_nan};
+use quant_core::codec::folded;
 use quant_core::dtype::FloatsMut;
 use quant_core::dtype::bf16_bits;
 use quant_core::simd::Level;
@@ -115,44 +115,10 @@ fn pieces<O>(
     };
     for r in line_chunks(out, out.len(), PIECE) {
         let c = &codes[r.clone()];
-        let fast = !has_special(dt, c);
+        let fast = !folded::has_special(dt.pow2_codec(), c);
         let s = if fast { folded.scales() } else { scale };
         run(c, (s.cut(r.clone()), fast), &mut out[r]);
     }
-}
-
-/// Whether a code of `codes` decodes to NaN or an infinity (E4M3: magnitude `0x7F`;
-/// E5M2: `0x7C` and above), which the fast loops do not patch.
-#[inline(always)]
-fn has_special(dt: Fp8Dtype, codes: &[u8]) -> bool {
-    let first = match dt {
-        Fp8Dtype::E4M3 => 0x7F,
-        Fp8Dtype::E5M2 => 0x7C,
-    };
-    // A fold, not `any`: no early exit, so it vectorizes (`vpmaxub`).
-    codes.iter().fold(0, |m, &c| m.max(c & 0x7F)) >= first
-}
-
-/// Codes `c` (8 bytes) as f32 divided by the rebias of [`Folded`]: each sign-extended
-/// to 32 bits and shifted so that its magnitude bits sit at the top of the f32
-/// mantissa and the bottom of its exponent field, then masked to those bits and the
-/// sign (the extension's other copies of the sign cleared). Exact for every code that
-/// is not special.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn unbiased_8(dt: Fp8Dtype, c: __m128i) -> __m256 {
-    let c = _mm256_cvtepi8_epi32(c);
-    let bits = match dt {
-        Fp8Dtype::E4M3 => _mm256_and_si256(
-            _mm256_slli_epi32::<20>(c),
-            _mm256_set1_epi32(0x87F0_0000_u32 as i32),
-        ),
-        Fp8Dtype::E5M2 => _mm256_and_si256(
-            _mm256_slli_epi32::<21>(c),
-            _mm256_set1_epi32(0x8FE0_0000_u32 as i32),
-        ),
-    };
-    _mm256_castsi256_ps(bits)
 }
 
 /// E4M3 codes `c` (one per u32 lane, below 256) as f32: [`e4m3::decode_fast`].
@@ -195,6 +161,8 @@ fn with_sign(c: __m256i, v: __m256) -> __m256 {
 
 /// Codes `j..j + 8` decoded, times their scales: with `FAST`, [`unbiased_8`] times the
 /// folded scales ([`Folded`]; no code special), else the full decode times the scales.
+///
+/// [`unbiased_8`]: folded::avx2::unbiased_8
 #[inline]
 #[target_feature(enable = "avx2")]
 fn step<const FAST: bool>(dt: Fp8Dtype, codes: &[u8], scale: Scales<'_>, j: usize) -> __m256 {
@@ -202,7 +170,7 @@ fn step<const FAST: bool>(dt: Fp8Dtype, codes: &[u8], scale: Scales<'_>, j: usiz
     // SAFETY: `c` is 8 bytes (one unaligned 64-bit load).
     let c = unsafe { _mm_loadl_epi64(c.as_ptr().cast()) };
     let v = if FAST {
-        unbiased_8(dt, c)
+        folded::avx2::unbiased_8(dt.pow2_codec(), c)
     } else {
         let c = _mm256_cvtepu8_epi32(c);
         match dt {
@@ -311,12 +279,16 @@ output_loops!(
     f16_loop,
     u16,
     |out, mode, dt, codes, scale: Scales<'_>| {
-        let half =
-            |j| _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(step::<FAST>(dt, codes, scale, j));
+        // One closure level: a nested one was left out of line.
         write_u16_steps(
             out,
             mode,
-            |j| _mm256_set_m128i(half(j + 8), half(j)),
+            |j| {
+                let lo = step::<FAST>(dt, codes, scale, j);
+                let hi = step::<FAST>(dt, codes, scale, j + 8);
+                let half = |v| _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+                _mm256_set_m128i(half(hi), half(lo))
+            },
             |j| {
                 let v = decode_one(dt, codes[j], unfolded::<FAST>(dt, scale, j));
                 half::f16::from_f32(v).to_bits()
@@ -443,10 +415,10 @@ mod tests {
             return;
         }
         for dt in [Fp8Dtype::E4M3, Fp8Dtype::E5M2] {
-            let special = |c: u8| has_special(dt, &[c]);
+            let special = |c: u8| folded::has_special(dt.pow2_codec(), &[c]);
             let all = (0..=255u8).chain((0..=255u8).rev()).chain(0..77);
             let plain: Vec<u8> = all.filter(|&c| !special(c)).collect();
-            assert!(!has_special(dt, &plain));
+            assert!(!folded::has_special(dt.pow2_codec(), &plain));
             // The largest scale that folds: `2^8` (E4M3) or `2^16` (E5M2), one ulp down.
             let top = f32::from_bits((crate::kernels::rebias(dt).recip() * f32::MAX).to_bits());
             assert!(Folded::one(dt, top).is_some(), "{dt:?} {top}");
@@ -476,7 +448,7 @@ mod tests {
             for (at, c) in [(5, 0xFF), (300, 0x7F), (100, 0x7C), (101, 0xFD)] {
                 mixed[at] = c;
             }
-            assert!(has_special(dt, &mixed));
+            assert!(folded::has_special(dt.pow2_codec(), &mixed));
             let f = Folded::one(dt, 0.75).expect("folds");
             check_runs(dt, &mixed, Scales::One(0.75), Some(f));
             // Runs of several pieces, one piece holding a special code: that piece takes

@@ -178,15 +178,10 @@ impl<'a> Scales<'a> {
 /// `2^112` for E5M2), every product finite: what [`crate::decode_avx2`]'s fast loops
 /// multiply by.
 ///
-/// **Why the products are the same.** A code's magnitude bits, shifted into place in
-/// an f32 (`(code & 0x7F) << 20` for E4M3), are that code's value divided by the
-/// rebias, exactly (a normal or subnormal f32, the exponent field unbiased by
-/// `127 - bias`). Times `s * rebias`, itself exact (a power-of-two scaling that does
-/// not overflow: that is the check), the one rounding of the product is that of the
-/// same real number `decode(code) * s`, so the bits are the portable decode's, zeros'
-/// signs included. One multiply per value, where the rebias step takes two and an
-/// infinity and NaN patch besides; codes that decode to NaN or an infinity are left to
-/// the general loops (the decoder checks each run for them).
+/// Why the products are the portable decode's bits: [`quant_core::codec::folded`]. One
+/// multiply per value, where the rebias step takes two and an infinity and NaN patch
+/// besides; codes that decode to NaN or an infinity are left to the general loops (the
+/// decoder checks each run for them).
 ///
 /// Made once per run of one scale, or once per slab of per-column scales (its checks
 /// then run once for the slab's rows, not once per row).
@@ -229,14 +224,10 @@ impl<'a> Folded<'a> {
     }
 }
 
-/// `2^(127 - bias)`: an FP8 code's magnitude bits read as f32 bits in place, times this,
-/// are its value ([`Folded`]).
+/// `2^(127 - bias)` of `dt` ([`quant_core::codec::folded::rebias`]).
 #[inline(always)]
 pub(crate) fn rebias(dt: Fp8Dtype) -> f32 {
-    match dt {
-        Fp8Dtype::E4M3 => f32::from_bits((127 + 120) << 23),
-        Fp8Dtype::E5M2 => f32::from_bits((127 + 112) << 23),
-    }
+    quant_core::codec::folded::rebias(dt.pow2_codec())
 }
 
 /// `dst[i] = T(decode(src[i]) * scale)`: the AVX-512 kernel ([`crate::x86`], which

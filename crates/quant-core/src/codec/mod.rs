@@ -19,6 +19,7 @@ pub mod e2m1;
 pub mod e4m3;
 pub mod e5m2;
 pub mod e8m0;
+pub mod folded;
 mod fp8;
 pub mod pow2;
 #[cfg(target_arch = "x86_64")]

@@ -96,6 +96,22 @@ impl Fp8 {
         inf_code: Some(0x7C),
     };
 
+    /// Mantissa bits (E4M3 3, E5M2 2).
+    pub(crate) const fn mbits(self) -> u32 {
+        self.mbits
+    }
+
+    /// Exponent bias (E4M3 7, E5M2 15).
+    pub(crate) const fn bias(self) -> i32 {
+        self.bias
+    }
+
+    /// The largest finite magnitude code (E4M3 `0x7E`, E5M2 `0x7B`): every magnitude
+    /// above it is NaN or an infinity.
+    pub(crate) const fn max_code(self) -> u8 {
+        self.max_code
+    }
+
     /// Whether [`Fp8::encode`] equals `encode(f32(x) * 2^k)` for every bf16 `x`:
     /// `-127 <= k <= 126 - BIAS` (module docs).
     ///
