@@ -74,6 +74,9 @@
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)] // kernel launches; every block has a SAFETY comment
 pub mod cuda;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // AVX2 kernels; every block has a SAFETY comment
+mod decode_avx2;
 mod kernels;
 pub mod layout;
 mod quantizer;

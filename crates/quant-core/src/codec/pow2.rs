@@ -102,7 +102,12 @@ impl Fp8 {
     }
 
     /// Exponent bias (E4M3 7, E5M2 15).
-    pub(crate) const fn bias(self) -> i32 {
+    ///
+    /// ```
+    /// use quant_core::codec::pow2::Fp8;
+    /// assert_eq!((Fp8::E4M3.bias(), Fp8::E5M2.bias()), (7, 15));
+    /// ```
+    pub const fn bias(self) -> i32 {
         self.bias
     }
 
