@@ -97,6 +97,7 @@ impl Fp8 {
     };
 
     /// Mantissa bits (E4M3 3, E5M2 2).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) const fn mbits(self) -> u32 {
         self.mbits
     }
@@ -490,7 +491,7 @@ impl<'a> ExactExps<'a> {
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = mode;
+            let _ = (mode, dst, self.fp8);
             false
         }
     }
