@@ -54,9 +54,10 @@ use crate::x86::{decode_one, variant};
 
 /// Decodes `codes` times `scale` into `out` (codes, output and a per-code scale all the
 /// same length) in `mode` (the streamed stores' fence left to the caller's
-/// [`quant_core::stream::Fence`]): through the fast loops where `folded` (the same
-/// scales, [`Folded`]) is given and no code of the run is special, else through the
-/// general ones. Returns `false`, having written nothing, unless `level` is
+/// [`quant_core::stream::Fence`]): where `folded` (the same scales, [`Folded`]) is
+/// given, each [`PIECE`] of the run that holds no special code through the fast loops,
+/// the others through the general ones; without it, the whole run through the general
+/// ones. Returns `false`, having written nothing, unless `level` is
 /// [`Level::Avx2`] (the CPU has it), `T` is a float type and the lengths agree; the
 /// caller then runs the portable loop, which gives the same bits.
 #[inline(always)]
