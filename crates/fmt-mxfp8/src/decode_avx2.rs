@@ -29,7 +29,7 @@ use quant_core::Element;
 use quant_core::bf16_narrow::avx2::narrow16_no_nan;
 use quant_core::codec::folded::{self, avx2::unbiased_8};
 use quant_core::codec::pow2::Fp8;
-use quant_core::codec::{e4m3, e5m2, e8m0};
+use quant_core::codec::{e4m3, e5m2};
 use quant_core::dtype::FloatsMut;
 use quant_core::dtype::bf16_bits;
 use quant_core::simd::Level;
@@ -37,7 +37,7 @@ use quant_core::stream::StoreMode;
 use quant_core::stream::avx2::{write_f32_steps, write_u16_steps};
 
 use crate::kernels::Codes;
-use crate::scale::{BLOCK, Mxfp8Dtype};
+use crate::scale::{BLOCK, Mxfp8Dtype, scale};
 
 /// Decodes the run `q` under its E8M0 `codes` (one per block or one per value) into
 /// `out`. Returns `false`, having written nothing, unless `level` is [`Level::Avx2`]
@@ -57,8 +57,7 @@ pub(crate) fn decode_run<T: Element>(
         Codes::PerBlock(c) => (c, false),
         Codes::Each(c) => (c, true),
     };
-    let fits =
-        out.len() == n && n.is_multiple_of(BLOCK) && c.len() == if each { n } else { n / BLOCK };
+    let fits = out.len() == n && n.is_multiple_of(BLOCK) && codes.fit(n);
     if level != Level::Avx2 || !level.is_supported() || !fits {
         return false;
     }
@@ -111,7 +110,7 @@ fn step<const E5M2: bool, const EACH: bool>(q: &[u8], c: &[u8], j: usize) -> __m
 /// Value `j`, as the portable loop computes it.
 #[inline(always)]
 fn one<const E5M2: bool, const EACH: bool>(q: &[u8], c: &[u8], j: usize) -> f32 {
-    let s = e8m0::decode(if EACH { c[j] } else { c[j / BLOCK] });
+    let s = scale(if EACH { c[j] } else { c[j / BLOCK] });
     let v = if E5M2 {
         e5m2::decode_fast(q[j])
     } else {
@@ -233,7 +232,7 @@ mod tests {
                             Mxfp8Dtype::E4M3 => e4m3::decode_fast(plain[j]),
                             Mxfp8Dtype::E5M2 => e5m2::decode_fast(plain[j]),
                         };
-                        e8m0::decode(code(j)) * v
+                        quant_core::codec::e8m0::decode(code(j)) * v
                     })
                     .collect();
                 let mut f = vec![0f32; n];

@@ -960,6 +960,19 @@ pub(crate) enum Codes<'a> {
     Each(&'a [u8]),
 }
 
+impl Codes<'_> {
+    /// Whether these codes serve a run of `n` values: one per whole block, or one per
+    /// value (what the x86 decoders check).
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) fn fit(self, n: usize) -> bool {
+        match self {
+            Codes::PerBlock(c) => c.len() * BLOCK == n,
+            Codes::Each(c) => c.len() == n,
+        }
+    }
+}
+
 /// bf16 output of a run decoded in registers, where the CPU allows: at AVX-512 the f32
 /// product narrowed by AVX-512 BF16 ([`crate::x86::decode_bf16`]), at AVX2 (one code per
 /// block) the 16-bit lanes of [`pow2::decode_blocks`], which form no f32 and take every

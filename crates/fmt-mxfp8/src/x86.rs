@@ -37,14 +37,10 @@ pub(crate) fn decode_bf16(
     out: &mut [u16],
 ) -> bool {
     let n = q.len();
-    let codes_fit = match codes {
-        Codes::PerBlock(c) => c.len() * BLOCK == n,
-        Codes::Each(c) => c.len() == n,
-    };
     if level != Level::Avx512
         || out.len() != n
         || !n.is_multiple_of(2 * 16)
-        || !codes_fit
+        || !codes.fit(n)
         || !quant_core::simd::has(quant_core::simd::Ext::Bf16)
     {
         return false;
