@@ -17,7 +17,7 @@
 //! checks it.
 
 use quant_core::codec::{e4m3, e5m2, pow2};
-use quant_core::cpu::{BLOCK, amax_f32, fmax_nan_loses};
+use quant_core::cpu::{BLOCK, amax_f32, fold_abs_max};
 use quant_core::simd::Level;
 use quant_core::stream::{Fence, StoreMode, write_filled};
 use quant_core::{Element, narrowed, widened};
@@ -126,9 +126,7 @@ pub(crate) fn encode_cols<T: Element>(
 #[inline(always)]
 pub(crate) fn amax_cols<T: Element>(src: &[T], acc: &mut [f32], buf: &mut Wide) {
     for (s, a) in src.chunks(BLOCK).zip(acc.chunks_mut(BLOCK)) {
-        for (a, &v) in a.iter_mut().zip(widened(s, &mut buf[..s.len()])) {
-            *a = fmax_nan_loses(*a, v.abs());
-        }
+        fold_abs_max(a, widened(s, &mut buf[..s.len()]));
     }
 }
 

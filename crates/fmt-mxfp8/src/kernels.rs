@@ -6,6 +6,7 @@
 use quant_core::block_max::{block_abs_max, block_abs_max_bits, column_abs_max_bits, column_key};
 use quant_core::codec::pow2::{self, LaneExps};
 use quant_core::codec::{e4m3, e5m2};
+use quant_core::cpu::fold_abs_max;
 use quant_core::dtype::Bits16;
 use quant_core::simd::Level;
 use quant_core::stream::StoreMode;
@@ -130,13 +131,17 @@ fn encode_cols(cfg: Cfg, xs: &[f32], mult: &[f32], out: &mut [u8]) {
 }
 
 /// `acc[j] = max(acc[j], key(xs[j]))`: running per-column key max.
+///
+/// TE's keys (NaN ignored) fold as the f32 maxima they are the bits of
+/// ([`fold_abs_max`]): the integer max of `select(NaN, 0, bits)` over a slice became a
+/// conditional store, `vpmaskmovd` at AVX2, 45 % of the columnwise quantize from f32 on
+/// Zen 4.
 #[inline(always)]
 fn key_max_cols(rule: ScaleRule, xs: &[f32], acc: &mut [u32]) {
     match rule {
         ScaleRule::Te => {
-            for (a, &v) in acc.iter_mut().zip(xs) {
-                *a = (*a).max(ScaleRule::Te.key(v));
-            }
+            // Non-NaN magnitudes order as their bits, and keys start at +0.
+            fold_abs_max(bytemuck::cast_slice_mut(acc), xs);
         }
         ScaleRule::Ocp => {
             for (a, &v) in acc.iter_mut().zip(xs) {

@@ -34,7 +34,7 @@ use quant_core::block_max::{
     NanRule, block_abs_max, block_abs_max_bf16, block_abs_max_f16, column_abs_max_bits, column_key,
 };
 use quant_core::codec::{e2m1, e4m3};
-use quant_core::cpu::{amax_f32, fmax_nan_loses};
+use quant_core::cpu::{amax_f32, fmax_nan_loses, fold_abs_max};
 use quant_core::dtype::{Bits16, bf16_bits, f32_from_bf16_bits};
 use quant_core::simd::Level;
 use quant_core::stream::{Fence, StoreMode, write_bytes};
@@ -1589,15 +1589,6 @@ fn group_words(
     }
 }
 
-/// `amax[c] = max(amax[c], |row[c]|)`, NaN ignored: the f32 column maxima of a group,
-/// one row at a time.
-#[inline(always)]
-fn fold_abs_max(amax: &mut [f32], row: &[f32]) {
-    for (a, &x) in amax.iter_mut().zip(row) {
-        *a = fmax_nan_loses(*a, x.abs());
-    }
-}
-
 /// Where [`group_pairs`] reads a 16-row group's rows: the widened chunk (`[row][c]`,
 /// columns from 0), or the slab in place (rows `r0..r0 + 16` of a `k`-column slab,
 /// columns from the chunk's `c0`).
@@ -2058,9 +2049,7 @@ pub(crate) fn amaxes<T: Element>(
                                 ar = fmax_nan_loses(ar, amax_f32(w));
                                 if want_cols {
                                     let cc = &mut cols[c * quant_core::cpu::BLOCK..][..w.len()];
-                                    for (a, &v) in cc.iter_mut().zip(w.iter()) {
-                                        *a = fmax_nan_loses(*a, v.abs());
-                                    }
+                                    fold_abs_max(cc, w);
                                 }
                             }
                             ax = fmax_nan_loses(ax, ar);
