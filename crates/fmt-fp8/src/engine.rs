@@ -716,7 +716,7 @@ fn one_d_columnwise<T: Element>(
             let lanes = col_lanes
                 && Bits16::of(xr).is_some_and(|b| scratch.lanes.encode(level, b, false, cr));
             if !lanes {
-                encode_cols(dt, xr, &col_scale[..cw], cr, wide);
+                encode_cols(level, dt, xr, &col_scale[..cw], cr, wide);
             }
         }
         // Scales of this chunk.

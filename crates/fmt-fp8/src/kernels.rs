@@ -36,8 +36,8 @@ pub(crate) fn encode_f32(dt: Fp8Dtype, src: &[f32], scale: f32, dst: &mut [u8]) 
 }
 
 /// `dst[i] = fp8(float(src[i]) * scale)` for any input element type. At
-/// [`Level::Avx2`] through the AVX2 encoder (`x86_avx2`, the same codes), which LLVM's
-/// vectorization of the portable loop does not match there.
+/// [`Level::Avx2`] through the AVX2 encoder ([`quant_core::codec::scaled_avx2`], the
+/// same codes), which LLVM's vectorization of the portable loop does not match there.
 #[inline(always)]
 pub(crate) fn encode_scaled<T: Element>(
     level: Level,
@@ -47,25 +47,48 @@ pub(crate) fn encode_scaled<T: Element>(
     dst: &mut [u8],
     buf: &mut Wide,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    let avx2 = level == Level::Avx2;
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = level;
     if let Some(bits) = quant_core::dtype::bf16_slice_bits(src) {
-        #[cfg(target_arch = "x86_64")]
-        if avx2 && crate::x86_avx2::encode_bf16(dt, bits, scale, dst) {
-            return;
+        if !avx2_bf16(level, dt, bits, Scales::One(scale), dst) {
+            encode_bf16_bits(dt, bits, Scales::One(scale), dst);
         }
-        encode_bf16_bits(dt, bits, Scales::One(scale), dst);
         return;
     }
     for (s, d) in src.chunks(BLOCK).zip(dst.chunks_mut(BLOCK)) {
         let w = widened(s, &mut buf[..s.len()]);
-        #[cfg(target_arch = "x86_64")]
-        if avx2 && crate::x86_avx2::encode_f32(dt, w, scale, d) {
-            continue;
+        if !avx2_f32(level, dt, w, Scales::One(scale), d) {
+            encode_f32(dt, w, scale, d);
         }
-        encode_f32(dt, w, scale, d);
+    }
+}
+
+/// The AVX2 encoder ([`quant_core::codec::scaled_avx2::encode_f32`]) at
+/// [`Level::Avx2`]; `false`, with nothing written, at other levels or where it declines.
+#[inline(always)]
+fn avx2_f32(level: Level, dt: Fp8Dtype, src: &[f32], scales: Scales<'_>, dst: &mut [u8]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use quant_core::codec::scaled_avx2::encode_f32;
+        level == Level::Avx2 && encode_f32(dt.pow2_codec(), src, scales.avx2(), false, dst)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (level, dt, src, scales, dst);
+        false
+    }
+}
+
+/// [`avx2_f32`] of bf16 bits ([`quant_core::codec::scaled_avx2::encode_bf16`]).
+#[inline(always)]
+fn avx2_bf16(level: Level, dt: Fp8Dtype, src: &[u16], scales: Scales<'_>, dst: &mut [u8]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use quant_core::codec::scaled_avx2::encode_bf16;
+        level == Level::Avx2 && encode_bf16(dt.pow2_codec(), src, scales.avx2(), false, dst)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (level, dt, src, scales, dst);
+        false
     }
 }
 
@@ -98,9 +121,12 @@ pub(crate) fn encode_values(dt: Fp8Dtype, scaled: impl Iterator<Item = f32>, dst
     }
 }
 
-/// `dst[j] = fp8(float(src[j]) * scale[j])`: one row of a tile under per-column scales.
+/// `dst[j] = fp8(float(src[j]) * scale[j])`: one row of a tile under per-column scales
+/// (at [`Level::Avx2`] through the AVX2 encoder, as [`encode_scaled`]: LLVM's loop of
+/// per-column products was about half of the columnwise 1x128 quantize from f32).
 #[inline(always)]
 pub(crate) fn encode_cols<T: Element>(
+    level: Level,
     dt: Fp8Dtype,
     src: &[T],
     scale: &[f32],
@@ -108,7 +134,9 @@ pub(crate) fn encode_cols<T: Element>(
     buf: &mut Wide,
 ) {
     if let Some(bits) = quant_core::dtype::bf16_slice_bits(src) {
-        encode_bf16_bits(dt, bits, Scales::Each(scale), dst);
+        if !avx2_bf16(level, dt, bits, Scales::Each(scale), dst) {
+            encode_bf16_bits(dt, bits, Scales::Each(scale), dst);
+        }
         return;
     }
     for ((s, d), sc) in src
@@ -117,7 +145,9 @@ pub(crate) fn encode_cols<T: Element>(
         .zip(scale.chunks(BLOCK))
     {
         let w = widened(s, &mut buf[..s.len()]);
-        encode_values(dt, w.iter().zip(sc).map(|(&v, &c)| v * c), d);
+        if !avx2_f32(level, dt, w, Scales::Each(sc), d) {
+            encode_values(dt, w.iter().zip(sc).map(|(&v, &c)| v * c), d);
+        }
     }
 }
 
@@ -157,6 +187,17 @@ impl<'a> Scales<'a> {
         match self {
             Scales::Each(s) => Scales::Each(&s[r]),
             one => one,
+        }
+    }
+
+    /// The same scales as the shared AVX2 encoder takes them.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn avx2(self) -> quant_core::codec::scaled_avx2::Scale<'a> {
+        use quant_core::codec::scaled_avx2::Scale;
+        match self {
+            Scales::One(s) => Scale::One(s),
+            Scales::Each(s) => Scale::Each(s),
         }
     }
 

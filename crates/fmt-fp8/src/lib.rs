@@ -42,9 +42,6 @@ mod transpose;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)] // AVX-512 kernels; every block has a SAFETY comment
 mod x86;
-#[cfg(target_arch = "x86_64")]
-#[allow(unsafe_code)] // AVX2 kernels; every block has a SAFETY comment
-mod x86_avx2;
 
 pub use block::{BLOCK, BlockScaling, Fp8BlockQuantizer};
 pub use per_tensor::{Fp8Quantizer, tensor_amax};

@@ -23,6 +23,8 @@ pub mod folded;
 mod fp8;
 pub mod pow2;
 #[cfg(target_arch = "x86_64")]
+pub mod scaled_avx2;
+#[cfg(target_arch = "x86_64")]
 pub mod x86;
 
 /// Correctly rounded `1/x` in f32 (IEEE division, as `__frcp_rn` and `1.0f/x` compute it).

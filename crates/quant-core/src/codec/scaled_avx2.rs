@@ -1,0 +1,474 @@
+//! The AVX2 FP8 encoder of scaled values: `dst[i] = fp8(x[i] * s)`, 32 values per step,
+//! under one scale for the run or one scale per value (per-column scales: the
+//! columnwise block recipes' encode of a row).
+//!
+//! Each lane runs the steps of the portable encoder (`encode_fast` of the FP8 codec
+//! module, through [`super::e4m3::encode`] / [`super::e5m2::encode`]): the same integer
+//! operations and the same two float operations (`|x| * 2^(BIAS - 1 + MBITS)`, then
+//! `+ 2^23`, each rounded once: Rust never fuses them), so the codes are the same bits.
+//! The 32 codes of a step are narrowed to bytes by two `vpackusdw`, one `vpackuswb` and
+//! a `vpermd` that puts the 128-bit halves' dwords in order.
+//!
+//! Why not the compiler's: LLVM vectorizes the portable loop 8 values at a time,
+//! narrows each 8 codes separately (no `vpmovdb` below AVX-512) and, short of
+//! registers, reloads its constants inside the loop. The per-tensor FP8 quantize at
+//! AVX2 spent a third of its time in that narrowing; the columnwise MXFP8 and FP8
+//! 1x128 quantizes from f32, whose per-column scales the compiler's loop took as well,
+//! about half in its encode.
+
+// Kernel code.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::{
+    __m256, __m256i, _CMP_EQ_OQ, _mm_cvtsi32_si128, _mm256_add_epi32, _mm256_add_ps,
+    _mm256_and_si256, _mm256_andnot_si256, _mm256_blendv_epi8, _mm256_castps_si256,
+    _mm256_castsi256_ps, _mm256_cmp_ps, _mm256_cmpgt_epi32, _mm256_loadu_ps, _mm256_loadu_si256,
+    _mm256_min_epu32, _mm256_mul_ps, _mm256_or_si256, _mm256_packus_epi16, _mm256_packus_epi32,
+    _mm256_permute4x64_epi64, _mm256_permutevar8x32_epi32, _mm256_set1_epi32, _mm256_set1_ps,
+    _mm256_setr_epi32, _mm256_setzero_ps, _mm256_setzero_si256, _mm256_srl_epi32,
+    _mm256_srli_epi32, _mm256_storeu_si256, _mm256_sub_epi32, _mm256_unpackhi_epi16,
+    _mm256_unpacklo_epi16,
+};
+
+use super::pow2::Fp8;
+use super::{e4m3, e5m2};
+use crate::simd::Level;
+
+/// The scale of each value of a run.
+#[derive(Clone, Copy, Debug)]
+pub enum Scale<'a> {
+    /// One for the whole run.
+    One(f32),
+    /// One per value (as many as the values).
+    Each(&'a [f32]),
+}
+
+impl Scale<'_> {
+    /// The scale of value `i`.
+    #[inline(always)]
+    fn at(self, i: usize) -> f32 {
+        match self {
+            Scale::One(s) => s,
+            Scale::Each(s) => s[i],
+        }
+    }
+}
+
+/// `dst[i] = fp8(src[i] * scale_i)` for f32 `src` ([`e4m3::encode`] or
+/// [`e5m2::encode`] of the product). With `plus_zero`, a zero input (of either sign)
+/// gives `+0`, as TE's `fma(x, s, +0)` does; a nonzero product that rounds to zero keeps
+/// its sign either way. Returns `false`, with nothing written, unless the CPU has AVX2
+/// and `dst` (and per-value scales) are as long as `src`; the caller then runs its
+/// portable loop.
+///
+/// ```
+/// use quant_core::codec::e4m3;
+/// use quant_core::codec::pow2::Fp8;
+/// use quant_core::codec::scaled_avx2::{Scale, encode_f32};
+/// let src: Vec<f32> = (0..40).map(|i| i as f32 * 0.37 - 7.0).collect();
+/// let scales: Vec<f32> = (0..40).map(|i| 1.0 + i as f32).collect();
+/// let mut dst = [0u8; 40];
+/// if encode_f32(Fp8::E4M3, &src, Scale::Each(&scales), false, &mut dst) {
+///     for ((&d, &x), &s) in dst.iter().zip(&src).zip(&scales) {
+///         assert_eq!(d, e4m3::encode(x * s));
+///     }
+/// }
+/// ```
+#[inline(always)]
+pub fn encode_f32(
+    fp8: Fp8,
+    src: &[f32],
+    scale: Scale<'_>,
+    plus_zero: bool,
+    dst: &mut [u8],
+) -> bool {
+    if !fits(src.len(), scale, dst.len()) {
+        return false;
+    }
+    // SAFETY: the CPU has AVX2 and the lengths agree (`fits`).
+    unsafe { steps(fp8, src.len(), scale, plus_zero, dst, |j| load_f32(src, j)) };
+    let tail = src.len() / STEP * STEP;
+    encode_tail(fp8, tail, src.len(), scale, plus_zero, dst, |i| src[i]);
+    true
+}
+
+/// [`encode_f32`] of bf16 values given as bits, each widened exactly in the register.
+///
+/// ```
+/// use quant_core::codec::e5m2;
+/// use quant_core::codec::pow2::Fp8;
+/// use quant_core::codec::scaled_avx2::{Scale, encode_bf16};
+/// let src: Vec<u16> = (0..40u16).map(|i| half::bf16::from_f32(i as f32 - 20.0).to_bits()).collect();
+/// let mut dst = [0u8; 40];
+/// if encode_bf16(Fp8::E5M2, &src, Scale::One(0.3), false, &mut dst) {
+///     assert_eq!(dst[3], e5m2::encode(-17.0 * 0.3));
+/// }
+/// ```
+#[inline(always)]
+pub fn encode_bf16(
+    fp8: Fp8,
+    src: &[u16],
+    scale: Scale<'_>,
+    plus_zero: bool,
+    dst: &mut [u8],
+) -> bool {
+    if !fits(src.len(), scale, dst.len()) {
+        return false;
+    }
+    // SAFETY: the CPU has AVX2 and the lengths agree (`fits`).
+    unsafe { steps(fp8, src.len(), scale, plus_zero, dst, |j| load_bf16(src, j)) };
+    let tail = src.len() / STEP * STEP;
+    let wide = |i: usize| crate::dtype::f32_from_bf16_bits(src[i]);
+    encode_tail(fp8, tail, src.len(), scale, plus_zero, dst, wide);
+    true
+}
+
+/// Values per step.
+const STEP: usize = 32;
+
+/// Whether the CPU has AVX2 and a run of `len` values fits `scale` and `dst_len`.
+#[inline(always)]
+fn fits(len: usize, scale: Scale<'_>, dst_len: usize) -> bool {
+    Level::Avx2.is_supported()
+        && dst_len == len
+        && match scale {
+            Scale::One(_) => true,
+            Scale::Each(s) => s.len() == len,
+        }
+}
+
+/// The values `from..to` one at a time, as the portable loop encodes them.
+#[inline(always)]
+fn encode_tail(
+    fp8: Fp8,
+    from: usize,
+    to: usize,
+    scale: Scale<'_>,
+    plus_zero: bool,
+    dst: &mut [u8],
+    value: impl Fn(usize) -> f32,
+) {
+    let enc = |v: f32| {
+        if fp8 == Fp8::E4M3 {
+            e4m3::encode(v)
+        } else {
+            e5m2::encode(v)
+        }
+    };
+    for (i, d) in dst.iter_mut().enumerate().take(to).skip(from) {
+        let x = value(i);
+        let v = if plus_zero && x == 0.0 {
+            0.0
+        } else {
+            x * scale.at(i)
+        };
+        *d = enc(v);
+    }
+}
+
+/// [`run`] with `fp8`'s mantissa bits, bias and largest code.
+///
+/// # Safety
+/// As for [`run`].
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn steps(
+    fp8: Fp8,
+    len: usize,
+    scale: Scale<'_>,
+    plus_zero: bool,
+    dst: &mut [u8],
+    load: impl Fn(usize) -> [__m256; 4],
+) {
+    // SAFETY: the caller's promises are `run`'s.
+    unsafe {
+        match (fp8 == Fp8::E4M3, scale) {
+            (true, Scale::One(s)) => {
+                let s = _mm256_set1_ps(s);
+                run::<3, 7>(len, |_| [s; 4], plus_zero, dst, load, e4m3::MAX_CODE)
+            }
+            (true, Scale::Each(s)) => run::<3, 7>(
+                len,
+                |j| load_f32(s, j),
+                plus_zero,
+                dst,
+                load,
+                e4m3::MAX_CODE,
+            ),
+            (false, Scale::One(s)) => {
+                let s = _mm256_set1_ps(s);
+                run::<2, 15>(len, |_| [s; 4], plus_zero, dst, load, e5m2::MAX_CODE)
+            }
+            (false, Scale::Each(s)) => run::<2, 15>(
+                len,
+                |j| load_f32(s, j),
+                plus_zero,
+                dst,
+                load,
+                e5m2::MAX_CODE,
+            ),
+        }
+    }
+}
+
+/// `src[j .. j + 32]` as four vectors of 8 f32.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load_f32(src: &[f32], j: usize) -> [__m256; 4] {
+    let s = &src[j..j + STEP];
+    // SAFETY: `s` is 32 f32 (four unaligned 256-bit loads).
+    unsafe { [0, 8, 16, 24].map(|o| _mm256_loadu_ps(s[o..].as_ptr())) }
+}
+
+/// `src[j .. j + 32]` (bf16 bits) widened into four vectors of 8 f32, in order.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load_bf16(src: &[u16], j: usize) -> [__m256; 4] {
+    let s = &src[j..j + STEP];
+    // SAFETY: `s` is 32 u16 (two unaligned 256-bit loads).
+    let (a, b) = unsafe {
+        (
+            _mm256_loadu_si256(s.as_ptr().cast()),
+            _mm256_loadu_si256(s[16..].as_ptr().cast()),
+        )
+    };
+    // `vpunpck*wd` with zero below each value interleaves within 128-bit halves:
+    // `lo` holds values 0..4 and 8..12, `hi` 4..8 and 12..16; `vpermq` first puts the
+    // quarters where the unpacks want them.
+    let widen = |v: __m256i| {
+        let v = _mm256_permute4x64_epi64::<0b11_01_10_00>(v);
+        let z = _mm256_setzero_si256();
+        (
+            _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v)),
+            _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v)),
+        )
+    };
+    let ((a0, a1), (b0, b1)) = (widen(a), widen(b));
+    [a0, a1, b0, b1]
+}
+
+/// Encodes `len / 32` steps of 32 values (`load(j)` gives values `j .. j + 32`, and
+/// `scales(j)` their scales) into `dst`.
+///
+/// # Safety
+/// The CPU must have AVX2; `dst.len() >= len`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn run<const MBITS: u32, const BIAS: i32>(
+    len: usize,
+    scales: impl Fn(usize) -> [__m256; 4],
+    plus_zero: bool,
+    dst: &mut [u8],
+    load: impl Fn(usize) -> [__m256; 4],
+    max_code: u8,
+) {
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (j, d) in (0..len / STEP * STEP)
+        .step_by(STEP)
+        .zip(dst.chunks_exact_mut(STEP))
+    {
+        let (x, s) = (load(j), scales(j));
+        let c: [__m256i; 4] = std::array::from_fn(|i| {
+            let code = encode8::<MBITS, BIAS>(_mm256_mul_ps(x[i], s[i]), max_code);
+            if plus_zero {
+                // A zero input (either sign) gives +0: clear the sign bit there.
+                let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(x[i], _mm256_setzero_ps());
+                let sign = _mm256_and_si256(_mm256_castps_si256(zero), _mm256_set1_epi32(0x80));
+                _mm256_andnot_si256(sign, code)
+            } else {
+                code
+            }
+        });
+        let w = _mm256_packus_epi16(
+            _mm256_packus_epi32(c[0], c[1]),
+            _mm256_packus_epi32(c[2], c[3]),
+        );
+        // SAFETY: `d` is 32 bytes (one unaligned 256-bit store).
+        unsafe {
+            _mm256_storeu_si256(d.as_mut_ptr().cast(), _mm256_permutevar8x32_epi32(w, order))
+        };
+    }
+}
+
+/// `encode_fast::<MBITS, BIAS>` of 8 values, codes in u32 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn encode8<const MBITS: u32, const BIAS: i32>(x: __m256, max_code: u8) -> __m256i {
+    let shift = 23 - MBITS;
+    let bits = _mm256_castps_si256(x);
+    let sign = _mm256_and_si256(_mm256_srli_epi32::<24>(bits), _mm256_set1_epi32(0x80));
+    let abits = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF_FFFF));
+    let n = _mm256_sub_epi32(abits, _mm256_set1_epi32((127 - BIAS) << 23));
+    let sh = _mm_cvtsi32_si128(shift as i32);
+    let lsb = _mm256_and_si256(_mm256_srl_epi32(n, sh), _mm256_set1_epi32(1));
+    let norm = _mm256_srl_epi32(
+        _mm256_add_epi32(
+            n,
+            _mm256_add_epi32(_mm256_set1_epi32((1 << (shift - 1)) - 1), lsb),
+        ),
+        sh,
+    );
+    let up = f32::from_bits(((127 + BIAS - 1 + MBITS as i32) as u32) << 23);
+    let scaled = _mm256_mul_ps(_mm256_castsi256_ps(abits), _mm256_set1_ps(up));
+    let sub = _mm256_sub_epi32(
+        _mm256_castps_si256(_mm256_add_ps(scaled, _mm256_set1_ps(8_388_608.0))),
+        _mm256_set1_epi32(0x4B00_0000),
+    );
+    // Signed compares are right: `abits` is at most `0x7FFF_FFFF`.
+    let small = _mm256_cmpgt_epi32(_mm256_set1_epi32((128 - BIAS) << 23), abits);
+    let code = _mm256_blendv_epi8(norm, sub, small);
+    let out = _mm256_or_si256(
+        sign,
+        _mm256_min_epu32(code, _mm256_set1_epi32(i32::from(max_code))),
+    );
+    let nan = _mm256_cmpgt_epi32(abits, _mm256_set1_epi32(0x7F80_0000));
+    _mm256_blendv_epi8(out, _mm256_set1_epi32(0x7F), nan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The portable loop: the specification of both encoders.
+    fn portable(fp8: Fp8, xs: &[f32], scale: Scale<'_>, plus_zero: bool) -> Vec<u8> {
+        let mut out = vec![0u8; xs.len()];
+        encode_tail(fp8, 0, xs.len(), scale, plus_zero, &mut out, |i| xs[i]);
+        out
+    }
+
+    /// Scales for `n` values: a mix of powers of two, odd values, tiny and huge ones,
+    /// zero and negative zero (every product class: ties, subnormal codes,
+    /// saturation, infinity, NaN, underflow to either zero).
+    fn each_scales(n: usize) -> Vec<f32> {
+        let pool = [
+            1.0f32,
+            3.0,
+            0.7,
+            1.0e-3,
+            448.0 / 3.3,
+            2.0f32.powi(-20),
+            0.0,
+            -0.0,
+            2.0f32.powi(100),
+            -1.5,
+            0.37,
+        ];
+        (0..n).map(|i| pool[(i * 7 + i / 3) % pool.len()]).collect()
+    }
+
+    /// Every bf16 pattern under one scale (several) and under per-value scales, with
+    /// and without `plus_zero`, against the f32 route on the widened values and the
+    /// portable loop; lengths with every tail.
+    #[test]
+    fn every_bf16_pattern_encodes_as_the_portable_encoder() {
+        if !Level::Avx2.is_supported() {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        let bits: Vec<u16> = (0..=u16::MAX).collect();
+        let wide: Vec<f32> = bits
+            .iter()
+            .map(|&b| crate::dtype::f32_from_bf16_bits(b))
+            .collect();
+        let each = each_scales(bits.len());
+        let mut scales: Vec<Scale<'_>> =
+            [1.0f32, 3.0, 0.7, 1.0e-3, 448.0 / 3.3, 2.0f32.powi(-20), 0.0]
+                .map(Scale::One)
+                .to_vec();
+        scales.push(Scale::Each(&each));
+        for fp8 in [Fp8::E4M3, Fp8::E5M2] {
+            for &scale in &scales {
+                for plus_zero in [false, true] {
+                    let want = portable(fp8, &wide, scale, plus_zero);
+                    for len in [bits.len(), bits.len() - 31, 33, 31, 0] {
+                        let cut = match scale {
+                            Scale::Each(s) => Scale::Each(&s[..len]),
+                            one => one,
+                        };
+                        let what = format!("{fp8:?} {scale:?} plus_zero {plus_zero} len {len}");
+                        let what = &what[..what.len().min(120)];
+                        let mut got = vec![0u8; len];
+                        assert!(encode_bf16(fp8, &bits[..len], cut, plus_zero, &mut got));
+                        assert_eq!(got[..], want[..len], "bf16 {what}");
+                        let mut got = vec![0u8; len];
+                        assert!(encode_f32(fp8, &wide[..len], cut, plus_zero, &mut got));
+                        assert_eq!(got[..], want[..len], "f32 {what}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A strided sweep of all f32 patterns (every exponent, the low mantissa bits that
+    /// decide ties), under a scale of one, a non-power-of-two scale and per-value
+    /// scales.
+    #[test]
+    fn f32_patterns_encode_as_the_portable_encoder() {
+        if !Level::Avx2.is_supported() {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        let xs: Vec<f32> = (0..(1u64 << 32))
+            .step_by(4099)
+            .map(|b| f32::from_bits(b as u32))
+            .collect();
+        let each = each_scales(xs.len());
+        for fp8 in [Fp8::E4M3, Fp8::E5M2] {
+            for scale in [Scale::One(1.0), Scale::One(0.37), Scale::Each(&each)] {
+                for plus_zero in [false, true] {
+                    let want = portable(fp8, &xs, scale, plus_zero);
+                    let mut got = vec![0u8; xs.len()];
+                    assert!(encode_f32(fp8, &xs, scale, plus_zero, &mut got));
+                    assert_eq!(got, want, "{fp8:?} plus_zero {plus_zero}");
+                }
+            }
+        }
+    }
+
+    /// `plus_zero` flushes only zero inputs: a nonzero product that rounds to zero
+    /// keeps its sign.
+    #[test]
+    fn plus_zero_flushes_zero_inputs_only() {
+        if !Level::Avx2.is_supported() {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        let mut xs = vec![-0.0f32; 64];
+        xs[5] = -1.0e-30;
+        let mut got = [0u8; 64];
+        assert!(encode_f32(Fp8::E4M3, &xs, Scale::One(1.0), true, &mut got));
+        assert_eq!(got[0], 0x00);
+        assert_eq!(got[5], 0x80);
+        assert!(encode_f32(Fp8::E4M3, &xs, Scale::One(1.0), false, &mut got));
+        assert_eq!(got[0], 0x80);
+    }
+
+    /// Lengths that disagree are declined, with nothing written.
+    #[test]
+    fn mismatched_lengths_are_declined() {
+        let mut dst = [9u8; 8];
+        let xs = [1.0f32; 8];
+        assert!(!encode_f32(
+            Fp8::E4M3,
+            &xs,
+            Scale::One(1.0),
+            false,
+            &mut dst[..7]
+        ));
+        assert!(!encode_f32(
+            Fp8::E4M3,
+            &xs,
+            Scale::Each(&[1.0; 7]),
+            false,
+            &mut dst
+        ));
+        assert!(!encode_bf16(
+            Fp8::E5M2,
+            &[0u16; 8],
+            Scale::One(1.0),
+            false,
+            &mut dst[..7]
+        ));
+        assert_eq!(dst, [9u8; 8]);
+    }
+}
