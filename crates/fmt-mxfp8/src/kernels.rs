@@ -607,9 +607,10 @@ fn multiplier_exp(code: u8) -> i32 {
 const TILE_BYTES: usize = 512;
 
 /// One slab, 32-row group by group, chunk by chunk: widen the group's chunk once (16-bit
-/// input, into f32 in L2; f32 input is read in place), take the amaxes the blocks need, then encode every requested direction (2-D
-/// with both: each row once, copied to the columnwise output, whose tile codes are the
-/// same bytes; in-process A/B from f32 x1.19-1.27 against encoding it twice).
+/// input, into f32 in L2; f32 input is read in place), take the amaxes the blocks need,
+/// then encode every requested direction (2-D with both: each row once, copied to the
+/// columnwise output, whose tile codes are the same bytes; in-process A/B from f32
+/// x1.19-1.27 against encoding it twice).
 #[inline(always)]
 fn slab<T: Element>(
     cfg: Cfg,

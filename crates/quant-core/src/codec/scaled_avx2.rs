@@ -98,7 +98,8 @@ pub fn encode_f32(
 /// use quant_core::codec::e5m2;
 /// use quant_core::codec::pow2::Fp8;
 /// use quant_core::codec::scaled_avx2::{Scale, encode_bf16};
-/// let src: Vec<u16> = (0..40u16).map(|i| half::bf16::from_f32(i as f32 - 20.0).to_bits()).collect();
+/// let bf16 = |v: f32| half::bf16::from_f32(v).to_bits();
+/// let src: Vec<u16> = (0..40u16).map(|i| bf16(f32::from(i) - 20.0)).collect();
 /// let mut dst = [0u8; 40];
 /// if encode_bf16(Fp8::E5M2, &src, Scale::One(0.3), false, &mut dst) {
 ///     assert_eq!(dst[3], e5m2::encode(-17.0 * 0.3));
