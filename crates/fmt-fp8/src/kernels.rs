@@ -68,7 +68,7 @@ fn avx2_f32(level: Level, dt: Fp8Dtype, src: &[f32], scales: Scales<'_>, dst: &m
     #[cfg(target_arch = "x86_64")]
     {
         use quant_core::codec::scaled_avx2::encode_f32;
-        level == Level::Avx2 && encode_f32(dt.pow2_codec(), src, scales.avx2(), false, dst)
+        level == Level::Avx2 && encode_f32(dt.pow2_codec(), src, scales, false, dst)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -83,7 +83,7 @@ fn avx2_bf16(level: Level, dt: Fp8Dtype, src: &[u16], scales: Scales<'_>, dst: &
     #[cfg(target_arch = "x86_64")]
     {
         use quant_core::codec::scaled_avx2::encode_bf16;
-        level == Level::Avx2 && encode_bf16(dt.pow2_codec(), src, scales.avx2(), false, dst)
+        level == Level::Avx2 && encode_bf16(dt.pow2_codec(), src, scales, false, dst)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -160,58 +160,9 @@ pub(crate) fn amax_cols<T: Element>(src: &[T], acc: &mut [f32], buf: &mut Wide) 
     }
 }
 
-/// The scale of each code of a run.
-#[derive(Clone, Copy)]
-pub(crate) enum Scales<'a> {
-    /// One for the whole run (a tensor scale, or a row of one block).
-    One(f32),
-    /// One per code (the columnwise decode's per-column scales).
-    Each(&'a [f32]),
-}
-
-impl<'a> Scales<'a> {
-    /// The scale of code `j` (used by the x86 decoders).
-    #[inline(always)]
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub(crate) fn at(self, j: usize) -> f32 {
-        match self {
-            Scales::One(s) => s,
-            Scales::Each(s) => s[j],
-        }
-    }
-
-    /// The scales of codes `r` of the run (one scale serves every part of it).
-    #[inline(always)]
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub(crate) fn cut(self, r: std::ops::Range<usize>) -> Scales<'a> {
-        match self {
-            Scales::Each(s) => Scales::Each(&s[r]),
-            one => one,
-        }
-    }
-
-    /// The same scales as the shared AVX2 encoder takes them.
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    fn avx2(self) -> quant_core::codec::scaled_avx2::Scale<'a> {
-        use quant_core::codec::scaled_avx2::Scale;
-        match self {
-            Scales::One(s) => Scale::One(s),
-            Scales::Each(s) => Scale::Each(s),
-        }
-    }
-
-    /// Whether these scales serve a run of `len` codes: one scale serves any run,
-    /// per-code scales must be as many as the codes (what the x86 decoders check).
-    #[inline(always)]
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub(crate) fn fit(self, len: usize) -> bool {
-        match self {
-            Scales::One(_) => true,
-            Scales::Each(s) => s.len() == len,
-        }
-    }
-}
+/// The scale of each code of a run (a tensor scale or a row of one block: one; the
+/// columnwise decode's per-column scales: each), as quant-core's encoders take it.
+pub(crate) use quant_core::codec::Scale as Scales;
 
 /// A run's scales times its element type's rebias `2^(127 - bias)` (`2^120` for E4M3,
 /// `2^112` for E5M2), every product finite: what [`crate::decode_avx2`]'s fast loops

@@ -129,7 +129,7 @@ fn encode_blocks(cfg: Cfg, xs: &[f32], codes: &[u8], out: &mut [u8]) {
 fn encode_cols(cfg: Cfg, xs: &[f32], mult: &[f32], out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     {
-        use quant_core::codec::scaled_avx2::{Scale, encode_f32};
+        use quant_core::codec::{Scale, scaled_avx2::encode_f32};
         let fp8 = cfg.dtype.pow2_codec();
         if cfg.level == Level::Avx2 && encode_f32(fp8, xs, Scale::Each(mult), cfg.plus_zero, out) {
             return;

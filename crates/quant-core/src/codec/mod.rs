@@ -27,6 +27,56 @@ pub mod scaled_avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 
+/// The scale of each value of a run: one for the whole run (a tensor scale, a block's
+/// scale over its values) or one per value (per-column scales along a row). The FP8
+/// encoders ([`scaled_avx2`]) and the FP8 recipe's decoders take it.
+///
+/// ```
+/// use quant_core::codec::Scale;
+/// let each = [1.0f32, 2.0, 3.0];
+/// assert_eq!(Scale::Each(&each).cut(1..3).at(0), 2.0);
+/// assert_eq!(Scale::One(0.5).at(7), 0.5);
+/// assert!(Scale::One(0.5).fit(9) && !Scale::Each(&each).fit(2));
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub enum Scale<'a> {
+    /// One for the whole run.
+    One(f32),
+    /// One per value (as many as the values).
+    Each(&'a [f32]),
+}
+
+impl<'a> Scale<'a> {
+    /// The scale of value `i`. Panics if per-value scales have no `i`-th.
+    #[inline(always)]
+    pub fn at(self, i: usize) -> f32 {
+        match self {
+            Scale::One(s) => s,
+            Scale::Each(s) => s[i],
+        }
+    }
+
+    /// The scales of values `r` of the run (one scale serves every part of it). Panics
+    /// if per-value scales do not cover `r`.
+    #[inline(always)]
+    pub fn cut(self, r: std::ops::Range<usize>) -> Scale<'a> {
+        match self {
+            Scale::Each(s) => Scale::Each(&s[r]),
+            one => one,
+        }
+    }
+
+    /// Whether these scales serve a run of `len` values: one scale serves any run,
+    /// per-value scales must be as many as the values.
+    #[inline(always)]
+    pub fn fit(self, len: usize) -> bool {
+        match self {
+            Scale::One(_) => true,
+            Scale::Each(s) => s.len() == len,
+        }
+    }
+}
+
 /// Correctly rounded `1/x` in f32 (IEEE division, as `__frcp_rn` and `1.0f/x` compute it).
 #[inline]
 pub fn rcp(x: f32) -> f32 {

@@ -31,28 +31,8 @@ use std::arch::x86_64::{
 };
 
 use super::pow2::Fp8;
-use super::{e4m3, e5m2};
+use super::{Scale, e4m3, e5m2};
 use crate::simd::Level;
-
-/// The scale of each value of a run.
-#[derive(Clone, Copy, Debug)]
-pub enum Scale<'a> {
-    /// One for the whole run.
-    One(f32),
-    /// One per value (as many as the values).
-    Each(&'a [f32]),
-}
-
-impl Scale<'_> {
-    /// The scale of value `i`.
-    #[inline(always)]
-    fn at(self, i: usize) -> f32 {
-        match self {
-            Scale::One(s) => s,
-            Scale::Each(s) => s[i],
-        }
-    }
-}
 
 /// `dst[i] = fp8(src[i] * scale_i)` for f32 `src` ([`e4m3::encode`] or
 /// [`e5m2::encode`] of the product). With `plus_zero`, a zero input (of either sign)
@@ -64,7 +44,8 @@ impl Scale<'_> {
 /// ```
 /// use quant_core::codec::e4m3;
 /// use quant_core::codec::pow2::Fp8;
-/// use quant_core::codec::scaled_avx2::{Scale, encode_f32};
+/// use quant_core::codec::Scale;
+/// use quant_core::codec::scaled_avx2::encode_f32;
 /// let src: Vec<f32> = (0..40).map(|i| i as f32 * 0.37 - 7.0).collect();
 /// let scales: Vec<f32> = (0..40).map(|i| 1.0 + i as f32).collect();
 /// let mut dst = [0u8; 40];
@@ -97,7 +78,8 @@ pub fn encode_f32(
 /// ```
 /// use quant_core::codec::e5m2;
 /// use quant_core::codec::pow2::Fp8;
-/// use quant_core::codec::scaled_avx2::{Scale, encode_bf16};
+/// use quant_core::codec::Scale;
+/// use quant_core::codec::scaled_avx2::encode_bf16;
 /// let bf16 = |v: f32| half::bf16::from_f32(v).to_bits();
 /// let src: Vec<u16> = (0..40u16).map(|i| bf16(f32::from(i) - 20.0)).collect();
 /// let mut dst = [0u8; 40];
@@ -130,12 +112,7 @@ const STEP: usize = 32;
 /// Whether the CPU has AVX2 and a run of `len` values fits `scale` and `dst_len`.
 #[inline(always)]
 fn fits(len: usize, scale: Scale<'_>, dst_len: usize) -> bool {
-    Level::Avx2.is_supported()
-        && dst_len == len
-        && match scale {
-            Scale::One(_) => true,
-            Scale::Each(s) => s.len() == len,
-        }
+    Level::Avx2.is_supported() && dst_len == len && scale.fit(len)
 }
 
 /// The values `from..to` one at a time, as the portable loop encodes them.
@@ -395,10 +372,7 @@ mod tests {
                 for plus_zero in [false, true] {
                     let want = portable(fp8, &wide, scale, plus_zero);
                     for len in [bits.len(), bits.len() - 31, 33, 31, 0] {
-                        let cut = match scale {
-                            Scale::Each(s) => Scale::Each(&s[..len]),
-                            one => one,
-                        };
+                        let cut = scale.cut(0..len);
                         let what = format!("{fp8:?} {scale:?} plus_zero {plus_zero} len {len}");
                         let what = &what[..what.len().min(120)];
                         let mut got = vec![0u8; len];
