@@ -438,7 +438,8 @@ pub(crate) mod nibbles_check {
     /// corners (zero, subnormal, overflow, infinity, NaN; for f16 also its subnormal and
     /// overflowing products), into f32, bf16 and f16, in both store modes, for runs with
     /// every tail and starting at every 4-byte offset of a line: the portable product,
-    /// narrowed by `bf16_bits` or `f16::from_f32`. Lengths that disagree are declined.
+    /// narrowed by `bf16_bits` or `f16::from_f32`. Then again with every factor finite
+    /// (runs without a NaN product). Lengths that disagree are declined.
     pub(crate) fn assert_portable(d: &impl Decoder) {
         let n = 300;
         let codes: Vec<u8> = (0..n).map(|i| (i * 73 % 256) as u8).collect();
@@ -454,14 +455,29 @@ pub(crate) mod nibbles_check {
             1.0e-6,
             2.0e4,
         ];
-        let f: Vec<f32> = (0..n)
+        let with_nan: Vec<f32> = (0..n)
             .map(|i| match i % 13 {
-                10 => f32::NAN,
+                // NaN, and NaNs whose low payload bits would round up were they
+                // narrowed as numbers.
+                10 => [
+                    f32::NAN,
+                    f32::from_bits(0x7FC0_8001),
+                    f32::from_bits(0xFFC1_FFFF),
+                ][i / 13 % 3],
                 11 | 12 => 0.123_456_79 * (i as f32 + 1.0),
                 j => corners[j],
             })
             .collect();
-        for nibble in [Nibble::Low, Nibble::High] {
+        // Every factor finite (so no product is NaN, though `f32::MAX` times 6 still
+        // overflows): the route that may leave out the NaN handling.
+        let finite: Vec<f32> = with_nan
+            .iter()
+            .map(|&x| if x.is_finite() { x } else { -2.5e-3 })
+            .collect();
+        for (f, nibble) in [&with_nan, &finite]
+            .into_iter()
+            .flat_map(|f| [(f, Nibble::Low), (f, Nibble::High)])
+        {
             let want: Vec<f32> = (0..n)
                 .map(|c| {
                     let (lo, hi) = e2m1::unpack(codes[c]);
@@ -518,7 +534,7 @@ pub(crate) mod nibbles_check {
                 }
             }
         }
-        let mode = StoreMode::Cached;
+        let (mode, f) = (StoreMode::Cached, &finite);
         assert!(!d.decode(&codes[..8], Nibble::Low, &f[..7], &mut [0f32; 8], mode));
         let out = &mut [half::f16::ZERO; 8];
         assert!(!d.decode(&codes[..7], Nibble::Low, &f[..8], out, mode));

@@ -42,7 +42,7 @@ use std::arch::x86_64::{
 };
 
 use quant_core::Element;
-use quant_core::bf16_narrow::avx2::{narrow16, narrow16_pairs};
+use quant_core::bf16_narrow::avx2::{narrow16, narrow16_no_nan, narrow16_pairs};
 use quant_core::codec::e2m1;
 use quant_core::dtype::FloatsMut;
 use quant_core::simd::Level;
@@ -278,16 +278,31 @@ fn nibbles_f32(codes: &[u8], nibble: Nibble, f: &[f32], out: &mut [f32], mode: S
 
 /// [`decode_nibbles`] into bf16 bits ([`narrow16`]; the ends by
 /// [`quant_core::dtype::bf16_bits`], the same rounding).
+///
+/// Where every factor of the run is finite no product is NaN (the E2M1 values are
+/// finite), so the steps narrow without the NaN select ([`narrow16_no_nan`]): 12
+/// operations of rounding per 16 values where [`narrow16`] takes 22 (in process,
+/// 8192^2 into bf16 on two Zen 4 cores, 3 A/B pairs: x1.07-1.12).
 #[target_feature(enable = "avx2,fma,bmi1,bmi2,f16c,lzcnt,popcnt")]
 fn nibbles_bf16(codes: &[u8], nibble: Nibble, f: &[f32], out: &mut [u16], mode: StoreMode) {
     let table = decode_table();
     let eight = |c| nibbles8(codes, nibble, f, c, table);
-    write_u16_steps(
-        out,
-        mode,
-        |c| narrow16(eight(c), eight(c + 8)),
-        |c| quant_core::dtype::bf16_bits(nibble_one(codes, nibble, f, c)),
-    );
+    let one = |c| quant_core::dtype::bf16_bits(nibble_one(codes, nibble, f, c));
+    if all_finite(f) {
+        write_u16_steps(out, mode, |c| narrow16_no_nan(eight(c), eight(c + 8)), one);
+    } else {
+        write_u16_steps(out, mode, |c| narrow16(eight(c), eight(c + 8)), one);
+    }
+}
+
+/// Whether every value of `f` is finite: a fold without an early exit, so that it
+/// vectorizes (`Iterator::all` stopped at each value and, per 256-value run, made the
+/// columnwise decode into bf16 x0.53 slower than without the check).
+#[inline]
+fn all_finite(f: &[f32]) -> bool {
+    f.iter()
+        .fold(0u32, |any, x| any | u32::from(!x.is_finite()))
+        == 0
 }
 
 /// [`decode_nibbles`] into f16 bits, rounded to nearest even by `vcvtps2ph` (the ends by
