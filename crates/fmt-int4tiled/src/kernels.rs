@@ -60,8 +60,8 @@ use crate::qparams::{
 
 /// Nibbles of one group: `u = to_nibble(op((x - min_val) / scale))`.
 ///
-/// The f32 path divides (module docs), f16 input widened in registers at AVX-512
-/// ([`crate::x86::F16Nibbles`]). On the bf16 path, where the scale's reciprocal
+/// The f32 path divides (module docs), f16 input widened in registers at AVX-512 and
+/// AVX2 ([`crate::x86::F16Nibbles`]). On the bf16 path, where the scale's reciprocal
 /// is a normal f32 ([`f32_reciprocal`]) and `min_val` is finite, one f32 multiply by it
 /// stands in for the division (exact there, module docs); with bf16 input at
 /// [`Level::Avx512`] with VBMI, both roundings run 32 values at a time in registers
@@ -144,9 +144,7 @@ impl Caps {
         #[cfg(target_arch = "x86_64")]
         return Caps {
             nibbles_bf16: crate::x86::Bf16Nibbles::detect(level),
-            nibbles_f16: (level == Level::Avx512)
-                .then(crate::x86::F16Nibbles::detect)
-                .flatten(),
+            nibbles_f16: crate::x86::F16Nibbles::detect(level),
             packer: crate::x86::Packer::detect(level),
         };
         #[cfg(not(target_arch = "x86_64"))]

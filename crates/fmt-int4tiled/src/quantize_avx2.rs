@@ -1,5 +1,6 @@
-//! The int4 quantize's AVX2 kernels: the bf16 path's nibbles ([`nibbles_bf16`]) and
-//! the packing of a row's nibbles into its tile words ([`pack_row`]).
+//! The int4 quantize's AVX2 kernels: the bf16 path's nibbles ([`nibbles_bf16`]), f16
+//! input's ([`nibbles_f16`]) and the packing of a row's nibbles into its tile words
+//! ([`pack_row`]).
 //!
 //! **Nibbles.** `u = to_nibble(rb(rb(x - min_val) * r))` for 32 bf16 values per step,
 //! the two bf16 roundings as integer operations on packed lanes: the AVX-512 kernel without BF16 ([`crate::x86`]'s `nibbles_bf16_int`) in 256-bit
@@ -19,14 +20,16 @@
 //! about a quarter of the quantize's profile at AVX2.
 
 use std::arch::x86_64::{
-    __m128i, __m256, __m256i, _mm_loadu_si128, _mm_or_si128, _mm_setzero_si128, _mm_storeu_si128,
-    _mm_unpackhi_epi32, _mm_unpackhi_epi64, _mm_unpacklo_epi32, _mm_unpacklo_epi64,
-    _mm256_add_epi32, _mm256_add_ps, _mm256_and_si256, _mm256_castps_si256, _mm256_castsi256_ps,
-    _mm256_castsi256_si128, _mm256_cvtepu8_epi16, _mm256_extracti128_si256, _mm256_loadu_si256,
-    _mm256_max_epi16, _mm256_min_epi16, _mm256_mul_ps, _mm256_or_si256, _mm256_packus_epi16,
-    _mm256_packus_epi32, _mm256_permute4x64_epi64, _mm256_set1_epi16, _mm256_set1_epi32,
-    _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_si256, _mm256_sllv_epi32, _mm256_srli_epi32,
-    _mm256_storeu_si256, _mm256_sub_ps, _mm256_unpackhi_epi16, _mm256_unpacklo_epi16,
+    __m128i, __m256, __m256i, _mm_loadu_si128, _mm_or_si128, _mm_packus_epi16, _mm_setzero_si128,
+    _mm_storeu_si128, _mm_unpackhi_epi32, _mm_unpackhi_epi64, _mm_unpacklo_epi32,
+    _mm_unpacklo_epi64, _mm256_add_epi32, _mm256_add_ps, _mm256_and_si256, _mm256_castps_si256,
+    _mm256_castsi256_ps, _mm256_castsi256_si128, _mm256_cvtepu8_epi16, _mm256_cvtph_ps,
+    _mm256_cvtps_epi32, _mm256_div_ps, _mm256_extracti128_si256, _mm256_loadu_si256,
+    _mm256_max_epi16, _mm256_max_ps, _mm256_min_epi16, _mm256_min_ps, _mm256_mul_ps,
+    _mm256_or_si256, _mm256_packus_epi16, _mm256_packus_epi32, _mm256_permute4x64_epi64,
+    _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_ps,
+    _mm256_setzero_si256, _mm256_sllv_epi32, _mm256_srli_epi32, _mm256_storeu_si256, _mm256_sub_ps,
+    _mm256_unpackhi_epi16, _mm256_unpacklo_epi16,
 };
 
 use quant_core::simd::Level;
@@ -124,6 +127,57 @@ unsafe fn nibbles_bf16_steps(xs: &[u16], min_val: f32, r: f32, u: &mut [u8]) {
         let bytes = _mm256_permute4x64_epi64::<0b11_01_10_00>(bytes);
         // SAFETY: `o` is 32 bytes (one unaligned 256-bit store).
         unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), bytes) };
+    }
+}
+
+/// `u[i] = to_nibble((x[i] - min_val) / scale)` for the f16 bit patterns `xs` (the f32
+/// path of `kernels::group_nibbles`), as [`crate::x86`]'s AVX-512 `nibbles_f16`
+/// computes it, 16 values per step: widened by `vcvtph2ps` (exact), the subtraction and
+/// the IEEE division in f32 lanes, the two clamps of `qparams::to_nibble` (`vmaxps`
+/// against 0 sends NaN and `-0` to `+0`, as its selects do) and its round half to even
+/// (`vcvtps2dq`, which rounds so under the default rounding mode, as the 2^23 addition
+/// does). Returns `false` (nothing written) unless the CPU has AVX2 and F16C and `xs`
+/// and `u` have the same length, a multiple of 16.
+///
+/// Without it, f16 groups at AVX2 were widened into a scratch, their extremes found in
+/// f32 lanes and their nibbles computed by the portable loop; with it the extremes come
+/// from the bits too (`qparams::min_max_f16`).
+#[inline(always)]
+pub(crate) fn nibbles_f16(xs: &[u16], min_val: f32, scale: f32, u: &mut [u8]) -> bool {
+    if !(Level::Avx2.is_supported() && xs.len().is_multiple_of(16) && u.len() == xs.len()) {
+        return false;
+    }
+    // SAFETY: the CPU has AVX2 and F16C (`Level::Avx2` includes both) and the lengths
+    // fit (both checked above).
+    unsafe { nibbles_f16_steps(xs, min_val, scale, u) };
+    true
+}
+
+/// [`nibbles_f16`] after its checks.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C; `xs.len() == u.len()`, a multiple of 16.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn nibbles_f16_steps(xs: &[u16], min_val: f32, scale: f32, u: &mut [u8]) {
+    let mn = _mm256_set1_ps(min_val);
+    let sc = _mm256_set1_ps(scale);
+    let fifteen = _mm256_set1_ps(15.0);
+    // The nibbles of 8 values, in i32 lanes.
+    let eight = |h: &[u16]| {
+        // SAFETY: `h` is 8 u16 (one unaligned 128-bit load).
+        let v = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(h.as_ptr().cast()) });
+        let q = _mm256_div_ps(_mm256_sub_ps(v, mn), sc);
+        // `vmaxps` returns its second operand when either is NaN or both are zeros.
+        let c = _mm256_min_ps(_mm256_max_ps(q, _mm256_setzero_ps()), fifteen);
+        _mm256_cvtps_epi32(c)
+    };
+    for (x, o) in xs.chunks_exact(16).zip(u.chunks_exact_mut(16)) {
+        // u16 lanes: values 0..4 and 8..12, then 4..8 and 12..16; the permute orders them.
+        let w = _mm256_packus_epi32(eight(&x[..8]), eight(&x[8..]));
+        let w = _mm256_permute4x64_epi64::<0b11_01_10_00>(w);
+        let bytes = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256::<1>(w));
+        // SAFETY: `o` is 16 bytes (one unaligned 128-bit store).
+        unsafe { _mm_storeu_si128(o.as_mut_ptr().cast(), bytes) };
     }
 }
 

@@ -603,15 +603,25 @@ fn nibbles_f16(xs: &[u16], min_val: f32, scale: f32, u: &mut [u8]) {
     }
 }
 
-/// Proof that this CPU runs [`nibbles_f16`] (AVX-512 F), found once per quantize task
-/// like [`Bf16Nibbles`].
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct F16Nibbles(());
+/// Which f16 nibble kernel this CPU runs, found once per quantize task like
+/// [`Bf16Nibbles`]: [`nibbles_f16`] (AVX-512 F) or
+/// [`crate::quantize_avx2::nibbles_f16`] (AVX2 and F16C).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum F16Nibbles {
+    /// [`nibbles_f16`].
+    Avx512,
+    /// [`crate::quantize_avx2::nibbles_f16`].
+    Avx2,
+}
 
 impl F16Nibbles {
-    /// The proof, where the CPU has AVX-512 ([`Level::Avx512`]).
-    pub(crate) fn detect() -> Option<F16Nibbles> {
-        Level::Avx512.is_supported().then_some(F16Nibbles(()))
+    /// The kernel of `level`, where the CPU has that level; `None` below AVX2.
+    pub(crate) fn detect(level: Level) -> Option<F16Nibbles> {
+        match level {
+            Level::Avx512 if level.is_supported() => Some(F16Nibbles::Avx512),
+            Level::Avx2 if level.is_supported() => Some(F16Nibbles::Avx2),
+            _ => None,
+        }
     }
 
     /// `u[i] = to_nibble((x[i] - min_val) / scale)` for f16 bit patterns `xs`, the f32
@@ -623,8 +633,12 @@ impl F16Nibbles {
         if !(xs.len().is_multiple_of(16) && u.len() == xs.len()) {
             return false;
         }
-        // SAFETY: the CPU has AVX-512 F (`self` exists only where `detect` found it).
-        unsafe { nibbles_f16(xs, min_val, scale, u) };
+        match self {
+            // SAFETY: the CPU has AVX-512 F (`self` is this variant only where `detect`
+            // found it).
+            F16Nibbles::Avx512 => unsafe { nibbles_f16(xs, min_val, scale, u) },
+            F16Nibbles::Avx2 => return crate::quantize_avx2::nibbles_f16(xs, min_val, scale, u),
+        }
         true
     }
 }
@@ -767,10 +781,13 @@ pub(crate) mod tests {
     #[test]
     fn f16_nibbles_equal_the_division_on_every_input() {
         use crate::qparams::to_nibble;
-        let Some(hw) = F16Nibbles::detect() else {
-            eprintln!("note: no AVX-512 on this CPU: skipped");
-            return;
-        };
+        let kernels: Vec<F16Nibbles> = [Level::Avx512, Level::Avx2]
+            .into_iter()
+            .filter_map(F16Nibbles::detect)
+            .collect();
+        if kernels.len() < 2 {
+            eprintln!("note: this CPU lacks AVX-512 or AVX2: those f16 kernels skipped");
+        }
         let xs: Vec<u16> = (0..=u16::MAX).collect();
         let wide: Vec<f32> = xs
             .iter()
@@ -792,18 +809,24 @@ pub(crate) mod tests {
             (f32::NAN, 1.0),
             (-0.0, 3.0),
         ];
-        for (min_val, scale) in cases {
-            assert!(hw.run(&xs, min_val, scale, &mut u));
-            for ((&b, &x), &got) in xs.iter().zip(&wide).zip(&u) {
-                let want = to_nibble((x - min_val) / scale);
-                assert_eq!(got, want, "{b:#06x}, min {min_val:e}, scale {scale:e}");
+        for hw in kernels {
+            for (min_val, scale) in cases {
+                u.fill(0xFF);
+                assert!(hw.run(&xs, min_val, scale, &mut u));
+                for ((&b, &x), &got) in xs.iter().zip(&wide).zip(&u) {
+                    let want = to_nibble((x - min_val) / scale);
+                    assert_eq!(
+                        got, want,
+                        "{hw:?}: {b:#06x}, min {min_val:e}, scale {scale:e}"
+                    );
+                }
             }
+            // Lengths that are not whole steps are refused, with nothing written.
+            u.fill(0xFF);
+            assert!(!hw.run(&xs[..24], 0.0, 1.0, &mut u[..24]));
+            assert!(!hw.run(&xs[..32], 0.0, 1.0, &mut u[..16]));
+            assert!(u.iter().all(|&b| b == 0xFF));
         }
-        // Lengths that are not whole steps are refused, with nothing written.
-        u.fill(0xFF);
-        assert!(!hw.run(&xs[..24], 0.0, 1.0, &mut u[..24]));
-        assert!(!hw.run(&xs[..32], 0.0, 1.0, &mut u[..16]));
-        assert!(u.iter().all(|&b| b == 0xFF));
     }
 
     /// `pack(u, nr, half, tile)` against the portable packer, word for word, for every
