@@ -1,4 +1,5 @@
-//! The bf16 encoder of the parent module at AVX2: 16 values per 256-bit vector, two
+//! The bf16 encoder of the parent module at AVX2 (and its f16 fast route,
+//! [`encode32_f16`]): 16 values per 256-bit vector, two
 //! vectors (32 codes) per store, under one exponent per block or, for a
 //! [`super::LaneExps`] set, one per lane.
 //!
@@ -293,10 +294,15 @@ pub(super) unsafe fn encode_lanes_f16(
     });
 }
 
-/// [`super::encode_blocks`] for f16 bits at AVX2, after its checks: each value widened
-/// exactly (`vcvtph2ps`) and narrowed to bf16 by rounding to odd, as
-/// [`encode_blocks_f32`] narrows f32 (exact for the codes: the `from_f32` module's
-/// docs), so `fp8.encode_f16(x, k)`, which is the f32 route's code of the same value.
+/// [`super::encode_blocks`] for f16 bits at AVX2, after its checks: each 32-value chunk
+/// whose lanes are all zero or normal f16 values with normal codes on the f16 fast
+/// route ([`encode32_f16`], the bits rounded in place); any other chunk widened exactly
+/// (`vcvtph2ps`), narrowed to bf16 by rounding to odd, as [`encode_blocks_f32`] narrows
+/// f32 (exact for the codes: the `from_f32` module's docs), and encoded by the bf16
+/// steps. Either way `fp8.encode_f16(x, k)`, the f32 route's code of the same value.
+///
+/// Every chunk took the widening route before the fast one existed: in process (8192^2
+/// on two Zen 4 cores, 3-5 A/B pairs), FP8 1x128 rowwise from f16 x1.29, 128x128 x1.32.
 ///
 /// # Safety
 /// The CPU must have AVX2 and F16C; `src.len() == dst.len() == ks.len() * block`,
@@ -312,9 +318,132 @@ pub(super) unsafe fn encode_blocks_f16(
     plus_zero: bool,
     dst: &mut [u8],
 ) {
-    encode_chunks(fp8, (block, ks), plus_zero, (src.len() / 32, dst), |j| {
-        widened_to_odd(&src[32 * j..])
+    let c = Consts::new(fp8);
+    let h = HalfConsts::new(fp8);
+    let mut blocks = Blocks::new(ks, block / 32, |k| {
+        (Block::new(fp8, k), HalfBlock::new(fp8, k))
     });
+    store_codes(src.len() / 32, dst, |j| {
+        let (blk, half) = blocks.next();
+        let s = &src[32 * j..];
+        let [a, b] = load_bf16(s);
+        if let Some(codes) = encode32_f16(&h, half, [a, b], plus_zero) {
+            return codes;
+        }
+        let [lo, hi] = widened_to_odd(s);
+        (
+            encode16(&c, blk, lo, plus_zero),
+            encode16(&c, blk, hi, plus_zero),
+        )
+    });
+}
+
+/// The f16 fast route's constant vectors (the `f16` module's docs).
+struct HalfConsts {
+    abs: __m256i,
+    one: __m256i,
+    zero: __m256i,
+    max_code: __m256i,
+    sign: __m256i,
+    /// `10 - MBITS`, the shift that rounds an f16's mantissa to the code's, as a count.
+    sh: __m128i,
+    /// `2^(10 - MBITS - 1) - 1`, its rounding addend.
+    round: __m256i,
+}
+
+impl HalfConsts {
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn new(fp8: Fp8) -> HalfConsts {
+        let sh = 10 - fp8.mbits as i32;
+        HalfConsts {
+            abs: _mm256_set1_epi16(0x7FFF),
+            one: _mm256_set1_epi16(1),
+            zero: _mm256_setzero_si256(),
+            max_code: _mm256_set1_epi16(i16::from(fp8.max_code)),
+            sign: _mm256_set1_epi16(0x80),
+            sh: _mm_cvtsi32_si128(sh),
+            round: _mm256_set1_epi16((1 << (sh - 1)) - 1),
+        }
+    }
+}
+
+/// One block's f16 fast-route constants ([`Fp8::block_consts_f16`]), with every f16
+/// subnormal sent to the other route: AVX2 has no 16-bit variable shifts to normalize
+/// them, as the AVX-512 kernel does.
+#[derive(Clone, Copy)]
+struct HalfBlock {
+    /// The smallest magnitude the route takes: a normal f16 with a normal code.
+    normal_from: __m256i,
+    /// How many magnitudes from `normal_from` up it takes (up to infinity's, excluded).
+    normal_span: __m256i,
+    /// `(15 - BIAS - k) << MBITS`, subtracted from the rounded bits (may be negative).
+    rebias: __m256i,
+}
+
+impl HalfBlock {
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn new(fp8: Fp8, k: i32) -> HalfBlock {
+        let [from, _, rebias] = fp8.block_consts_f16(k);
+        // At least the smallest normal f16 (`from` is negative where a subnormal input
+        // could reach a normal code), at most infinity's bits (no lane taken).
+        let from = from.max(0x400);
+        HalfBlock {
+            normal_from: _mm256_set1_epi16(from),
+            normal_span: _mm256_set1_epi16(0x7C00 - from),
+            rebias: _mm256_set1_epi16(rebias),
+        }
+    }
+}
+
+/// [`Fp8::encode_f16`] of 32 f16 values (two vectors of 16) on the fast route, codes in
+/// u16 lanes: `None` unless every lane is zero or a normal f16 with a normal code. The
+/// magnitude's bits are rounded in place to `MBITS` mantissa bits, `(t + 2^(s-1) - 1 +
+/// lsb) >> s` with `s = 10 - MBITS` (a carry rolling into the exponent), rebiased and
+/// saturated, as the AVX-512 kernel's fast route does: about 18 operations per 16 values
+/// where widening, rounding to odd and the bf16 steps take 32.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn encode32_f16(
+    c: &HalfConsts,
+    blk: &HalfBlock,
+    x: [__m256i; 2],
+    plus_zero: bool,
+) -> Option<(__m256i, __m256i)> {
+    let mag = x.map(|v| _mm256_and_si256(v, c.abs));
+    let zero = mag.map(|m| _mm256_cmpeq_epi16(m, c.zero));
+    // Outside `normal_from .. 0x7C00` (an unsigned compare after a wrapping
+    // subtraction), zero excepted.
+    let general = |i: usize| {
+        let t = _mm256_sub_epi16(mag[i], blk.normal_from);
+        let outside = _mm256_cmpeq_epi16(_mm256_max_epu16(t, blk.normal_span), t);
+        _mm256_andnot_si256(zero[i], outside)
+    };
+    let any = _mm256_or_si256(general(0), general(1));
+    if _mm256_testz_si256(any, any) == 0 {
+        return None;
+    }
+    let codes = |i: usize| {
+        let (m, z) = (mag[i], zero[i]);
+        let lsb = _mm256_and_si256(_mm256_srl_epi16(m, c.sh), c.one);
+        let q = _mm256_srl_epi16(_mm256_add_epi16(_mm256_add_epi16(m, c.round), lsb), c.sh);
+        // A zero lane stays 0 (the rebias may be negative); a normal one is at least the
+        // smallest normal code, so the signed minimum saturates it.
+        let code = _mm256_min_epi16(
+            _mm256_andnot_si256(z, _mm256_sub_epi16(q, blk.rebias)),
+            c.max_code,
+        );
+        let sign = _mm256_and_si256(_mm256_srli_epi16::<8>(x[i]), c.sign);
+        let code = _mm256_or_si256(code, sign);
+        if plus_zero {
+            // A zero input, of either sign, gives +0.
+            _mm256_andnot_si256(z, code)
+        } else {
+            code
+        }
+    };
+    Some((codes(0), codes(1)))
 }
 
 /// 32 f16 values (`s`, at least 32) as bf16 bits rounded to odd, in two vectors of 16:

@@ -70,7 +70,7 @@ impl Fp8 {
     /// `(15 - BIAS - k) << MBITS`, negative for large `k` (within `i16` for every exact
     /// `k`).
     #[inline(always)]
-    fn block_consts_f16(self, k: i32) -> [i16; 3] {
+    pub(super) fn block_consts_f16(self, k: i32) -> [i16; 3] {
         let off = 15 - self.bias - k;
         // Exponents of the normalized form run from -9 (the smallest subnormal) to 30.
         let from = (off + 1).clamp(-9, 31) << 10;
@@ -447,7 +447,9 @@ mod tests {
     /// [`Fp8::encode_f16`], at each vector level the CPU has (AVX2: the exponents its
     /// route takes, the others refused): in order (chunks of neighbouring patterns, most
     /// of them on the fast route), and shuffled (chunks mixing the routes' lanes), one
-    /// exponent for the run and then one per 32-value block.
+    /// exponent for the run and then one per 32-value block. Then zeros of both signs
+    /// among normal values of both signs from 0.5 to 2 (chunks on the fast route under
+    /// most exponents, whose rebias may be negative: a zero lane must stay a zero code).
     fn check(ks: &[i32]) {
         for level in [Level::Avx512, Level::Avx2] {
             if level.is_supported() {
@@ -466,6 +468,13 @@ mod tests {
         for i in (1..shuffled.len()).rev() {
             shuffled.swap(i, rng.next_u32() as usize % (i + 1));
         }
+        let zeros_among_normals: Vec<u16> = (0..4096u16)
+            .map(|i| match i % 7 {
+                0 => 0x0000,
+                3 => 0x8000,
+                _ => (0x3800 + i * 13 % 0x0800) | (i % 2) << 15,
+            })
+            .collect();
         let mut dst = vec![0u8; sorted.len()];
         for fp8 in [Fp8::E4M3, Fp8::E5M2] {
             let takes = |k: i32| level != Level::Avx2 || fp8.pow2_exact_f32(k);
@@ -475,7 +484,8 @@ mod tests {
                 assert!(!encode_blocks(level, fp8, run, n, &[k], false, &mut dst));
             }
             let ks: Vec<i32> = all.iter().copied().filter(|&k| takes(k)).collect();
-            for src in [&sorted, &shuffled] {
+            for src in [&sorted, &shuffled, &zeros_among_normals] {
+                let dst = &mut dst[..src.len()];
                 for &k in &ks {
                     for plus_zero in [false, true] {
                         let run = Bits16::F16(src);
@@ -486,9 +496,9 @@ mod tests {
                             src.len(),
                             &[k],
                             plus_zero,
-                            &mut dst
+                            dst
                         ));
-                        for (&s, &d) in src.iter().zip(&dst) {
+                        for (&s, &d) in src.iter().zip(dst.iter()) {
                             let want = fp8.encode_f16(s, k, plus_zero);
                             assert_eq!(d, want, "{fp8:?} {s:#06x} k {k} plus_zero {plus_zero}");
                         }
