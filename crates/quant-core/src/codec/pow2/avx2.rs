@@ -320,20 +320,21 @@ pub(super) unsafe fn encode_blocks_f16(
 ) {
     let c = Consts::new(fp8);
     let h = HalfConsts::new(fp8);
-    let mut blocks = Blocks::new(ks, block / 32, |k| {
-        (Block::new(fp8, k), HalfBlock::new(fp8, k))
-    });
+    // The widening route's constants are made only for the chunks that take it: with
+    // 32-value blocks (MXFP8) a block's set-up is a chunk's.
+    let mut blocks = Blocks::new(ks, block / 32, |k| (k, HalfBlock::new(fp8, k)));
     store_codes(src.len() / 32, dst, |j| {
-        let (blk, half) = blocks.next();
+        let &(k, ref half) = blocks.next();
         let s = &src[32 * j..];
         let [a, b] = load_bf16(s);
         if let Some(codes) = encode32_f16(&h, half, [a, b], plus_zero) {
             return codes;
         }
+        let blk = Block::new(fp8, k);
         let [lo, hi] = widened_to_odd(s);
         (
-            encode16(&c, blk, lo, plus_zero),
-            encode16(&c, blk, hi, plus_zero),
+            encode16(&c, &blk, lo, plus_zero),
+            encode16(&c, &blk, hi, plus_zero),
         )
     });
 }
