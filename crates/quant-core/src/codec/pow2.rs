@@ -333,8 +333,8 @@ pub fn encode_blocks(
         Bits16::Bf16(b) => runs_fit(level, true, (b.len(), dst.len()), block, ks, |k| {
             fp8.pow2_exact(k)
         }),
-        // AVX2 takes f16 through the bf16 kernel (widened, rounded to odd), within the
-        // f32 route's range.
+        // AVX2 takes f16 on its fast route or through the bf16 kernel (widened, rounded
+        // to odd), within the f32 route's range.
         Bits16::F16(b) => runs_fit(level, true, (b.len(), dst.len()), block, ks, |k| {
             fp8.pow2_exact_f16(k) && (level != Level::Avx2 || fp8.pow2_exact_f32(k))
         }),
@@ -574,6 +574,16 @@ impl LaneExps {
     }
 
     /// The bf16 kernel's per-lane constants of `ks` (checked by the caller).
+    /// Appends the f16 kernels' constants of `ks` (whole vectors of 32 lanes).
+    fn push_f16_lanes(&mut self, ks: &[i32]) {
+        let fp8 = self.fp8;
+        self.f16.extend(
+            ks.chunks_exact(32)
+                .filter_map(|v| v.try_into().ok())
+                .map(|v| f16::Lanes::new(fp8, v)),
+        );
+    }
+
     fn push_bf16_consts(&mut self, ks: &[i32]) {
         let fp8 = self.fp8;
         self.consts.extend(ks.chunks_exact(32).map(|v| {
@@ -615,11 +625,7 @@ impl LaneExps {
         }
         self.fp8 = fp8;
         self.for_f16 = true;
-        self.f16.extend(
-            ks.chunks_exact(32)
-                .filter_map(|v| v.try_into().ok())
-                .map(|v| f16::Lanes::new(fp8, v)),
-        );
+        self.push_f16_lanes(ks);
         true
     }
 
@@ -646,10 +652,11 @@ impl LaneExps {
         }
     }
 
-    /// The lanes of f16 rows at [`Level::Avx2`], which widens each value (exactly),
-    /// narrows it to bf16 by rounding to odd ([`bf16_round_to_odd`], exact for the
-    /// codes while `k` satisfies [`Fp8::pow2_exact_f32`]) and takes the bf16 kernel's
-    /// constants. f16 column maxima give exponents far inside that range.
+    /// The lanes of f16 rows at [`Level::Avx2`]: the f16 fast route's constants, and
+    /// the bf16 kernel's for the chunks that route refuses, which AVX2 widens (exactly),
+    /// narrows to bf16 by rounding to odd ([`bf16_round_to_odd`], exact for the codes
+    /// while `k` satisfies [`Fp8::pow2_exact_f32`]) and encodes with those. f16 column
+    /// maxima give exponents far inside that range.
     fn set_f16_avx2(&mut self, fp8: Fp8, ks: &[i32]) -> bool {
         self.clear();
         if !lanes_fit(ks, |k| fp8.pow2_exact_f16(k) && fp8.pow2_exact_f32(k)) {
@@ -658,6 +665,8 @@ impl LaneExps {
         self.fp8 = fp8;
         self.for_f16 = true;
         self.push_bf16_consts(ks);
+        // The f16 fast route's constants too (`avx2::encode_lanes_f16`).
+        self.push_f16_lanes(ks);
         true
     }
 
@@ -672,8 +681,9 @@ impl LaneExps {
     }
 
     /// Whether [`LaneExps::encode`] has a kernel at `level` on this CPU: bf16 and f16
-    /// rows alike at [`Level::Avx512`] and [`Level::Avx2`] (f16 rows there through the
-    /// bf16 kernel, [`LaneExps::set_for`]). A caller asks before it spends the
+    /// rows alike at [`Level::Avx512`] and [`Level::Avx2`] (f16 rows there on the f16
+    /// fast route or through the bf16 kernel, [`LaneExps::set_for`]). A caller asks
+    /// before it spends the
     /// [`LaneExps::set`].
     ///
     /// ```
@@ -718,7 +728,8 @@ impl LaneExps {
                         avx2::encode_lanes(self.fp8, &self.consts, b, plus_zero, dst)
                     }
                     (Level::Avx2, Bits16::F16(b)) => {
-                        avx2::encode_lanes_f16(self.fp8, &self.consts, b, plus_zero, dst)
+                        let lanes = (&self.consts[..], &self.f16[..]);
+                        avx2::encode_lanes_f16(self.fp8, lanes, b, plus_zero, dst)
                     }
                     (_, Bits16::Bf16(b)) => {
                         x86::encode_lanes(self.fp8, &self.consts, b, plus_zero, dst)
