@@ -3,8 +3,9 @@
 //! ([`e4m3::decode_fast`]), not a table gather. f32 input is read in place. The encoders
 //! read bf16 input from its bits, widened in the register (a shift), except
 //! [`amax_encode_block`], which widens a block once for its amax and its codes; f16 input
-//! is widened once into a span ([`quant_core::widened`]). (Under power-of-two scales at
-//! AVX-512 the slab engine encodes both in 16-bit lanes instead, [`quant_core::codec::pow2`].)
+//! is widened once into a span ([`quant_core::widened`]), except at AVX2, whose encoder
+//! widens it in the register (`vcvtph2ps`). (Under power-of-two scales at AVX-512 and
+//! AVX2 the slab engine encodes both in 16-bit lanes instead, [`quant_core::codec::pow2`].)
 //!
 //! Widened spans and 16-bit output pass through a caller-lent [`Wide`] scratch made once per
 //! task: a fresh stack array per call is zeroed per call, which for 128-element blocks
@@ -53,6 +54,11 @@ pub(crate) fn encode_scaled<T: Element>(
         }
         return;
     }
+    if let Some(bits) = quant_core::dtype::f16_slice_bits(src)
+        && avx2_f16(level, dt, bits, Scales::One(scale), dst)
+    {
+        return;
+    }
     for (s, d) in src.chunks(BLOCK).zip(dst.chunks_mut(BLOCK)) {
         let w = widened(s, &mut buf[..s.len()]);
         if !avx2_f32(level, dt, w, Scales::One(scale), d) {
@@ -84,6 +90,23 @@ fn avx2_bf16(level: Level, dt: Fp8Dtype, src: &[u16], scales: Scales<'_>, dst: &
     {
         use quant_core::codec::scaled_avx2::encode_bf16;
         level == Level::Avx2 && encode_bf16(dt.pow2_codec(), src, scales, false, dst)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (level, dt, src, scales, dst);
+        false
+    }
+}
+
+/// [`avx2_f32`] of f16 bits ([`quant_core::codec::scaled_avx2::encode_f16`], each value
+/// widened in the register where a scratch span widened it before: x1.15 on the
+/// per-tensor FP8 quantize from f16 at AVX2).
+#[inline(always)]
+fn avx2_f16(level: Level, dt: Fp8Dtype, src: &[u16], scales: Scales<'_>, dst: &mut [u8]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use quant_core::codec::scaled_avx2::encode_f16;
+        level == Level::Avx2 && encode_f16(dt.pow2_codec(), src, scales, false, dst)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -137,6 +160,11 @@ pub(crate) fn encode_cols<T: Element>(
         if !avx2_bf16(level, dt, bits, Scales::Each(scale), dst) {
             encode_bf16_bits(dt, bits, Scales::Each(scale), dst);
         }
+        return;
+    }
+    if let Some(bits) = quant_core::dtype::f16_slice_bits(src)
+        && avx2_f16(level, dt, bits, Scales::Each(scale), dst)
+    {
         return;
     }
     for ((s, d), sc) in src
