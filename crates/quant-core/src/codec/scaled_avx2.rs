@@ -63,14 +63,9 @@ pub fn encode_f32(
     plus_zero: bool,
     dst: &mut [u8],
 ) -> bool {
-    if !fits(src.len(), scale, dst.len()) {
-        return false;
-    }
-    // SAFETY: the CPU has AVX2 and the lengths agree (`fits`).
-    unsafe { steps(fp8, src.len(), scale, plus_zero, dst, |j| load_f32(src, j)) };
-    let tail = src.len() / STEP * STEP;
-    encode_tail(fp8, tail, src.len(), scale, plus_zero, dst, |i| src[i]);
-    true
+    // SAFETY: `encode` loads only where the CPU has the AVX2 level.
+    let load = |j| unsafe { load_f32(src, j) };
+    encode(fp8, (src.len(), scale, plus_zero), dst, load, |i| src[i])
 }
 
 /// [`encode_f32`] of bf16 values given as bits, each widened exactly in the register.
@@ -95,15 +90,10 @@ pub fn encode_bf16(
     plus_zero: bool,
     dst: &mut [u8],
 ) -> bool {
-    if !fits(src.len(), scale, dst.len()) {
-        return false;
-    }
-    // SAFETY: the CPU has AVX2 and the lengths agree (`fits`).
-    unsafe { steps(fp8, src.len(), scale, plus_zero, dst, |j| load_bf16(src, j)) };
-    let tail = src.len() / STEP * STEP;
+    // SAFETY: `encode` loads only where the CPU has the AVX2 level.
+    let load = |j| unsafe { load_bf16(src, j) };
     let wide = |i: usize| crate::dtype::f32_from_bf16_bits(src[i]);
-    encode_tail(fp8, tail, src.len(), scale, plus_zero, dst, wide);
-    true
+    encode(fp8, (src.len(), scale, plus_zero), dst, load, wide)
 }
 
 /// [`encode_f32`] of f16 values given as bits, each widened exactly in the register
@@ -131,20 +121,35 @@ pub fn encode_f16(
     plus_zero: bool,
     dst: &mut [u8],
 ) -> bool {
-    if !fits(src.len(), scale, dst.len()) {
-        return false;
-    }
-    // SAFETY: the CPU has AVX2 and F16C (`Level::Avx2` includes both) and the lengths
-    // agree (`fits`).
-    unsafe { steps(fp8, src.len(), scale, plus_zero, dst, |j| load_f16(src, j)) };
-    let tail = src.len() / STEP * STEP;
+    // SAFETY: `encode` loads only where the CPU has the AVX2 level (with F16C).
+    let load = |j| unsafe { load_f16(src, j) };
     let wide = |i: usize| half::f16::from_bits(src[i]).to_f32();
-    encode_tail(fp8, tail, src.len(), scale, plus_zero, dst, wide);
-    true
+    encode(fp8, (src.len(), scale, plus_zero), dst, load, wide)
 }
 
 /// Values per step.
 const STEP: usize = 32;
+
+/// The three encoders' body: where the CPU has the AVX2 level and the lengths fit,
+/// `len / 32` steps whose values `load(j)` gives in registers (it may use the level's
+/// features: it runs only here), then the tail one `value(i)` at a time.
+#[inline(always)]
+fn encode(
+    fp8: Fp8,
+    (len, scale, plus_zero): (usize, Scale<'_>, bool),
+    dst: &mut [u8],
+    load: impl Fn(usize) -> [__m256; 4],
+    value: impl Fn(usize) -> f32,
+) -> bool {
+    if !fits(len, scale, dst.len()) {
+        return false;
+    }
+    // SAFETY: the CPU has AVX2 and F16C (`Level::Avx2` includes both) and the lengths
+    // agree (`fits`).
+    unsafe { steps(fp8, len, scale, plus_zero, dst, load) };
+    encode_tail(fp8, len / STEP * STEP, len, scale, plus_zero, dst, value);
+    true
+}
 
 /// Whether the CPU has AVX2 and a run of `len` values fits `scale` and `dst_len`.
 #[inline(always)]

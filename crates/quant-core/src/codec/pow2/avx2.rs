@@ -27,7 +27,8 @@ use std::arch::x86_64::{
 use super::Fp8;
 use super::x86::Blocks;
 
-/// The call's constant vectors.
+/// The call's constant vectors, for input with `mantissa` bits (7 for bf16, 10 for the
+/// f16 fast route).
 struct Consts {
     fp8: Fp8,
     abs: __m256i,
@@ -35,9 +36,9 @@ struct Consts {
     zero: __m256i,
     max_code: __m256i,
     sign: __m256i,
-    /// `7 - MBITS`, the normal shift, as a shift count.
+    /// `mantissa - MBITS`, the normal shift, as a shift count.
     sh: __m128i,
-    /// `2^(7 - MBITS - 1) - 1`, the rounding addend of the normal shift.
+    /// `2^(mantissa - MBITS - 1) - 1`, the rounding addend of the normal shift.
     round: __m256i,
 }
 
@@ -45,7 +46,13 @@ impl Consts {
     #[inline]
     #[target_feature(enable = "avx2")]
     fn new(fp8: Fp8) -> Consts {
-        let sh = 7 - fp8.mbits as i32;
+        Consts::for_mantissa(fp8, 7)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn for_mantissa(fp8: Fp8, mantissa: i32) -> Consts {
+        let sh = mantissa - fp8.mbits as i32;
         Consts {
             fp8,
             abs: _mm256_set1_epi16(0x7FFF),
@@ -295,7 +302,7 @@ pub(super) unsafe fn encode_lanes_f16(
     dst: &mut [u8],
 ) {
     let c = Consts::new(fp8);
-    let h = HalfConsts::new(fp8);
+    let h = Consts::for_mantissa(fp8, 10);
     store_codes(consts.len(), dst, |j| {
         let s = &src[32 * j..];
         let [a, b] = load_bf16(s);
@@ -336,7 +343,7 @@ pub(super) unsafe fn encode_blocks_f16(
     dst: &mut [u8],
 ) {
     let c = Consts::new(fp8);
-    let h = HalfConsts::new(fp8);
+    let h = Consts::for_mantissa(fp8, 10);
     // The widening route's constants are made only for the chunks that take it: with
     // 32-value blocks (MXFP8) a block's set-up is a chunk's.
     let mut blocks = Blocks::new(ks, block / 32, |k| (k, HalfBlock::new(fp8, k)));
@@ -354,36 +361,6 @@ pub(super) unsafe fn encode_blocks_f16(
             encode16(&c, &blk, hi, plus_zero),
         )
     });
-}
-
-/// The f16 fast route's constant vectors (the `f16` module's docs).
-struct HalfConsts {
-    abs: __m256i,
-    one: __m256i,
-    zero: __m256i,
-    max_code: __m256i,
-    sign: __m256i,
-    /// `10 - MBITS`, the shift that rounds an f16's mantissa to the code's, as a count.
-    sh: __m128i,
-    /// `2^(10 - MBITS - 1) - 1`, its rounding addend.
-    round: __m256i,
-}
-
-impl HalfConsts {
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn new(fp8: Fp8) -> HalfConsts {
-        let sh = 10 - fp8.mbits as i32;
-        HalfConsts {
-            abs: _mm256_set1_epi16(0x7FFF),
-            one: _mm256_set1_epi16(1),
-            zero: _mm256_setzero_si256(),
-            max_code: _mm256_set1_epi16(i16::from(fp8.max_code)),
-            sign: _mm256_set1_epi16(0x80),
-            sh: _mm_cvtsi32_si128(sh),
-            round: _mm256_set1_epi16((1 << (sh - 1)) - 1),
-        }
-    }
 }
 
 /// One block's f16 fast-route constants ([`Fp8::block_consts_f16`]), with every f16
@@ -443,7 +420,7 @@ impl HalfBlock {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn encode32_f16(
-    c: &HalfConsts,
+    c: &Consts,
     blk: [HalfBlock; 2],
     x: [__m256i; 2],
     plus_zero: bool,
