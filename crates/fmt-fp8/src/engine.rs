@@ -41,8 +41,8 @@ use quant_core::stream::{Fence, StoreMode};
 use quant_core::strips::Strip;
 
 use crate::kernels::{
-    Scales, WIDE, Wide, amax_cols, amax_encode_block, encode_bf16_bits, encode_cols, encode_f32,
-    encode_scaled, pow2_exponent,
+    Scales, WIDE, Wide, amax_cols, amax_encode_block, encode_bf16_bits, encode_f32, encode_scaled,
+    pow2_exponent,
 };
 use crate::scale::Fp8Dtype;
 use crate::transpose::store_transposed;
@@ -226,7 +226,7 @@ fn rowwise_1d<T: Element>(
                 }
                 SpanRead::Bits(Bits16::F16(_)) => {
                     for ((o, &s), v) in blocks.zip(xs[done..].chunks(BLOCK)) {
-                        encode_scaled(level, dt, v, s, o, &mut scratch.wide);
+                        encode_scaled(level, dt, v, Scales::One(s), o, &mut scratch.wide);
                     }
                 }
                 SpanRead::Wide(w) => {
@@ -412,7 +412,7 @@ fn whole_rows<T: Element>(
                     .zip(xs[done..].chunks(BLOCK))
                     .zip(&ss[done / BLOCK..])
                 {
-                    encode_scaled(level, dt, b, s, o, wide);
+                    encode_scaled(level, dt, b, Scales::One(s), o, wide);
                 }
                 if let Some(nr) = nr {
                     let c0 = si * step * BLOCK;
@@ -716,7 +716,7 @@ fn one_d_columnwise<T: Element>(
             let lanes = col_lanes
                 && Bits16::of(xr).is_some_and(|b| scratch.lanes.encode(level, b, false, cr));
             if !lanes {
-                encode_cols(level, dt, xr, &col_scale[..cw], cr, wide);
+                encode_scaled(level, dt, xr, Scales::Each(&col_scale[..cw]), cr, wide);
             }
         }
         // Scales of this chunk.

@@ -19,6 +19,7 @@
 
 use quant_core::codec::{e4m3, e5m2, pow2};
 use quant_core::cpu::{BLOCK, amax_f32, fold_abs_max};
+use quant_core::dtype::Bits16;
 use quant_core::simd::Level;
 use quant_core::stream::{Fence, StoreMode, write_filled};
 use quant_core::{Element, narrowed, widened};
@@ -36,33 +37,36 @@ pub(crate) fn encode_f32(dt: Fp8Dtype, src: &[f32], scale: f32, dst: &mut [u8]) 
     encode_values(dt, src.iter().map(|&v| v * scale), dst);
 }
 
-/// `dst[i] = fp8(float(src[i]) * scale)` for any input element type. At
-/// [`Level::Avx2`] through the AVX2 encoder ([`quant_core::codec::scaled_avx2`], the
-/// same codes), which LLVM's vectorization of the portable loop does not match there.
+/// `dst[i] = fp8(float(src[i]) * scale_i)` for any input element type, under one scale
+/// (a tensor's or a block's) or one per value (a row of a tile under per-column scales).
+/// At [`Level::Avx2`] through the AVX2 encoder ([`quant_core::codec::scaled_avx2`], the
+/// same codes), which LLVM's vectorization of the portable loop does not match there
+/// (that loop of per-column products was about half of the columnwise 1x128 quantize
+/// from f32). bf16 input is read as bits at every level, f16 at AVX2 (elsewhere it is
+/// widened into `buf` first, as at AVX2 before, where that was a sixth of the
+/// per-tensor FP8 quantize from f16: x1.15 in process without it).
 #[inline(always)]
 pub(crate) fn encode_scaled<T: Element>(
     level: Level,
     dt: Fp8Dtype,
     src: &[T],
-    scale: f32,
+    scales: Scales<'_>,
     dst: &mut [u8],
     buf: &mut Wide,
 ) {
-    if let Some(bits) = quant_core::dtype::bf16_slice_bits(src) {
-        if !avx2_bf16(level, dt, bits, Scales::One(scale), dst) {
-            encode_bf16_bits(dt, bits, Scales::One(scale), dst);
-        }
-        return;
+    match Bits16::of(src) {
+        Some(bits) if avx2_bits(level, dt, bits, scales, dst) => return,
+        Some(Bits16::Bf16(bits)) => return encode_bf16_bits(dt, bits, scales, dst),
+        _ => {}
     }
-    if let Some(bits) = quant_core::dtype::f16_slice_bits(src)
-        && avx2_f16(level, dt, bits, Scales::One(scale), dst)
-    {
-        return;
-    }
-    for (s, d) in src.chunks(BLOCK).zip(dst.chunks_mut(BLOCK)) {
+    for (i, (s, d)) in src.chunks(BLOCK).zip(dst.chunks_mut(BLOCK)).enumerate() {
         let w = widened(s, &mut buf[..s.len()]);
-        if !avx2_f32(level, dt, w, Scales::One(scale), d) {
-            encode_f32(dt, w, scale, d);
+        let sc = scales.cut(i * BLOCK..i * BLOCK + s.len());
+        if !avx2_f32(level, dt, w, sc, d) {
+            match sc {
+                Scales::One(c) => encode_f32(dt, w, c, d),
+                Scales::Each(c) => encode_values(dt, w.iter().zip(c).map(|(&v, &c)| v * c), d),
+            }
         }
     }
 }
@@ -83,30 +87,25 @@ fn avx2_f32(level: Level, dt: Fp8Dtype, src: &[f32], scales: Scales<'_>, dst: &m
     }
 }
 
-/// [`avx2_f32`] of bf16 bits ([`quant_core::codec::scaled_avx2::encode_bf16`]).
+/// [`avx2_f32`] of bf16 or f16 bits ([`quant_core::codec::scaled_avx2::encode_bf16`],
+/// [`quant_core::codec::scaled_avx2::encode_f16`]: each value widened in the register).
 #[inline(always)]
-fn avx2_bf16(level: Level, dt: Fp8Dtype, src: &[u16], scales: Scales<'_>, dst: &mut [u8]) -> bool {
+fn avx2_bits(
+    level: Level,
+    dt: Fp8Dtype,
+    src: Bits16<'_>,
+    scales: Scales<'_>,
+    dst: &mut [u8],
+) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        use quant_core::codec::scaled_avx2::encode_bf16;
-        level == Level::Avx2 && encode_bf16(dt.pow2_codec(), src, scales, false, dst)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (level, dt, src, scales, dst);
-        false
-    }
-}
-
-/// [`avx2_f32`] of f16 bits ([`quant_core::codec::scaled_avx2::encode_f16`], each value
-/// widened in the register where a scratch span widened it before: x1.15 on the
-/// per-tensor FP8 quantize from f16 at AVX2).
-#[inline(always)]
-fn avx2_f16(level: Level, dt: Fp8Dtype, src: &[u16], scales: Scales<'_>, dst: &mut [u8]) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use quant_core::codec::scaled_avx2::encode_f16;
-        level == Level::Avx2 && encode_f16(dt.pow2_codec(), src, scales, false, dst)
+        use quant_core::codec::scaled_avx2::{encode_bf16, encode_f16};
+        let fp8 = dt.pow2_codec();
+        level == Level::Avx2
+            && match src {
+                Bits16::Bf16(b) => encode_bf16(fp8, b, scales, false, dst),
+                Bits16::F16(b) => encode_f16(fp8, b, scales, false, dst),
+            }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -140,41 +139,6 @@ pub(crate) fn encode_values(dt: Fp8Dtype, scaled: impl Iterator<Item = f32>, dst
             for (d, v) in dst.iter_mut().zip(scaled) {
                 *d = e5m2::encode(v);
             }
-        }
-    }
-}
-
-/// `dst[j] = fp8(float(src[j]) * scale[j])`: one row of a tile under per-column scales
-/// (at [`Level::Avx2`] through the AVX2 encoder, as [`encode_scaled`]: LLVM's loop of
-/// per-column products was about half of the columnwise 1x128 quantize from f32).
-#[inline(always)]
-pub(crate) fn encode_cols<T: Element>(
-    level: Level,
-    dt: Fp8Dtype,
-    src: &[T],
-    scale: &[f32],
-    dst: &mut [u8],
-    buf: &mut Wide,
-) {
-    if let Some(bits) = quant_core::dtype::bf16_slice_bits(src) {
-        if !avx2_bf16(level, dt, bits, Scales::Each(scale), dst) {
-            encode_bf16_bits(dt, bits, Scales::Each(scale), dst);
-        }
-        return;
-    }
-    if let Some(bits) = quant_core::dtype::f16_slice_bits(src)
-        && avx2_f16(level, dt, bits, Scales::Each(scale), dst)
-    {
-        return;
-    }
-    for ((s, d), sc) in src
-        .chunks(BLOCK)
-        .zip(dst.chunks_mut(BLOCK))
-        .zip(scale.chunks(BLOCK))
-    {
-        let w = widened(s, &mut buf[..s.len()]);
-        if !avx2_f32(level, dt, w, Scales::Each(sc), d) {
-            encode_values(dt, w.iter().zip(sc).map(|(&v, &c)| v * c), d);
         }
     }
 }

@@ -146,7 +146,7 @@ impl Fp8Quantizer {
                         simd::dispatch(
                             level,
                             #[inline(always)]
-                            || encode_scaled(level, dt, i, scale, o, &mut { WIDE }),
+                            || encode_scaled(level, dt, i, Scales::One(scale), o, &mut { WIDE }),
                         )
                     });
             }

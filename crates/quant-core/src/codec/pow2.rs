@@ -528,11 +528,13 @@ pub struct LaneExps {
     /// `normal_span`, `rebias` and `k` (the kernel's block constants, module docs), next
     /// to each other so one vector's constants share a few cache lines.
     consts: Vec<[[u16; 32]; 4]>,
-    /// f16 rows: the AVX-512 f16 kernel's constants per 32-lane vector.
+    /// f16 rows: the f16 kernels' constants per 32-lane vector (AVX-512's kernel, and
+    /// AVX2's fast route).
     f16: Vec<f16::Lanes>,
     /// Whether the lanes were set for f16 rows ([`LaneExps::set_f16`]): `f16` holds
-    /// their constants, and `consts` too where AVX2 encodes them (widened, then through
-    /// the bf16 kernel). For bf16 rows `f16` is empty.
+    /// their constants, and `consts` too where AVX2 encodes them (the chunks its fast
+    /// route refuses are widened, then run through the bf16 kernel). For bf16 rows `f16`
+    /// is empty.
     for_f16: bool,
 }
 
@@ -573,8 +575,8 @@ impl LaneExps {
         self.for_f16 = false;
     }
 
-    /// The bf16 kernel's per-lane constants of `ks` (checked by the caller).
-    /// Appends the f16 kernels' constants of `ks` (whole vectors of 32 lanes).
+    /// Appends the f16 kernels' constants of `ks` (whole vectors of 32 lanes; checked
+    /// by the caller).
     fn push_f16_lanes(&mut self, ks: &[i32]) {
         let fp8 = self.fp8;
         self.f16.extend(
@@ -584,6 +586,7 @@ impl LaneExps {
         );
     }
 
+    /// The bf16 kernel's per-lane constants of `ks` (checked by the caller).
     fn push_bf16_consts(&mut self, ks: &[i32]) {
         let fp8 = self.fp8;
         self.consts.extend(ks.chunks_exact(32).map(|v| {
