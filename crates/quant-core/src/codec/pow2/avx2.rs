@@ -221,14 +221,15 @@ pub(super) unsafe fn encode_blocks(
     dst: &mut [u8],
 ) {
     encode_chunks(fp8, (block, ks), plus_zero, (src.len() / 32, dst), |j| {
-        load_bf16(&src[32 * j..])
+        load_bits(&src[32 * j..])
     });
 }
 
-/// 32 bf16 values (`s`, at least 32) in two vectors of 16.
+/// 32 16-bit patterns (`s`, at least 32: bf16, or f16 for the f16 route) in two
+/// vectors of 16.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn load_bf16(s: &[u16]) -> [__m256i; 2] {
+fn load_bits(s: &[u16]) -> [__m256i; 2] {
     let s = &s[..32];
     // SAFETY: `s` is 32 u16 (two unaligned 256-bit loads).
     unsafe {
@@ -276,7 +277,7 @@ pub(super) unsafe fn encode_lanes(
     plus_zero: bool,
     dst: &mut [u8],
 ) {
-    encode_lane_chunks(fp8, consts, plus_zero, dst, |j| load_bf16(&src[32 * j..]));
+    encode_lane_chunks(fp8, consts, plus_zero, dst, |j| load_bits(&src[32 * j..]));
 }
 
 /// [`super::LaneExps::encode`] for f16 rows at AVX2, after its checks: each 32-lane
@@ -305,7 +306,7 @@ pub(super) unsafe fn encode_lanes_f16(
     let h = Consts::for_mantissa(fp8, 10);
     store_codes(consts.len(), dst, |j| {
         let s = &src[32 * j..];
-        let [a, b] = load_bf16(s);
+        let [a, b] = load_bits(s);
         let blocks = [0, 1].map(|half| HalfBlock::lanes(&halves[j].consts, half));
         if let Some(codes) = encode32_f16(&h, blocks, [a, b], plus_zero) {
             return codes;
@@ -350,7 +351,7 @@ pub(super) unsafe fn encode_blocks_f16(
     store_codes(src.len() / 32, dst, |j| {
         let &(k, ref half) = blocks.next();
         let s = &src[32 * j..];
-        let [a, b] = load_bf16(s);
+        let [a, b] = load_bits(s);
         if let Some(codes) = encode32_f16(&h, [*half; 2], [a, b], plus_zero) {
             return codes;
         }
