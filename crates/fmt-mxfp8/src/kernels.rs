@@ -471,12 +471,12 @@ fn row_run<T: Element>(
             // The row's scales are contiguous; in a swizzled tile, runs of four.
             ScaleLayout::Compact => {
                 let at = rowwise_scale_at(layout, i, kb0, rstride);
-                rs[at..at + nb].copy_from_slice(&codes[..nb]);
+                simd::copy_short(&mut rs[at..at + nb], &codes[..nb]);
             }
             ScaleLayout::Swizzled if kb0.is_multiple_of(4) => {
                 for (q, four) in codes[..nb].chunks(4).enumerate() {
                     let at = rowwise_scale_at(layout, i, kb0 + 4 * q, rstride);
-                    rs[at..at + four.len()].copy_from_slice(four);
+                    simd::copy_short(&mut rs[at..at + four.len()], four);
                 }
             }
             // A run that starts inside a tile's four-block group (only the narrow
@@ -867,7 +867,7 @@ fn row_block_keys<T: Element>(
 /// layout per byte, with its divisions, was a tenth of the columnwise quantize.)
 fn write_col_codes(cs: &mut ColScales<'_>, [g, cstride, c0]: [usize; 3], codes: &[u8]) {
     match cs {
-        ColScales::Compact(s) => s[g * cstride + c0..][..codes.len()].copy_from_slice(codes),
+        ColScales::Compact(s) => simd::copy_short(&mut s[g * cstride + c0..][..codes.len()], codes),
         ColScales::Swizzled(st) => {
             for (b, block) in codes.chunks_exact(BLOCK).enumerate() {
                 let col = c0 + b * BLOCK;

@@ -1044,7 +1044,7 @@ fn span_tiles<'a, T: Element>(
 fn put_row_scales(p: &Params<'_>, rs: &mut [u8], rstride: usize, r: usize, kb0: usize, sdb: &[u8]) {
     if !p.swizzled {
         // Compact scales of a row's run are contiguous: one copy.
-        rs[r * rstride + kb0..][..sdb.len()].copy_from_slice(sdb);
+        simd::copy_short(&mut rs[r * rstride + kb0..][..sdb.len()], sdb);
         return;
     }
     for (b, &code) in sdb.iter().enumerate() {
@@ -1791,6 +1791,9 @@ fn columnwise_chunk_direct(
     let (se, sd) = col_globals(p, c0, cw);
     let mut scales = [[0u8; SLAB / BLOCK]; CHUNK];
     let at = |r: usize| r * k + c0..r * k + c0 + cw;
+    // Each group's maxima and block scales, rewritten per group: made once per chunk,
+    // since zeroing them per group took a `memset` call each (1 % of the profile).
+    let (mut amax, mut sdb, mut enc) = ([0f32; CHUNK], [0u8; CHUNK], [0f32; CHUNK]);
     for g in 0..rows / BLOCK {
         // As the widening walk does: fetch each row's run a few rows ahead.
         let ahead = |r: usize| {
@@ -1798,7 +1801,6 @@ fn columnwise_chunk_direct(
                 slab.prefetch(at(r + AHEAD));
             }
         };
-        let mut amax = [0f32; CHUNK];
         match slab {
             Slab::Bits(bits) => {
                 let mut keys = [0u16; CHUNK];
@@ -1811,13 +1813,13 @@ fn columnwise_chunk_direct(
                 }
             }
             Slab::F32(w) => {
+                amax[..cw].fill(0.0);
                 for r in g * BLOCK..(g + 1) * BLOCK {
                     ahead(r);
                     fold_abs_max(&mut amax[..cw], &w[at(r)]);
                 }
             }
         }
-        let (mut sdb, mut enc) = ([0u8; CHUNK], [0f32; CHUNK]);
         block_scales_each(
             &amax[..cw],
             &se[..cw],
@@ -1864,17 +1866,12 @@ fn store_columnwise(
             let row = col.scales.row_mut(kk / 128);
             let at = (kk % 32) * 16 + ((kk % 128) / 32) * 4;
             for (t, four) in sc[..groups].chunks(4).enumerate() {
-                row[t * TILE_BYTES + at..][..four.len()].copy_from_slice(four);
+                simd::copy_short(&mut row[t * TILE_BYTES + at..][..four.len()], four);
             }
         } else {
-            let dst = &mut col.scales.row_mut(kk)[..groups];
-            // A whole slab's codes as one 8-byte move: `copy_from_slice` of a length
-            // known only at run time is a `memcpy` call, per stored row (4 % of the
-            // bf16 columnwise quantize).
-            match <&mut [u8; SLAB / BLOCK]>::try_from(&mut *dst) {
-                Ok(whole) => *whole = *sc,
-                Err(_) => dst.copy_from_slice(&sc[..groups]),
-            }
+            // Not `copy_from_slice`: of a length known only at run time it is a
+            // `memcpy` call, per stored row (4 % of the bf16 columnwise quantize).
+            simd::copy_short(&mut col.scales.row_mut(kk)[..groups], &sc[..groups]);
         }
     }
     // [rows/2][cw] pairs -> [cw][rows/2] bytes, one strip row per column of x.

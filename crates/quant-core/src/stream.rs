@@ -397,7 +397,7 @@ pub mod avx2 {
     pub(super) unsafe fn write_bytes(src: &[u8], dst: &mut [u8]) {
         let (head, lines, tail) = split_lines(dst);
         let (h, l) = (head.len(), lines.len());
-        head.copy_from_slice(&src[..h]);
+        crate::simd::copy_short(head, &src[..h]);
         for (s, d) in src[h..h + l]
             .chunks_exact(32)
             .zip(lines.chunks_exact_mut(32))
@@ -408,7 +408,7 @@ pub mod avx2 {
             // function's feature).
             unsafe { stream32(d.as_mut_ptr(), _mm256_loadu_si256(s.as_ptr().cast())) };
         }
-        tail.copy_from_slice(&src[h + l..]);
+        crate::simd::copy_short(tail, &src[h + l..]);
     }
 
     /// [`super::write_f32`] into bf16 bits: 16 values per 32-byte streaming store,
@@ -690,7 +690,7 @@ pub mod x86 {
                     // span's first boundary. Plain byte stores: an AVX-512 masked store
                     // to a line not in cache cost more than the streaming saved (Zen 4).
                     let lead = self.lead;
-                    self.dst[..lead].copy_from_slice(&bytes(v)[..lead]);
+                    crate::simd::copy_short(&mut self.dst[..lead], &bytes(v)[..lead]);
                 }
                 Cut::Recut => {
                     let line = _mm512_permutex2var_epi16(self.prev, self.index, v);
@@ -725,7 +725,7 @@ pub mod x86 {
                 w.push(unsafe { _mm512_loadu_si512(s.as_ptr().cast()) });
             }
         }
-        tail.copy_from_slice(&src[main..]);
+        crate::simd::copy_short(tail, &src[main..]);
     }
 
     /// [`super::write_f32`] into bf16 bits, narrowed in registers and streamed.
@@ -880,7 +880,10 @@ pub mod x86 {
             if self.cut == Cut::Recut && self.at > 0 {
                 // The tail: the rest of the last vector, past the last line boundary.
                 let (lead, last) = (self.lead, self.at - 64);
-                self.dst[last + lead..last + 64].copy_from_slice(&bytes(self.prev)[lead..]);
+                crate::simd::copy_short(
+                    &mut self.dst[last + lead..last + 64],
+                    &bytes(self.prev)[lead..],
+                );
             }
             if self.fences {
                 // SAFETY: `sfence` has no operands and is part of SSE (baseline on
