@@ -1,17 +1,22 @@
-//! The block maxima at AVX2: one 8-lane (f32) or 16-lane (bf16) maximum per block, then
-//! **eight blocks folded together** into one vector whose lane `b` is block `b`'s
-//! maximum (two rounds of unpack-and-max, one cross-half permute), as the AVX-512
-//! kernels fold sixteen. The portable fold, which LLVM compiled into a horizontal
-//! reduction per block, was 40 % of the MXFP8 quantize profile at AVX2. f16 blocks fold
-//! their 16-bit magnitudes as bf16 blocks do and are widened once per eight blocks.
+//! The block maxima at AVX2: one 8-lane (f32) or 16-lane (bf16, f16) maximum per block,
+//! then several blocks folded together into one vector whose lane `b` is block `b`'s
+//! maximum, as the AVX-512 kernels fold sixteen:
+//! * f32: **eight blocks** in 32-bit lanes (two rounds of unpack-and-max, one
+//!   cross-half permute);
+//! * bf16 and f16: **sixteen blocks** in 16-bit lanes (three rounds and the permute),
+//!   the folded 16-bit keys widened to f32 patterns once per eight blocks.
+//!
+//! The portable fold, which LLVM compiled into a horizontal reduction per block, was
+//! 40 % of the MXFP8 quantize profile at AVX2.
 
 use std::arch::x86_64::{
-    __m256i, _mm_packus_epi32, _mm256_and_si256, _mm256_andnot_si256, _mm256_castps_si256,
-    _mm256_castsi256_si128, _mm256_cmpgt_epi16, _mm256_cmpgt_epi32, _mm256_cvtph_ps,
-    _mm256_extracti128_si256, _mm256_loadu_si256, _mm256_max_epu16, _mm256_max_epu32,
-    _mm256_permute2x128_si256, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_setzero_si256,
-    _mm256_slli_epi32, _mm256_srli_epi32, _mm256_storeu_si256, _mm256_unpackhi_epi32,
-    _mm256_unpackhi_epi64, _mm256_unpacklo_epi32, _mm256_unpacklo_epi64,
+    __m128i, __m256i, _mm256_and_si256, _mm256_andnot_si256, _mm256_castps_si256,
+    _mm256_castsi256_si128, _mm256_cmpgt_epi16, _mm256_cmpgt_epi32, _mm256_cvtepu16_epi32,
+    _mm256_cvtph_ps, _mm256_extracti128_si256, _mm256_loadu_si256, _mm256_max_epu16,
+    _mm256_max_epu32, _mm256_permute2x128_si256, _mm256_set1_epi16, _mm256_set1_epi32,
+    _mm256_setzero_si256, _mm256_slli_epi32, _mm256_storeu_si256, _mm256_unpackhi_epi16,
+    _mm256_unpackhi_epi32, _mm256_unpackhi_epi64, _mm256_unpacklo_epi16, _mm256_unpacklo_epi32,
+    _mm256_unpacklo_epi64,
 };
 
 use super::{INF_BITS, NanRule};
@@ -93,15 +98,83 @@ fn fold_blocks(
     }
 }
 
-/// A block's 16-bit lane maxima `m` folded pairwise into the low halves of its 8
-/// 32-bit lanes (the high halves zero).
+/// Blocks folded together in 16-bit lanes.
+const GROUP16: usize = 16;
+
+/// Sixteen 16-lane (u16) vectors `v(0)..v(16)` folded into one whose lane `b` is the
+/// maximum of `v(b)`'s lanes: four rounds of unpack-and-max (16-, 32- and 64-bit
+/// unpacks within each 128-bit half, then one across the halves). After round `r` each
+/// 128-bit half holds `2^r` partial maxima of each of `2^r` vectors, in vector order;
+/// the last round leaves vectors 0..8 in the low half and 8..16 in the high one. The
+/// tree is folded as the vectors come (depth first), so that few are live at once:
+/// sixteen loaded first spilled (AVX2 has sixteen registers).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn low_halves(m: __m256i) -> __m256i {
-    _mm256_and_si256(
-        _mm256_max_epu16(m, _mm256_srli_epi32::<16>(m)),
-        _mm256_set1_epi32(0xFFFF),
+fn fold16(v: impl Fn(usize) -> __m256i) -> __m256i {
+    macro_rules! round {
+        ($lo:ident, $hi:ident) => {
+            |a: __m256i, b: __m256i| _mm256_max_epu16($lo(a, b), $hi(a, b))
+        };
+    }
+    let r16 = round!(_mm256_unpacklo_epi16, _mm256_unpackhi_epi16);
+    let r32 = round!(_mm256_unpacklo_epi32, _mm256_unpackhi_epi32);
+    let r64 = round!(_mm256_unpacklo_epi64, _mm256_unpackhi_epi64);
+    let a = |i: usize| r16(v(2 * i), v(2 * i + 1));
+    let b = |i: usize| r32(a(2 * i), a(2 * i + 1));
+    let c = |i: usize| r64(b(2 * i), b(2 * i + 1));
+    let (c0, c1) = (c(0), c(1));
+    _mm256_max_epu16(
+        _mm256_permute2x128_si256::<0x20>(c0, c1),
+        _mm256_permute2x128_si256::<0x31>(c0, c1),
     )
+}
+
+/// [`fold_blocks`] for 16-bit keys: `lanes(b)` is block `b`'s 16 lane maxima (u16), and
+/// sixteen blocks are folded at a time in 16-bit lanes ([`fold16`]), each half of the
+/// folded vector (8 keys) turned into 8 u32 outputs by `finish`. Folding in 16-bit lanes
+/// takes about half the operations per block of widening each block's maxima to 32-bit
+/// lanes first (eight instead of sixteen per NVFP4 block): the block maxima were a
+/// sixth of the NVFP4 rowwise quantize at AVX2.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn fold_blocks16(
+    out: &mut [u32],
+    lanes: impl Fn(usize) -> __m256i,
+    finish: impl Fn(__m128i) -> __m256i,
+) {
+    for (g, o) in out.chunks_mut(GROUP16).enumerate() {
+        let len = o.len();
+        let f = if len == GROUP16 {
+            fold16(|b| lanes(g * GROUP16 + b))
+        } else {
+            // The last group's missing blocks are zeros (every key is at least 0).
+            fold16(|b| {
+                if b < len {
+                    lanes(g * GROUP16 + b)
+                } else {
+                    _mm256_setzero_si256()
+                }
+            })
+        };
+        let halves = [
+            finish(_mm256_castsi256_si128(f)),
+            finish(_mm256_extracti128_si256::<1>(f)),
+        ];
+        if o.len() == GROUP16 {
+            for (h, o8) in halves.into_iter().zip(o.chunks_exact_mut(GROUP)) {
+                // SAFETY: `o8` is 8 u32 = 32 bytes (one unaligned 256-bit store).
+                unsafe { _mm256_storeu_si256(o8.as_mut_ptr().cast(), h) };
+            }
+        } else {
+            // A short last group goes through a buffer.
+            let mut m = [0u32; GROUP16];
+            for (h, m8) in halves.into_iter().zip(m.chunks_exact_mut(GROUP)) {
+                // SAFETY: `m8` is 8 u32 = 32 bytes (one unaligned 256-bit store).
+                unsafe { _mm256_storeu_si256(m8.as_mut_ptr().cast(), h) };
+            }
+            o.copy_from_slice(&m[..len]);
+        }
+    }
 }
 
 /// A block's 16-bit lane maxima of `n` 16-bit values from `block`, keyed by `keys`.
@@ -153,12 +226,11 @@ pub(super) unsafe fn block_abs_max(xs: &[f32], n: usize, nan: NanRule, out: &mut
 pub(super) unsafe fn block_abs_max_bf16(xs: &[u16], n: usize, nan: NanRule, out: &mut [u32]) {
     debug_assert!(n > 0 && n.is_multiple_of(16) && xs.len() == n * out.len());
     let inf = (INF_BITS >> 16) as i16;
+    let lanes = |b: usize| max16(&xs[b * n..(b + 1) * n], |x| keys16(x, inf, nan));
     // The key as an f32 pattern: `key16 << 16`.
-    let lanes = |b: usize| {
-        let m = max16(&xs[b * n..(b + 1) * n], |x| keys16(x, inf, nan));
-        _mm256_slli_epi32::<16>(low_halves(m))
-    };
-    fold_blocks(out, lanes, |v| v)
+    fold_blocks16(out, lanes, |h| {
+        _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h))
+    })
 }
 
 /// [`super::block_abs_max_f16`] at AVX2: as [`block_abs_max_bf16`], on the f16
@@ -172,11 +244,6 @@ pub(super) unsafe fn block_abs_max_bf16(xs: &[u16], n: usize, nan: NanRule, out:
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn block_abs_max_f16(xs: &[u16], n: usize, nan: NanRule, out: &mut [u32]) {
     debug_assert!(n > 0 && n.is_multiple_of(16) && xs.len() == n * out.len());
-    let lanes = |b: usize| low_halves(max16(&xs[b * n..(b + 1) * n], |x| keys16(x, 0x7C00, nan)));
-    fold_blocks(out, lanes, |v| {
-        // Each lane is at most 0x7FFF: `vpackusdw` keeps it; lanes 0..4 and 4..8 sit in
-        // the two 128-bit halves.
-        let h = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-        _mm256_castps_si256(_mm256_cvtph_ps(h))
-    });
+    let lanes = |b: usize| max16(&xs[b * n..(b + 1) * n], |x| keys16(x, 0x7C00, nan));
+    fold_blocks16(out, lanes, |h| _mm256_castps_si256(_mm256_cvtph_ps(h)))
 }
