@@ -150,7 +150,16 @@ impl Fp8 {
     /// and every value fits 16 bits.
     #[inline(always)]
     const fn block_consts(self, k: i32) -> [u16; 4] {
-        let off = self.exp_offset(k);
+        self.block_consts16(k as i16)
+    }
+
+    /// [`Fp8::block_consts`] in 16-bit arithmetic (the same values: each fits 16 bits,
+    /// and `k as i16` keeps `k`'s low 16 bits, which are all `k as u16` stores). In
+    /// [`LaneExps`]' lane loops, built for the baseline x86-64 target, 32-bit lanes made
+    /// SSE2 narrow every result with shuffles; 16-bit lanes need none.
+    #[inline(always)]
+    const fn block_consts16(self, k: i16) -> [u16; 4] {
+        let off = (127 - self.bias) as i16 - k;
         [
             ((off + 1) << 7) as u16,
             (0x7F80 - ((off + 1) << 7)) as u16,
@@ -590,13 +599,10 @@ impl LaneExps {
     fn push_bf16_consts(&mut self, ks: &[i32]) {
         let fp8 = self.fp8;
         self.consts.extend(ks.chunks_exact(32).map(|v| {
-            let mut c = [[0u16; 32]; 4];
-            for (l, &k) in v.iter().enumerate() {
-                for (row, value) in c.iter_mut().zip(fp8.block_consts(k)) {
-                    row[l] = value;
-                }
-            }
-            c
+            // Row by row over the lanes (the compiler keeps each row's value of
+            // `block_consts16`), so that each row is one vectorized loop.
+            let k: [i16; 32] = std::array::from_fn(|l| v[l] as i16);
+            std::array::from_fn(|row| k.map(|k| fp8.block_consts16(k)[row]))
         }));
     }
 
@@ -1140,6 +1146,33 @@ mod tests {
     /// `2^k` as an f32 (`k >= -149`).
     fn pow2(k: i32) -> f32 {
         crate::codec::pow2(k)
+    }
+
+    /// The lane constants, made in 16-bit arithmetic, equal the module docs' 32-bit
+    /// formulas (narrowed to 16 bits) for every exponent each route takes.
+    #[test]
+    fn sixteen_bit_consts_equal_the_32_bit_formulas() {
+        for fp8 in [Fp8::E4M3, Fp8::E5M2] {
+            let (bias, mbits) = (fp8.bias(), fp8.mbits());
+            for k in -300..300 {
+                if fp8.pow2_exact(k) {
+                    let off = 127 - bias - k;
+                    let want = [
+                        ((off + 1) << 7) as u16,
+                        (0x7F80 - ((off + 1) << 7)) as u16,
+                        (off << mbits) as u16,
+                        k as u16,
+                    ];
+                    assert_eq!(fp8.block_consts(k), want, "{fp8:?} bf16 k {k}");
+                }
+                if fp8.pow2_exact_f16(k) {
+                    let off = 15 - bias - k;
+                    let from = (off + 1).clamp(-9, 31) << 10;
+                    let want = [from as i16, (0x7C00 - from) as i16, (off << mbits) as i16];
+                    assert_eq!(fp8.block_consts_f16(k), want, "{fp8:?} f16 k {k}");
+                }
+            }
+        }
     }
 
     fn reference(fp8: Fp8, bits: u16, k: i32, plus_zero: bool) -> u8 {

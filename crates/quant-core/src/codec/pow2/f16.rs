@@ -71,14 +71,19 @@ impl Fp8 {
     /// `k`).
     #[inline(always)]
     pub(super) fn block_consts_f16(self, k: i32) -> [i16; 3] {
-        let off = 15 - self.bias - k;
+        self.block_consts_f16_16(k as i16)
+    }
+
+    /// [`Fp8::block_consts_f16`] in 16-bit arithmetic, for [`Lanes::new`]'s lane loops
+    /// (as [`Fp8::block_consts16`] is for the bf16 lanes). The same values: `k` and the
+    /// offset fit 16 bits, and the span's wrapping subtract keeps the low 16 bits of the
+    /// 32-bit one.
+    #[inline(always)]
+    fn block_consts_f16_16(self, k: i16) -> [i16; 3] {
+        let off = (15 - self.bias) as i16 - k;
         // Exponents of the normalized form run from -9 (the smallest subnormal) to 30.
         let from = (off + 1).clamp(-9, 31) << 10;
-        [
-            from as i16,
-            (0x7C00 - from) as i16,
-            (off << self.mbits) as i16,
-        ]
+        [from, 0x7C00i16.wrapping_sub(from), off << self.mbits]
     }
 }
 
@@ -100,20 +105,14 @@ impl Lanes {
     /// which vectorizes: the set comes once per 32 rows of an MXFP8 columnwise quantize,
     /// and lane by lane it took a tenth of that quantize.
     pub(super) fn new(fp8: Fp8, ks: &[i32; 32]) -> Lanes {
-        let mut l = Lanes {
-            consts: [[0; 32]; 3],
-            mult: [0.0; 32],
-            lift: false,
-        };
-        for (j, &k) in ks.iter().enumerate() {
-            let [from, span, rebias] = fp8.block_consts_f16(k);
-            l.consts[0][j] = from;
-            l.consts[1][j] = span;
-            l.consts[2][j] = rebias;
-            l.mult[j] = f32::from_bits(((k + 127) as u32) << 23);
+        // Row by row over the lanes in 16-bit arithmetic (the compiler keeps each row's
+        // value): each row one vectorized loop, without narrowing 32-bit lanes.
+        let k16 = ks.map(|k| k as i16);
+        Lanes {
+            consts: std::array::from_fn(|row| k16.map(|k| fp8.block_consts_f16_16(k)[row])),
+            mult: ks.map(|k| f32::from_bits(((k + 127) as u32) << 23)),
+            lift: ks.iter().fold(false, |any, &k| any | fp8.lifts(k)),
         }
-        l.lift = ks.iter().fold(false, |any, &k| any | fp8.lifts(k));
-        l
     }
 }
 
