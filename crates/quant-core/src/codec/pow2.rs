@@ -148,6 +148,8 @@ impl Fp8 {
     /// encoder (one `k` broadcast) and [`LaneExps`] (a `k` per lane). `k` is within
     /// `-127..=126-BIAS` ([`Fp8::pow2_exact`]), so the offset is within `1..=254-BIAS`
     /// and every value fits 16 bits.
+    // Used by the x86-64 block kernels (and the tests); `LaneExps` uses the 16-bit form.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     #[inline(always)]
     const fn block_consts(self, k: i32) -> [u16; 4] {
         self.block_consts16(k as i16)
