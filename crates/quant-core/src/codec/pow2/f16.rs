@@ -69,6 +69,8 @@ impl Fp8 {
     /// infinity's `0x7C00`, where no lane is fast); `rebias` is
     /// `(15 - BIAS - k) << MBITS`, negative for large `k` (within `i16` for every exact
     /// `k`).
+    // Used by the x86-64 block kernels (and the tests); `Lanes` uses the 16-bit form.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     #[inline(always)]
     pub(super) fn block_consts_f16(self, k: i32) -> [i16; 3] {
         self.block_consts_f16_16(k as i16)
