@@ -93,6 +93,8 @@ impl Fp8 {
 /// ([`super::LaneExps::set_f16`]): [`Fp8::block_consts_f16`] per lane, the f32 route's
 /// multipliers, and whether any lane normalizes subnormals.
 #[derive(Clone, Debug)]
+// Read by the x86-64 kernels only.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) struct Lanes {
     /// Per lane: `normal_from`, `normal_span`, `rebias` ([`Fp8::block_consts_f16`]).
     pub(super) consts: [[i16; 32]; 3],
