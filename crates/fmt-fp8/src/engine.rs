@@ -41,8 +41,7 @@ use quant_core::stream::{Fence, StoreMode};
 use quant_core::strips::Strip;
 
 use crate::kernels::{
-    Scales, WIDE, Wide, amax_cols, amax_encode_block, encode_bf16_bits, encode_f32, encode_scaled,
-    pow2_exponent,
+    Scales, WIDE, Wide, amax_cols, amax_encode_block, encode_f32, encode_scaled, pow2_exponent,
 };
 use crate::scale::Fp8Dtype;
 use crate::transpose::store_transposed;
@@ -212,19 +211,16 @@ fn rowwise_1d<T: Element>(
             // Power-of-two scales (the default): the whole blocks in 16-bit lanes, on the
             // bf16 or f16 bits or on f32 narrowed to bf16 (rounding to odd, exact), read
             // as `span_maxima` read them.
-            // Otherwise, and for a ragged last block, each value as f32: bf16 bits
-            // widened in registers, f16 widened per block, f32 read in place.
+            // Otherwise, and for a ragged last block, each value as f32: 16-bit input
+            // through `encode_scaled` (below), f32 read in place.
             let fast = Pow2Plan::per_block(level, &scales[..whole])
                 .is_some_and(|p| p.encode_read(level, dt, read, &mut os[..whole * BLOCK]));
             let done = if fast { whole * BLOCK } else { 0 };
             let blocks = os[done..].chunks_mut(BLOCK).zip(&scales[done / BLOCK..]);
             match read {
-                SpanRead::Bits(Bits16::Bf16(bits)) => {
-                    for ((o, &s), v) in blocks.zip(bits[done..].chunks(BLOCK)) {
-                        encode_bf16_bits(dt, v, Scales::One(s), o);
-                    }
-                }
-                SpanRead::Bits(Bits16::F16(_)) => {
+                // bf16 and f16 bits alike: `encode_scaled` reads them as bits (at AVX2
+                // widened in the register; elsewhere bf16 by shifts, f16 into the scratch).
+                SpanRead::Bits(_) => {
                     for ((o, &s), v) in blocks.zip(xs[done..].chunks(BLOCK)) {
                         encode_scaled(level, dt, v, Scales::One(s), o, &mut scratch.wide);
                     }

@@ -118,7 +118,7 @@ fn avx2_bits(
 /// bits, each widened in the loop (exactly: a shift). Through a widened scratch span,
 /// every value cost a store and a reload; here the vectorized loop widens in registers.
 #[inline(always)]
-pub(crate) fn encode_bf16_bits(dt: Fp8Dtype, src: &[u16], scale: Scales<'_>, dst: &mut [u8]) {
+fn encode_bf16_bits(dt: Fp8Dtype, src: &[u16], scale: Scales<'_>, dst: &mut [u8]) {
     use quant_core::dtype::f32_from_bf16_bits as wide;
     match scale {
         Scales::One(s) => encode_values(dt, src.iter().map(|&b| wide(b) * s), dst),
