@@ -9,8 +9,10 @@
 //! - `roofline dequantize` and `dequantize`: the buffers read, the output written, into
 //!   caller memory reused across iterations.
 //!
-//! Throughput is input bytes for quantize and output bytes for dequantize, as in
-//! `quantfmt bench`; divide the two GB/s of a pair for the ratio to the roofline.
+//! Every large buffer (input, output, roofline) is a [`HostBytes`], allocated as a
+//! storage's buffers are (huge pages where `quant_core::pages` gets them), as in
+//! `quantfmt bench`. Throughput is input bytes for quantize and output bytes for
+//! dequantize, as there; divide the two GB/s of a pair for the ratio to the roofline.
 //! Shape: `QUANTFMT_BENCH_SHAPE=MxK` (default 8192x8192); threads: `RAYON_NUM_THREADS`.
 
 use std::hint::black_box;
@@ -18,7 +20,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput};
 use half::bf16;
-use quant_core::{DType, Direction, Element, Format, HostTensor, quantize};
+use quant_core::{DType, Direction, Element, Format, HostBytes, HostTensor, quantize};
 use quantfmt_testkit::XorShift64;
 
 /// `[M, K]` from `QUANTFMT_BENCH_SHAPE`, default 8192x8192.
@@ -48,9 +50,15 @@ pub fn bench_format<F: Format>(c: &mut Criterion, label: &str, q: &F) {
     let [m, k] = shape();
     let base = data(m * k);
     for dtype in [DType::F32, DType::BF16] {
-        let x = HostTensor::f32(&base, &[m, k])
+        let x_bytes = HostTensor::f32(&base, &[m, k])
             .and_then(|t| t.to_dtype(dtype))
+            .map(|t| HostBytes::copy_from(t.as_bytes()))
             .expect("bench input");
+        let x = match dtype {
+            DType::F32 => HostTensor::f32(bytemuck::cast_slice(x_bytes.as_slice()), &[m, k]),
+            _ => HostTensor::bf16(bytemuck::cast_slice(x_bytes.as_slice()), &[m, k]),
+        }
+        .expect("bench input");
         let mut t = match quantize(q, &x) {
             Ok(t) => t,
             Err(e) => {
@@ -64,9 +72,9 @@ pub fn bench_format<F: Format>(c: &mut Criterion, label: &str, q: &F) {
         g.sample_size(10).measurement_time(Duration::from_secs(4));
 
         g.throughput(Throughput::Bytes(in_bytes as u64));
-        let mut dst = vec![0u8; out_bytes];
+        let mut dst = HostBytes::zeroed(out_bytes);
         g.bench_function("roofline quantize", |b| {
-            b.iter(|| quant_core::cpu::roofline(x.as_bytes(), &mut dst, q.input_passes()))
+            b.iter(|| quant_core::cpu::roofline(x.as_bytes(), dst.as_mut_slice(), q.input_passes()))
         });
         g.bench_function("quantize", |b| {
             b.iter(|| t.quantize_from(black_box(&x)).expect("quantize"))
@@ -78,11 +86,12 @@ pub fn bench_format<F: Format>(c: &mut Criterion, label: &str, q: &F) {
             .iter()
             .flat_map(|b| b.bytes().to_vec())
             .collect();
+        let bufs = HostBytes::copy_from(&bufs);
         // Dequantize writes the input's dtype and shape, so its output bytes are `in_bytes`
         // and the group's throughput setting holds for it too.
-        let mut out = vec![0u8; in_bytes];
+        let mut out = HostBytes::zeroed(in_bytes);
         g.bench_function("roofline dequantize", |b| {
-            b.iter(|| quant_core::cpu::roofline(&bufs, &mut out, 1))
+            b.iter(|| quant_core::cpu::roofline(bufs.as_slice(), out.as_mut_slice(), 1))
         });
         match dtype {
             DType::F32 => dequantize_into::<F, f32>(&mut g, &t, dir, m * k),
@@ -92,16 +101,17 @@ pub fn bench_format<F: Format>(c: &mut Criterion, label: &str, q: &F) {
     }
 }
 
-fn dequantize_into<F: Format, T: Element + Default + Clone>(
+fn dequantize_into<F: Format, T: Element + bytemuck::Pod>(
     g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     t: &quant_core::QuantizedTensor<F>,
     dir: Direction,
     n: usize,
 ) {
-    let mut out = vec![T::default(); n];
+    let mut out = HostBytes::zeroed(n * std::mem::size_of::<T>());
+    let out: &mut [T] = bytemuck::cast_slice_mut(out.as_mut_slice());
     g.bench_function("dequantize", |b| {
         b.iter(|| {
-            t.dequantize_into(dir, black_box(&mut out))
+            t.dequantize_into(dir, black_box(&mut *out))
                 .expect("dequantize")
         })
     });

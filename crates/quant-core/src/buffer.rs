@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::pages::PageBuf;
 use crate::shape::checked_numel;
 
 /// What a buffer must be: its name within the storage, element dtype and shape.
@@ -90,7 +91,7 @@ impl BufferElem for bf16 {
 /// line.
 #[derive(Clone)]
 pub struct HostBytes {
-    alloc: Arc<Vec<u64>>,
+    alloc: Arc<PageBuf>,
     start: usize,
     len: usize,
 }
@@ -99,13 +100,13 @@ pub struct HostBytes {
 /// Streamed kernels write whole aligned lines: a columnwise quantize stores 64 or 128
 /// bytes of each of thousands of rows per task, and rows that straddle lines left a
 /// third to all of those stores partial, each a read for ownership missing in cache.
-fn origin(alloc: &[u64]) -> usize {
-    alloc.as_ptr().align_offset(64) * 8
+fn origin(alloc: &[u8]) -> usize {
+    alloc.as_ptr().align_offset(64)
 }
 
 impl HostBytes {
-    /// `len` zero bytes starting on a 64-byte line (calloc-backed: untouched pages cost
-    /// nothing).
+    /// `len` zero bytes starting on a 64-byte line. Untouched pages cost nothing; large
+    /// allocations ask for transparent huge pages ([`crate::pages`]).
     ///
     /// ```
     /// use quant_core::HostBytes;
@@ -114,8 +115,9 @@ impl HostBytes {
     /// assert!(b.as_slice().iter().all(|&x| x == 0));
     /// ```
     pub fn zeroed(len: usize) -> HostBytes {
-        // Up to 56 bytes before the first line (the allocation is 8-byte aligned).
-        let alloc = vec![0u64; len.div_ceil(8) + 7];
+        // Up to 56 bytes before the first line (the heap's allocation is 8-byte aligned;
+        // a mapping is page aligned).
+        let alloc = PageBuf::zeroed(len + 56);
         HostBytes {
             start: origin(&alloc),
             alloc: Arc::new(alloc),
@@ -142,7 +144,7 @@ impl HostBytes {
 
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        &bytemuck::cast_slice::<u64, u8>(&self.alloc)[self.start..self.start + self.len]
+        &self.alloc[self.start..self.start + self.len]
     }
 
     /// Mutable bytes; copies first when the allocation is shared or this is a window.
@@ -174,6 +176,17 @@ impl HostBytes {
         })
     }
 
+    /// Whether the allocation is a mapping advised for transparent huge pages
+    /// ([`crate::pages`]: large allocations on Linux, unless `QUANTFMT_HUGE_PAGES=0`).
+    ///
+    /// ```
+    /// use quant_core::HostBytes;
+    /// assert!(!HostBytes::zeroed(64).huge_pages_advised()); // small: the heap
+    /// ```
+    pub fn huge_pages_advised(&self) -> bool {
+        self.alloc.is_advised()
+    }
+
     /// Whether two windows share one allocation (zero-copy check for tests).
     pub fn shares_allocation(&self, other: &HostBytes) -> bool {
         Arc::ptr_eq(&self.alloc, &other.alloc)
@@ -183,7 +196,7 @@ impl HostBytes {
     fn words_mut_unique(&mut self) -> &mut [u8] {
         // Only called when `alloc` is uniquely owned (just created or checked above).
         match Arc::get_mut(&mut self.alloc) {
-            Some(v) => &mut bytemuck::cast_slice_mut::<u64, u8>(v.as_mut_slice())[self.start..],
+            Some(v) => &mut v[self.start..],
             None => &mut [],
         }
     }
@@ -466,6 +479,32 @@ mod tests {
         b.bytes_mut()[2] = 9;
         assert_eq!(v.bytes(), &[3, 4]);
         assert_eq!(b.bytes(), &[1, 2, 9, 4]);
+    }
+
+    /// A buffer large enough to be mapped for huge pages behaves as a heap one: zeroed,
+    /// on a line, windows shared, writes through a shared window copied first.
+    #[test]
+    fn large_buffers_are_mapped_and_copy_on_write() {
+        let len = crate::pages::HUGE_MIN + 100;
+        let mut a = HostBytes::zeroed(len);
+        assert_eq!(a.as_slice().as_ptr().align_offset(64), 0);
+        assert!(a.as_slice().iter().all(|&x| x == 0));
+        if cfg!(target_os = "linux") && crate::pages::enabled() && !a.huge_pages_advised() {
+            eprintln!("note: the mapping was refused here; the heap served");
+        }
+        a.as_mut_slice()[len - 1] = 9;
+        let w = a.window(len - 10, 10).unwrap();
+        assert!(w.shares_allocation(&a));
+        let mut w2 = w.clone();
+        w2.as_mut_slice()[9] = 1;
+        assert!(!w2.shares_allocation(&a));
+        assert_eq!(
+            (a.as_slice()[len - 1], w.as_slice()[9], w2.as_slice()[9]),
+            (9, 9, 1)
+        );
+        let c = HostBytes::copy_from(a.as_slice());
+        assert_eq!(c.as_slice(), a.as_slice());
+        assert_eq!(c.huge_pages_advised(), a.huge_pages_advised());
     }
 
     #[test]

@@ -45,6 +45,7 @@ pub mod glu;
 pub mod grouped;
 pub mod io;
 pub mod layout;
+pub mod pages;
 pub mod parallel;
 pub mod plan;
 pub mod proto;

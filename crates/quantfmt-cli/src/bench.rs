@@ -6,12 +6,15 @@
 //! pass is inherent) and write the quantized buffers; for dequantize, read the buffers
 //! of the direction dequantized (not the other direction's, under `--usage both`) and
 //! write the output. The roofline and the operation run in interleaved pairs; the ratio
-//! is the median of the pairs' ratios, GB/s the medians of each series.
+//! is the median of the pairs' ratios, GB/s the medians of each series. The input, the
+//! outputs and the roofline's buffers are all [`HostBytes`], allocated as the library
+//! allocates a storage (huge pages where [`quant_core::pages`] gets them; the header
+//! says which), so the kernels and their roofline run on one kind of page.
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use quant_core::{DType, Direction, HostDataMut, HostTensor, Result, Storage, Usage};
+use quant_core::{DType, Direction, HostBytes, HostDataMut, HostTensor, Result, Storage, Usage};
 use quantfmt::{FormatSpec, Quantizer};
 use serde::Serialize;
 
@@ -59,6 +62,9 @@ pub struct Record {
     /// The kernels' SIMD level and the CPU's ([`quant_core::simd::describe`]), e.g.
     /// `avx512 (cpu: avx512 + avx512bf16 + avx512vbmi)`.
     pub simd: String,
+    /// Whether the input, output and roofline buffers were allocated for transparent
+    /// huge pages ([`quant_core::pages`]; off under `QUANTFMT_HUGE_PAGES=0`).
+    pub huge_pages: bool,
 }
 
 /// Options of a bench run.
@@ -135,6 +141,29 @@ fn data(m: usize, k: usize) -> Vec<f32> {
         .collect()
 }
 
+/// A copy of `t`'s elements in memory allocated as the library allocates a storage's
+/// buffers ([`HostBytes::zeroed`]: huge pages where [`quant_core::pages`] gets them),
+/// so that the kernels and their roofline copy all run on one kind of page, as they
+/// would on a framework's own large tensors.
+fn paged(t: &HostTensor<'_>) -> HostBytes {
+    HostBytes::copy_from(t.as_bytes())
+}
+
+/// `bytes` (from [`paged`]) borrowed as a tensor of `dtype` and `shape`.
+fn borrowed<'a>(bytes: &'a HostBytes, dtype: DType, shape: &[usize]) -> Result<HostTensor<'a>> {
+    let s = bytes.as_slice();
+    match dtype {
+        DType::F32 => HostTensor::f32(bytemuck::cast_slice(s), shape),
+        DType::BF16 => HostTensor::bf16(bytemuck::cast_slice(s), shape),
+        DType::F16 => HostTensor::f16(bytemuck::cast_slice(s), shape),
+        other => Err(quant_core::Error::invalid(
+            "--dtype",
+            other,
+            "the input must be f32, bf16 or f16",
+        )),
+    }
+}
+
 /// The bytes a dequantization in `dir` reads: that direction's buffers and the shared
 /// ones (a per-tensor `scale_inv`), not the other direction's (named `columnwise_*`,
 /// `amax_columnwise`, and so on).
@@ -175,14 +204,21 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
     };
     let [m, k] = opts.shape;
     let base = data(m, k);
-    let x = HostTensor::f32(&base, &[m, k])?.to_dtype(opts.dtype)?;
+    let x_bytes = paged(&HostTensor::f32(&base, &[m, k])?.to_dtype(opts.dtype)?);
+    drop(base);
+    let x = borrowed(&x_bytes, opts.dtype, &[m, k])?;
     let in_bytes = x.as_bytes().len();
     let mut records = Vec::new();
     let simd = quant_core::simd::describe();
+    let huge_pages = x_bytes.huge_pages_advised();
     if !opts.json {
         println!(
-            "shape [{m}, {k}] {} usage={} threads={threads}, median of {} runs; simd {}",
-            opts.dtype, opts.usage, opts.runs, simd
+            "shape [{m}, {k}] {} usage={} threads={threads}, median of {} runs; simd {}; {}",
+            opts.dtype,
+            opts.usage,
+            opts.runs,
+            simd,
+            quant_core::pages::describe()
         );
     }
     for (spec, usage) in &specs {
@@ -194,21 +230,25 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
             continue;
         }
         // RHT takes bf16 input only; bench it on bf16 whatever --dtype says.
+        let bf16_bytes;
         let xin = match q.quantize(&x) {
             Ok(_) => x.clone(),
-            Err(_) => x.to_dtype(DType::BF16)?,
+            Err(_) => {
+                bf16_bytes = paged(&x.to_dtype(DType::BF16)?);
+                borrowed(&bf16_bytes, DType::BF16, &[m, k])?
+            }
         };
         let stored = q.quantize(&xin)?;
         let out_bytes = stored.nbytes();
         let usage = stored.usage();
         // Per-tensor scales need the tensor's amax before the first byte is written.
         let reads = q.input_passes();
-        let mut dst = vec![0u8; out_bytes];
+        let mut dst = HostBytes::zeroed(out_bytes);
         let mut reuse = q.quantize(&xin)?;
         let tq = time_pairs(
             opts.runs,
             || {
-                quant_core::cpu::roofline(xin.as_bytes(), &mut dst, reads);
+                quant_core::cpu::roofline(xin.as_bytes(), dst.as_mut_slice(), reads);
                 Ok(())
             },
             || q.quantize_into(&xin, &mut reuse),
@@ -226,21 +266,22 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
             ratio: tq.ratio,
             seconds: tq.kernel,
             simd: simd.clone(),
+            huge_pages,
         });
         let dir = usage.preferred().unwrap_or(Direction::Rowwise);
         let dq_out = in_bytes / opts.dtype.size() * opts.dtype.size();
-        let buf_bytes = direction_bytes(stored.buffers(), dir);
-        let mut out = vec![0u8; dq_out];
+        let buf_bytes = HostBytes::copy_from(&direction_bytes(stored.buffers(), dir));
+        let mut out = HostBytes::zeroed(dq_out);
         // Into caller memory, reused across runs, as a framework would (no page faults).
-        let mut dq = vec![0u32; dq_out.div_ceil(4)];
+        let mut dq = HostBytes::zeroed(dq_out);
         let td = time_pairs(
             opts.runs,
             || {
-                quant_core::cpu::roofline(&buf_bytes, &mut out, 1);
+                quant_core::cpu::roofline(buf_bytes.as_slice(), out.as_mut_slice(), 1);
                 Ok(())
             },
             || {
-                let bytes = &mut bytemuck::cast_slice_mut::<u32, u8>(&mut dq)[..dq_out];
+                let bytes = dq.as_mut_slice();
                 let out = match opts.dtype {
                     DType::F32 => HostDataMut::F32(bytemuck::cast_slice_mut(bytes)),
                     DType::F16 => HostDataMut::F16(bytemuck::cast_slice_mut(bytes)),
@@ -262,6 +303,7 @@ fn run_in_pool(opts: &Options, threads: usize) -> Result<()> {
             ratio: td.ratio,
             seconds: td.kernel,
             simd: simd.clone(),
+            huge_pages,
         });
     }
     if opts.json {
