@@ -20,8 +20,9 @@
 //! and the output all allocated here, against the same with `QUANTFMT_HUGE_PAGES=0`; 7
 //! alternating pairs, median of the time ratios): FP8 1x128 columnwise quantize x1.08 and
 //! dequantize x1.09, NVFP4 columnwise dequantize x1.11 and quantize x1.03; rowwise paths
-//! x0.99-1.02. Earlier trials (forcing THP for the whole VM) saw x1.00-1.12 and no
-//! clear gain; the history file in `docs/` has both.
+//! x0.99-1.02. Earlier 3-pair trials (THP forced on for the whole VM; this advice given
+//! through `libc`) saw x1.00-1.12 and no clear gain; `docs/benchmarks-history.md` has
+//! them all.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::OnceLock;
