@@ -54,11 +54,7 @@ pub fn bench_format<F: Format>(c: &mut Criterion, label: &str, q: &F) {
             .and_then(|t| t.to_dtype(dtype))
             .map(|t| HostBytes::copy_from(t.as_bytes()))
             .expect("bench input");
-        let x = match dtype {
-            DType::F32 => HostTensor::f32(bytemuck::cast_slice(x_bytes.as_slice()), &[m, k]),
-            _ => HostTensor::bf16(bytemuck::cast_slice(x_bytes.as_slice()), &[m, k]),
-        }
-        .expect("bench input");
+        let x = HostTensor::from_le_bytes(dtype, x_bytes.as_slice(), &[m, k]).expect("bench input");
         let mut t = match quantize(q, &x) {
             Ok(t) => t,
             Err(e) => {
