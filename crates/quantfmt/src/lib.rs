@@ -26,6 +26,24 @@
 //! assert_eq!(proto.nbytes()?, 2 * 4096 * 11008 + 4 * (32 * 88 + 86 * 32));
 //! # Ok::<(), quantfmt::Error>(())
 //! ```
+//!
+//! In a loop, allocate the storage and the output once and reuse them: `quantize_into`
+//! and `dequantize_into` write into them and allocate nothing the size of the tensor.
+//!
+//! ```
+//! use quantfmt::{DType, Direction, FormatSpec, HostDataMut, HostTensor, Quantizer, Shape, Storage, Usage};
+//!
+//! let q = "mxfp8".parse::<FormatSpec>()?.quantizer(Usage::ROWWISE)?;
+//! let mut stored = q.allocate(&Shape::new(&[64, 128])?, DType::F32)?;
+//! let mut back = vec![0.0f32; 64 * 128];
+//! for step in 1..=3 {
+//!     let x: Vec<f32> = (0..64 * 128).map(|i| (i % 17) as f32 * step as f32).collect();
+//!     q.quantize_into(&HostTensor::f32(&x, &[64, 128])?, &mut *stored)?;
+//!     stored.dequantize_into(Direction::Rowwise, HostDataMut::from(&mut back[..]))?;
+//!     assert_eq!(back[16], 16.0 * step as f32); // on the E4M3 grid: exact
+//! }
+//! # Ok::<(), quantfmt::Error>(())
+//! ```
 #![deny(unsafe_code)]
 
 mod any;
@@ -42,8 +60,9 @@ pub use spec::FormatSpec;
 
 pub use quant_core::{
     Buffer, BufferDesc, DType, Direction, Element, Error, Format, GroupKind, GroupedStorage,
-    GroupedTensor, HostData, HostTensor, QuantizedTensor, Quantizer, Registry, Result, Shape,
-    Storage, TensorProto, Usage, codec, dispatch_elements, glu, half, parallel, plan, quantize,
+    GroupedTensor, HostBytes, HostData, HostDataMut, HostTensor, QuantizedTensor, Quantizer,
+    Registry, Result, Shape, Storage, TensorProto, Usage, codec, dispatch_elements, glu, half,
+    pages, parallel, plan, quantize, simd,
 };
 
 /// The FP8 formats.

@@ -9,86 +9,25 @@
 //! files come from walking the registry.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+#[path = "support/heap.rs"]
+mod heap;
 
+use std::sync::Mutex;
+
+use heap::measure;
 use quantfmt::io::{Loaded, SaveItem, load_bytes, save, save_items};
 use quantfmt::{HostTensor, Quantizer, Shape, Storage, Usage, registry};
 use quantfmt_testkit::XorShift32;
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------
-// Peak-heap measurement.
-
-/// System allocator that tracks live bytes and their high-water mark.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-fn grew(n: usize) {
-    let now = LIVE.fetch_add(n, Ordering::Relaxed) + n;
-    PEAK.fetch_max(now, Ordering::Relaxed);
-}
-
-fn shrank(n: usize) {
-    LIVE.fetch_sub(n, Ordering::Relaxed);
-}
-
-// SAFETY: every method forwards to `System` with the caller's own arguments, so the
-// `GlobalAlloc` contract is `System`'s; the counters are plain atomics on the side.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: same layout the caller gave us (non-zero size by the trait contract).
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            grew(layout.size());
-        }
-        p
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: as for `alloc`.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            grew(layout.size());
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was allocated by `System` (through us) with `layout`.
-        unsafe { System.dealloc(ptr, layout) };
-        shrank(layout.size());
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: `ptr`/`layout` come from a previous allocation of ours; the caller
-        // guarantees `new_size` is valid for `layout.align()`.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            shrank(layout.size());
-            grew(new_size);
-        }
-        p
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
+// Peak-heap measurement ([`heap`]'s counting allocator).
 
 /// The most heap a load of a file under 1 MiB may use at its peak.
 const PEAK_LIMIT: usize = 32 << 20;
 
 /// Serialises the tests of this binary so one test's allocations never count in another's.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Runs `f` and returns its result with the peak heap it added above what was live before.
-fn measure<R>(f: impl FnOnce() -> R) -> (R, usize) {
-    let base = LIVE.load(Ordering::Relaxed);
-    PEAK.store(base, Ordering::Relaxed);
-    let r = f();
-    let peak = PEAK.load(Ordering::Relaxed).saturating_sub(base);
-    (r, peak)
-}
 
 /// Loads `bytes`, which must be refused with a message containing every one of `needles`,
 /// within the heap limit. Returns the peak heap.
