@@ -114,3 +114,82 @@ fn registry_and_loading_are_usable_from_many_threads() {
         }
     });
 }
+
+/// The work splits differ with the pool's size (strips per worker, tasks per slab), and
+/// the bytes must not: every recipe's kernel family, each usage, from f32 and bf16,
+/// quantized and dequantized (each direction, into f32 and bf16) on pools of 1, 2, 3
+/// and 5 workers. `[1056, 768]` is 8.25 slabs of 128 rows and 33 MXFP8 groups, so the
+/// splits have partial ends.
+#[test]
+fn bytes_do_not_depend_on_the_number_of_workers() {
+    const SPECS: [&str; 12] = [
+        "fp8",
+        "fp8-block:1x128",
+        "fp8-block:128x128",
+        "mxfp8",
+        "mxfp8:2d",
+        "nvfp4",
+        "nvfp4:2d",
+        "nvfp4:rht",
+        "nvfp4:sr",
+        "nvfp4:row-scaled",
+        "nvfp4:4over6",
+        "int4tiled",
+    ];
+    let (m, k) = (1056, 768);
+    let w = data(m * k, 5);
+    let pools: Vec<rayon::ThreadPool> = [1, 2, 3, 5]
+        .iter()
+        .map(|&n| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut checked = 0;
+    for spec in SPECS {
+        let spec: quantfmt::FormatSpec = spec.parse().unwrap();
+        for usage in [Usage::ROWWISE, Usage::COLUMNWISE, Usage::BOTH] {
+            let Ok(q) = spec.boxed(usage) else { continue };
+            for dtype in [quantfmt::DType::F32, quantfmt::DType::BF16] {
+                let x = HostTensor::f32(&w, &[m, k])
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                // Bytes of every buffer, then of every dequantization the storage gives.
+                let run = || -> Option<Vec<Vec<u8>>> {
+                    let s = q.quantize(&x).ok()?;
+                    let mut all: Vec<Vec<u8>> =
+                        s.buffers().iter().map(|b| b.bytes().to_vec()).collect();
+                    for dir in [
+                        quantfmt::Direction::Rowwise,
+                        quantfmt::Direction::Columnwise,
+                    ] {
+                        for out in [quantfmt::DType::F32, quantfmt::DType::BF16] {
+                            if let Ok(t) = s.dequantize(dir, out) {
+                                all.push(t.as_bytes().to_vec());
+                            }
+                        }
+                    }
+                    Some(all)
+                };
+                let want = pools[0].install(run);
+                let Some(want) = want else { continue };
+                for pool in &pools[1..] {
+                    let got = pool.install(run).unwrap();
+                    assert_eq!(got.len(), want.len(), "{spec} {usage} {dtype}");
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            g == w,
+                            "{spec} {usage} from {dtype}: output {i} differs on {} workers",
+                            pool.current_num_threads()
+                        );
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 150, "only {checked} comparisons");
+}
