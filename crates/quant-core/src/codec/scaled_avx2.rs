@@ -314,10 +314,11 @@ unsafe fn run<const MBITS: u32, const BIAS: i32, const PLUS_ZERO: bool>(
         let c: [__m256i; 4] = std::array::from_fn(|i| {
             let code = encode8::<MBITS, BIAS>(_mm256_mul_ps(x[i], s[i]), max_code);
             if PLUS_ZERO {
-                // A zero input (either sign) gives +0: clear the sign bit there.
+                // A zero input (either sign) gives +0: clear the code there. Clearing
+                // only its sign bit left `0x7F` under an infinite or NaN scale, whose
+                // product with zero is NaN (the portable loop gives +0).
                 let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(x[i], _mm256_setzero_ps());
-                let sign = _mm256_and_si256(_mm256_castps_si256(zero), _mm256_set1_epi32(0x80));
-                _mm256_andnot_si256(sign, code)
+                _mm256_andnot_si256(_mm256_castps_si256(zero), code)
             } else {
                 code
             }
@@ -414,10 +415,20 @@ mod tests {
             .map(|&b| crate::dtype::f32_from_bf16_bits(b))
             .collect();
         let each = each_scales(bits.len());
-        let mut scales: Vec<Scale<'_>> =
-            [1.0f32, 3.0, 0.7, 1.0e-3, 448.0 / 3.3, 2.0f32.powi(-20), 0.0]
-                .map(Scale::One)
-                .to_vec();
+        let mut scales: Vec<Scale<'_>> = [
+            1.0f32,
+            3.0,
+            0.7,
+            1.0e-3,
+            448.0 / 3.3,
+            2.0f32.powi(-20),
+            0.0,
+            -0.0,
+            -2.5,
+            f32::INFINITY,
+        ]
+        .map(Scale::One)
+        .to_vec();
         scales.push(Scale::Each(&each));
         for fp8 in [Fp8::E4M3, Fp8::E5M2] {
             for &scale in &scales {
@@ -454,10 +465,20 @@ mod tests {
             .map(|&b| half::f16::from_bits(b).to_f32())
             .collect();
         let each = each_scales(bits.len());
-        let mut scales: Vec<Scale<'_>> =
-            [1.0f32, 3.0, 0.7, 1.0e-3, 448.0 / 3.3, 2.0f32.powi(20), 0.0]
-                .map(Scale::One)
-                .to_vec();
+        let mut scales: Vec<Scale<'_>> = [
+            1.0f32,
+            3.0,
+            0.7,
+            1.0e-3,
+            448.0 / 3.3,
+            2.0f32.powi(20),
+            0.0,
+            -0.0,
+            -2.5,
+            f32::INFINITY,
+        ]
+        .map(Scale::One)
+        .to_vec();
         scales.push(Scale::Each(&each));
         for fp8 in [Fp8::E4M3, Fp8::E5M2] {
             for &scale in &scales {
