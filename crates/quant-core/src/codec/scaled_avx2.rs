@@ -381,8 +381,8 @@ mod tests {
     }
 
     /// Scales for `n` values: a mix of powers of two, odd values, tiny and huge ones,
-    /// zero and negative zero (every product class: ties, subnormal codes,
-    /// saturation, infinity, NaN, underflow to either zero).
+    /// zero and negative zero, infinity and NaN (every product class: ties, subnormal
+    /// codes, saturation, infinity, NaN, underflow to either zero).
     fn each_scales(n: usize) -> Vec<f32> {
         let pool = [
             1.0f32,
@@ -396,6 +396,8 @@ mod tests {
             2.0f32.powi(100),
             -1.5,
             0.37,
+            f32::INFINITY,
+            f32::NAN,
         ];
         (0..n).map(|i| pool[(i * 7 + i / 3) % pool.len()]).collect()
     }
