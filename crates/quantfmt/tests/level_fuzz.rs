@@ -2,7 +2,9 @@
 //! dtypes and value distributions, each quantized at the scalar level and at the best
 //! level this CPU has (and on a pool of 1 to 4 workers), then dequantized both ways
 //! into each output dtype. Every buffer and every output must be the same bytes, and a
-//! refusal must be a refusal at both levels.
+//! refusal must be a refusal at both levels. The `_into` paths must give those bytes
+//! too when the memory they write already holds other data: `quantize_into` over the
+//! storage of another input, `dequantize_into` over a `0xA5` fill.
 //!
 //! `simd_levels.rs` pins hand-picked shapes and special values; this test walks the
 //! space around them: ragged and aligned shapes, leading batch dimensions, all-zero and
@@ -13,7 +15,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use quant_core::simd::{self, Level};
-use quantfmt::{DType, Direction, FormatSpec, HostTensor, Shape, Storage, Usage};
+use quantfmt::half::{bf16, f16};
+use quantfmt::{
+    DType, Direction, FormatSpec, HostDataMut, HostTensor, Quantizer, Shape, Storage, Usage,
+};
 use quantfmt_testkit::XorShift64;
 
 const SPECS: [&str; 34] = [
@@ -118,6 +123,34 @@ fn outputs(s: &dyn Storage) -> Vec<Option<Vec<u8>>> {
     out
 }
 
+/// The `_into` paths into memory that already holds other bytes: `x` quantized with
+/// `quantize_into` into the storage of `other` (same shape, other values), then each
+/// dequantization written with `dequantize_into` over a `0xA5` fill. A kernel that
+/// relied on zeroed memory (padding, tails, unused scale slots) or skipped an output
+/// element would leave the old bytes; `None` where `other` is refused.
+fn reused(
+    q: &dyn Quantizer,
+    x: &HostTensor<'_>,
+    other: &HostTensor<'_>,
+) -> Option<(Vec<Vec<u8>>, Vec<Option<Vec<u8>>>)> {
+    let mut s = q.quantize(other).ok()?;
+    q.quantize_into(x, &mut *s).unwrap();
+    let n = x.shape().numel();
+    let mut out = Vec::new();
+    for dir in [Direction::Rowwise, Direction::Columnwise] {
+        let mut a = vec![f32::from_bits(0xA5A5_A5A5); n];
+        let mut b = vec![bf16::from_bits(0xA5A5); n];
+        let mut c = vec![f16::from_bits(0xA5A5); n];
+        let f = s.dequantize_into(dir, HostDataMut::from(&mut a[..])).ok();
+        out.push(f.map(|()| a.iter().flat_map(|v| v.to_le_bytes()).collect()));
+        let g = s.dequantize_into(dir, HostDataMut::from(&mut b[..])).ok();
+        out.push(g.map(|()| b.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect()));
+        let h = s.dequantize_into(dir, HostDataMut::from(&mut c[..])).ok();
+        out.push(h.map(|()| c.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect()));
+    }
+    Some((bytes(&*s), out))
+}
+
 /// Random case `id` (its index and seed, for the messages); `Some(description)` if it
 /// ran.
 fn case(r: &mut XorShift64, id: &str) -> Option<String> {
@@ -169,6 +202,16 @@ fn case(r: &mut XorShift64, id: &str) -> Option<String> {
             }
             for (i, (a, b)) in da.iter().zip(&db).enumerate() {
                 assert!(a == b, "{what}: dequantization {i} differs");
+            }
+            let other: Vec<f32> = v.iter().rev().map(|&t| 0.5 - 3.0 * t).collect();
+            let other = HostTensor::f32(&other, &dims).unwrap().to_dtype(dtype).unwrap();
+            if let Some((qr, dr)) = pool.install(|| reused(&*q, &x, &other)) {
+                for (i, (a, b)) in qr.iter().zip(&qb).enumerate() {
+                    assert!(a == b, "{what}: buffer {i} differs after quantize_into");
+                }
+                for (i, (a, b)) in dr.iter().zip(&db).enumerate() {
+                    assert!(a == b, "{what}: dequantize_into {i} differs");
+                }
             }
         }
         (Err(_), Err(_)) => {}
