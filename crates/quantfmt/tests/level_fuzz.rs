@@ -204,7 +204,10 @@ fn case(r: &mut XorShift64, id: &str) -> Option<String> {
                 assert!(a == b, "{what}: dequantization {i} differs");
             }
             let other: Vec<f32> = v.iter().rev().map(|&t| 0.5 - 3.0 * t).collect();
-            let other = HostTensor::f32(&other, &dims).unwrap().to_dtype(dtype).unwrap();
+            let other = HostTensor::f32(&other, &dims)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
             if let Some((qr, dr)) = pool.install(|| reused(&*q, &x, &other)) {
                 for (i, (a, b)) in qr.iter().zip(&qb).enumerate() {
                     assert!(a == b, "{what}: buffer {i} differs after quantize_into");
