@@ -106,6 +106,9 @@ fn values(r: &mut XorShift64, n: usize) -> Vec<f32> {
     v
 }
 
+/// A quantization's buffers and its dequantizations ([`bytes`], [`outputs`]).
+type Run = (Vec<Vec<u8>>, Vec<Option<Vec<u8>>>);
+
 /// Every buffer's bytes.
 fn bytes(s: &dyn Storage) -> Vec<Vec<u8>> {
     s.buffers().iter().map(|b| b.bytes().to_vec()).collect()
@@ -128,11 +131,7 @@ fn outputs(s: &dyn Storage) -> Vec<Option<Vec<u8>>> {
 /// dequantization written with `dequantize_into` over a `0xA5` fill. A kernel that
 /// relied on zeroed memory (padding, tails, unused scale slots) or skipped an output
 /// element would leave the old bytes; `None` where `other` is refused.
-fn reused(
-    q: &dyn Quantizer,
-    x: &HostTensor<'_>,
-    other: &HostTensor<'_>,
-) -> Option<(Vec<Vec<u8>>, Vec<Option<Vec<u8>>>)> {
+fn reused(q: &dyn Quantizer, x: &HostTensor<'_>, other: &HostTensor<'_>) -> Option<Run> {
     let mut s = q.quantize(other).ok()?;
     q.quantize_into(x, &mut *s).unwrap();
     let n = x.shape().numel();
