@@ -1,9 +1,15 @@
 //! Quantizers and storages are `Send + Sync` (checked at compile time for every shipped
-//! type in `src/any.rs`, and for the trait objects here), and quantizing from many
-//! threads at once gives the same bytes as quantizing alone.
+//! type in `src/any.rs`, and for the trait objects here), quantizing from many threads
+//! at once gives the same bytes as quantizing alone, and the bytes do not depend on the
+//! size of the worker pool.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
+#[path = "support/families.rs"]
+mod families;
+
 use std::sync::{Arc, Barrier};
+
+use families::FAMILIES;
 
 use quantfmt::io::{LoadedFile, load_bytes, save};
 use quantfmt::{
@@ -116,26 +122,12 @@ fn registry_and_loading_are_usable_from_many_threads() {
 }
 
 /// The work splits differ with the pool's size (strips per worker, tasks per slab), and
-/// the bytes must not: every recipe's kernel family, each usage, from f32 and bf16,
+/// the bytes must not: every kernel family ([`FAMILIES`]), each usage, from f32 and bf16,
 /// quantized and dequantized (each direction, into f32 and bf16) on pools of 1, 2, 3
 /// and 5 workers. `[1056, 768]` is 8.25 slabs of 128 rows and 33 MXFP8 groups, so the
 /// splits have partial ends.
 #[test]
 fn bytes_do_not_depend_on_the_number_of_workers() {
-    const SPECS: [&str; 12] = [
-        "fp8",
-        "fp8-block:1x128",
-        "fp8-block:128x128",
-        "mxfp8",
-        "mxfp8:2d",
-        "nvfp4",
-        "nvfp4:2d",
-        "nvfp4:rht",
-        "nvfp4:sr",
-        "nvfp4:row-scaled",
-        "nvfp4:4over6",
-        "int4tiled",
-    ];
     let (m, k) = (1056, 768);
     let w = data(m * k, 5);
     let pools: Vec<rayon::ThreadPool> = [1, 2, 3, 5]
@@ -148,7 +140,7 @@ fn bytes_do_not_depend_on_the_number_of_workers() {
         })
         .collect();
     let mut checked = 0;
-    for spec in SPECS {
+    for spec in FAMILIES {
         let spec: quantfmt::FormatSpec = spec.parse().unwrap();
         for usage in [Usage::ROWWISE, Usage::COLUMNWISE, Usage::BOTH] {
             let Ok(q) = spec.boxed(usage) else { continue };

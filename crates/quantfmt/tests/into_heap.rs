@@ -22,34 +22,15 @@
 //!   on how the tasks overlap. One thread makes it a function of the path alone.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
+#[path = "support/families.rs"]
+mod families;
 #[path = "support/heap.rs"]
 mod heap;
 
+use families::FAMILIES;
 use heap::measure;
 use quantfmt::{DType, Direction, FormatSpec, HostDataMut, HostTensor, Shape, Storage, Usage};
 use quantfmt_testkit::XorShift64;
-
-/// One spec per kernel family: each recipe, and the options that take their own walks.
-const SPECS: [&str; 18] = [
-    "fp8",
-    "fp8:e5m2,pow2",
-    "fp8-block:1x128",
-    "fp8-block:128x128",
-    "fp8-block:1x128,fp32-scales",
-    "mxfp8",
-    "mxfp8:2d",
-    "mxfp8:swizzled",
-    "nvfp4",
-    "nvfp4:2d",
-    "nvfp4:rht",
-    "nvfp4:sr",
-    "nvfp4:row-scaled",
-    "nvfp4:4over6",
-    "nvfp4:swizzled",
-    "nvfp4:rht,sr",
-    "int4tiled",
-    "int4tiled:g32",
-];
 
 /// Columns: a multiple of every format's block (int4tiled's default group is 128).
 const K: usize = 128;
@@ -144,7 +125,7 @@ fn into_paths_use_no_tensor_sized_heap() {
     let mut checked = 0;
     let mut most = (0, String::new());
     pool.install(|| {
-        for spec in SPECS {
+        for spec in FAMILIES {
             let spec: FormatSpec = spec.parse().unwrap();
             for usage in [Usage::ROWWISE, Usage::COLUMNWISE, Usage::BOTH] {
                 if spec.boxed(usage).is_err() {
@@ -179,6 +160,6 @@ fn into_paths_use_no_tensor_sized_heap() {
         "{checked} paths; the most growth: {} bytes ({}), bound {bound}",
         most.0, most.1
     );
-    // 18 specs, most in three usages, each with up to 3 quantizes and 6 dequantizes.
+    // 18 families, most in three usages, each with up to 3 quantizes and 6 dequantizes.
     assert!(checked > 250, "only {checked} paths checked");
 }

@@ -402,6 +402,27 @@ mod tests {
         (0..n).map(|i| pool[(i * 7 + i / 3) % pool.len()]).collect()
     }
 
+    /// The scales the every-pattern tests run: single scales (ordinary ones, `extreme`,
+    /// both zeros, a negative one and infinity, under which `plus_zero` must still give
+    /// `+0` for a zero input) and the per-value scales `each`.
+    fn scales(extreme: f32, each: &[f32]) -> Vec<Scale<'_>> {
+        let one = [
+            1.0f32,
+            3.0,
+            0.7,
+            1.0e-3,
+            448.0 / 3.3,
+            extreme,
+            0.0,
+            -0.0,
+            -2.5,
+            f32::INFINITY,
+        ];
+        let mut all: Vec<Scale<'_>> = one.map(Scale::One).to_vec();
+        all.push(Scale::Each(each));
+        all
+    }
+
     /// Every bf16 pattern under one scale (several) and under per-value scales, with
     /// and without `plus_zero`, against the f32 route on the widened values and the
     /// portable loop; lengths with every tail.
@@ -417,21 +438,7 @@ mod tests {
             .map(|&b| crate::dtype::f32_from_bf16_bits(b))
             .collect();
         let each = each_scales(bits.len());
-        let mut scales: Vec<Scale<'_>> = [
-            1.0f32,
-            3.0,
-            0.7,
-            1.0e-3,
-            448.0 / 3.3,
-            2.0f32.powi(-20),
-            0.0,
-            -0.0,
-            -2.5,
-            f32::INFINITY,
-        ]
-        .map(Scale::One)
-        .to_vec();
-        scales.push(Scale::Each(&each));
+        let scales = scales(2.0f32.powi(-20), &each);
         for fp8 in [Fp8::E4M3, Fp8::E5M2] {
             for &scale in &scales {
                 for plus_zero in [false, true] {
@@ -467,21 +474,7 @@ mod tests {
             .map(|&b| half::f16::from_bits(b).to_f32())
             .collect();
         let each = each_scales(bits.len());
-        let mut scales: Vec<Scale<'_>> = [
-            1.0f32,
-            3.0,
-            0.7,
-            1.0e-3,
-            448.0 / 3.3,
-            2.0f32.powi(20),
-            0.0,
-            -0.0,
-            -2.5,
-            f32::INFINITY,
-        ]
-        .map(Scale::One)
-        .to_vec();
-        scales.push(Scale::Each(&each));
+        let scales = scales(2.0f32.powi(20), &each);
         for fp8 in [Fp8::E4M3, Fp8::E5M2] {
             for &scale in &scales {
                 for plus_zero in [false, true] {
