@@ -534,6 +534,51 @@ fn grouped_save_load_round_trip_and_offsets_are_checked() {
     }
 }
 
+/// A member with zero rows (an expert that received no tokens) is allowed in a grouped
+/// tensor of every format (`GroupLayout::new`'s rule): its data takes no bytes, its
+/// neighbours are quantized as if alone, and its view has the shape `[0, K]`.
+#[test]
+fn grouped_members_may_have_zero_rows() {
+    for q in quantizers() {
+        let (a, b) = (data(128, 256, 3), data(256, 256, 4));
+        let xs = [
+            HostTensor::f32(&a, &[128, 256]).unwrap(),
+            HostTensor::f32(&[], &[0, 256]).unwrap(),
+            HostTensor::f32(&b, &[256, 256]).unwrap(),
+        ];
+        let g = q
+            .quantize_grouped_list(&xs)
+            .unwrap_or_else(|e| panic!("{}: {e}", q.spec()));
+        assert_eq!(g.num_members(), 3);
+        for gb in g.buffers() {
+            let offs = g.byte_offsets(gb.name()).unwrap();
+            // Its data takes no bytes (a per-tensor scale still has its slot).
+            if gb.name().contains("data") || gb.name().contains("weight") {
+                assert_eq!(
+                    offs[1],
+                    offs[2],
+                    "{}: {} of the empty member",
+                    q.spec(),
+                    gb.name()
+                );
+            }
+            for (i, x) in [(0, &xs[0]), (2, &xs[2])] {
+                let alone = q.quantize(x).unwrap();
+                let mb = alone.buffer(gb.name()).unwrap();
+                assert!(
+                    &gb.bytes()[offs[i]..offs[i + 1]] == mb.bytes(),
+                    "{}: member {i} buffer {} differs from quantizing it alone",
+                    q.spec(),
+                    gb.name()
+                );
+            }
+        }
+        let empty = g.member(1).unwrap();
+        assert_eq!(empty.shape().dims(), &[0, 256], "{}", q.spec());
+        assert_eq!(g.element_offsets(), &[0, 128 * 256, 128 * 256, 384 * 256]);
+    }
+}
+
 #[test]
 fn grouped_errors_name_the_member() {
     for q in quantizers() {

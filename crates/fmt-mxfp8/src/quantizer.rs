@@ -399,9 +399,11 @@ impl Format for Mxfp8Quantizer {
     }
 
     /// `K` (last dim) and `M` (product of the leading dims) must be multiples of 32, as
-    /// TE's `MXFP8Quantizer::create_tensor` requires; checked before any work.
+    /// TE's `MXFP8Quantizer::create_tensor` requires; checked before any work. `M = 0`
+    /// passes, as in every format: a grouped tensor may hold a member with no rows (an
+    /// expert that received no tokens), while quantizing or allocating an empty tensor
+    /// on its own is refused by the shared entry points.
     fn check_shape(&self, shape: &Shape) -> Result<()> {
-        shape.require_nonempty(Self::NAME)?;
         let (m, k) = shape.as_2d();
         if !k.is_multiple_of(BLOCK) {
             return Err(Error::shape(Self::NAME, "K", k, "must be a multiple of 32"));
