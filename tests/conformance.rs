@@ -387,6 +387,51 @@ fn bad_inputs_are_errors_not_panics() {
     }
 }
 
+/// Misuse of a storage through the traits is an error that names the argument: a
+/// destination of another shape, an output one element short or long, a reversed or
+/// overflowing row range.
+#[test]
+fn storage_misuse_is_an_error_naming_the_argument() {
+    let has = |r: Result<(), quantfmt::Error>, what: &str, needle: &str| match r {
+        Ok(()) => panic!("{what}: accepted"),
+        Err(e) => assert!(
+            e.to_string().contains(needle),
+            "{what}: `{e}` lacks `{needle}`"
+        ),
+    };
+    for q in quantizers() {
+        let spec = q.spec();
+        let w = data(SHAPE[0], SHAPE[1], 12);
+        let x = HostTensor::f32(&w, &SHAPE).unwrap();
+        let half = Shape::new(&[SHAPE[0] / 2, SHAPE[1]]).unwrap();
+        let mut small = q.allocate(&half, DType::F32).unwrap();
+        has(
+            q.quantize_into(&x, &mut *small),
+            &format!("{spec} quantize_into"),
+            "`x`",
+        );
+        let s = q.quantize(&x).unwrap();
+        let n = SHAPE[0] * SHAPE[1];
+        let dir = if q.usage().rowwise {
+            Direction::Rowwise
+        } else {
+            Direction::Columnwise
+        };
+        for len in [n - 1, n + 16] {
+            let mut out = vec![0f32; len];
+            let r = s.dequantize_into(dir, quantfmt::HostDataMut::from(&mut out[..]));
+            has(r, &format!("{spec} dequantize_into {len}"), "`out`");
+        }
+        #[allow(clippy::reversed_empty_ranges)]
+        let reversed = s.slice_dim0(40..20).map(|_| ());
+        has(reversed, &format!("{spec} slice 40..20"), "`range`");
+        let huge = s
+            .gather_dim0(std::slice::from_ref(&(0..usize::MAX)))
+            .map(|_| ());
+        has(huge, &format!("{spec} gather 0..MAX"), "`range`");
+    }
+}
+
 #[test]
 fn any_quantizer_serializes_through_the_registry() {
     for q in quantizers() {
