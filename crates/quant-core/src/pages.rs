@@ -22,9 +22,9 @@
 //! dequantize x1.09, NVFP4 columnwise dequantize x1.11 and quantize x1.03; rowwise paths
 //! x0.99-1.02. The allocating quantize (`Quantizer::quantize`, a fresh storage per call)
 //! gains most: its first writes fault the storage in 2 MiB at a time instead of 4 KiB
-//! (x2.2-4.0 in the same runs: FP8 1x128 rowwise from bf16 80 ms -> 16 ms). Earlier 3-pair trials (THP forced on for the whole VM; this advice given
-//! through `libc`) saw x1.00-1.12 and no clear gain; `docs/benchmarks-history.md` has
-//! them all.
+//! (x2.2-4.0 in the same runs: FP8 1x128 rowwise from bf16 80 ms -> 16 ms). Earlier
+//! 3-pair trials (THP forced on for the whole VM; this advice given through `libc`) saw
+//! x1.00-1.12 and no clear gain; `docs/benchmarks-history.md` has them all.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::OnceLock;

@@ -29,7 +29,10 @@ mod heap;
 
 use families::FAMILIES;
 use heap::measure;
-use quantfmt::{DType, Direction, FormatSpec, HostDataMut, HostTensor, Shape, Storage, Usage};
+use quantfmt::half::{bf16, f16};
+use quantfmt::{
+    DType, Direction, Element, FormatSpec, HostDataMut, HostTensor, Shape, Storage, Usage,
+};
 use quantfmt_testkit::XorShift64;
 
 /// Columns: a multiple of every format's block (int4tiled's default group is 128).
@@ -48,20 +51,17 @@ fn input(m: usize) -> Vec<f32> {
         .collect()
 }
 
-/// Output memory of `dtype` for `n` values, as raw little-endian words.
-fn output(dtype: DType, n: usize) -> Vec<u32> {
-    vec![0; (n * dtype.size()).div_ceil(4)]
-}
-
-/// `words` viewed as `n` values of `dtype`.
-fn view(dtype: DType, words: &mut [u32], n: usize) -> HostDataMut<'_> {
-    let bytes: &mut [u8] = bytemuck::cast_slice_mut(words);
-    match dtype {
-        DType::F32 => HostDataMut::F32(&mut bytemuck::cast_slice_mut(bytes)[..n]),
-        DType::BF16 => HostDataMut::BF16(&mut bytemuck::cast_slice_mut(bytes)[..n]),
-        DType::F16 => HostDataMut::F16(&mut bytemuck::cast_slice_mut(bytes)[..n]),
-        other => panic!("{other} is not a float output dtype"),
-    }
+/// The peak heap of `s.dequantize_into` in `dir` into `n` values of `T` (the output
+/// allocated outside the measure); `None` where it refuses.
+fn dequantize_peak<T: Element>(
+    s: &dyn Storage,
+    dir: Direction,
+    zero: T,
+    n: usize,
+) -> Option<usize> {
+    let mut out = vec![zero; n];
+    let (r, peak) = measure(|| s.dequantize_into(dir, HostDataMut::from(&mut out[..])));
+    r.ok().map(|()| peak)
 }
 
 /// The address of each buffer's bytes, to see that `quantize_into` kept them.
@@ -104,10 +104,14 @@ fn peaks(spec: &FormatSpec, usage: Usage, m: usize) -> Vec<(String, usize)> {
     }
     let stored = stored.unwrap_or_else(|| panic!("{}: no input dtype was taken", q.spec()));
     for dir in [Direction::Rowwise, Direction::Columnwise] {
-        for dtype in [DType::F32, DType::BF16, DType::F16] {
-            let mut words = output(dtype, m * K);
-            let (r, peak) = measure(|| stored.dequantize_into(dir, view(dtype, &mut words, m * K)));
-            if r.is_ok() {
+        let n = m * K;
+        let peaks = [
+            (DType::F32, dequantize_peak(&*stored, dir, 0.0f32, n)),
+            (DType::BF16, dequantize_peak(&*stored, dir, bf16::ZERO, n)),
+            (DType::F16, dequantize_peak(&*stored, dir, f16::ZERO, n)),
+        ];
+        for (dtype, peak) in peaks {
+            if let Some(peak) = peak {
                 out.push((format!("dequantize_into {dir:?} {dtype}"), peak));
             }
         }

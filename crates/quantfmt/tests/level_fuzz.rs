@@ -17,7 +17,8 @@
 use quant_core::simd::{self, Level};
 use quantfmt::half::{bf16, f16};
 use quantfmt::{
-    DType, Direction, FormatSpec, HostDataMut, HostTensor, Quantizer, Shape, Storage, Usage,
+    DType, Direction, Element, FormatSpec, HostDataMut, HostTensor, Quantizer, Shape, Storage,
+    Usage,
 };
 use quantfmt_testkit::XorShift64;
 
@@ -137,17 +138,30 @@ fn reused(q: &dyn Quantizer, x: &HostTensor<'_>, other: &HostTensor<'_>) -> Opti
     let n = x.shape().numel();
     let mut out = Vec::new();
     for dir in [Direction::Rowwise, Direction::Columnwise] {
-        let mut a = vec![f32::from_bits(0xA5A5_A5A5); n];
-        let mut b = vec![bf16::from_bits(0xA5A5); n];
-        let mut c = vec![f16::from_bits(0xA5A5); n];
-        let f = s.dequantize_into(dir, HostDataMut::from(&mut a[..])).ok();
-        out.push(f.map(|()| a.iter().flat_map(|v| v.to_le_bytes()).collect()));
-        let g = s.dequantize_into(dir, HostDataMut::from(&mut b[..])).ok();
-        out.push(g.map(|()| b.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect()));
-        let h = s.dequantize_into(dir, HostDataMut::from(&mut c[..])).ok();
-        out.push(h.map(|()| c.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect()));
+        out.push(dequantize_over(&*s, dir, f32::from_bits(0xA5A5_A5A5), n));
+        out.push(dequantize_over(&*s, dir, bf16::from_bits(0xA5A5), n));
+        out.push(dequantize_over(&*s, dir, f16::from_bits(0xA5A5), n));
     }
     Some((bytes(&*s), out))
+}
+
+/// `s.dequantize_into` in `dir` over `n` copies of `fill`, as bytes; `None` where it
+/// refuses.
+fn dequantize_over<T: Element>(
+    s: &dyn Storage,
+    dir: Direction,
+    fill: T,
+    n: usize,
+) -> Option<Vec<u8>> {
+    let mut out = vec![fill; n];
+    s.dequantize_into(dir, HostDataMut::from(&mut out[..]))
+        .ok()?;
+    Some(
+        HostTensor::from_slice(&out, &[n])
+            .unwrap()
+            .as_bytes()
+            .to_vec(),
+    )
 }
 
 /// Random case `id` (its index and seed, for the messages); `Some(description)` if it
