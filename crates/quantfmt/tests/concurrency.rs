@@ -6,10 +6,13 @@
 
 #[path = "support/families.rs"]
 mod families;
+#[path = "support/outputs.rs"]
+mod outputs;
 
 use std::sync::{Arc, Barrier};
 
 use families::FAMILIES;
+use outputs::{buffer_bytes, dequantizations};
 
 use quantfmt::io::{LoadedFile, load_bytes, save};
 use quantfmt::{
@@ -123,7 +126,7 @@ fn registry_and_loading_are_usable_from_many_threads() {
 
 /// The work splits differ with the pool's size (strips per worker, tasks per slab), and
 /// the bytes must not: every kernel family ([`FAMILIES`]), each usage, from f32 and bf16,
-/// quantized and dequantized (each direction, into f32 and bf16) on pools of 1, 2, 3
+/// quantized and dequantized (each direction, into each float dtype) on pools of 1, 2, 3
 /// and 5 workers. `[1056, 768]` is 8.25 slabs of 128 rows and 33 MXFP8 groups, so the
 /// splits have partial ends.
 #[test]
@@ -149,21 +152,11 @@ fn bytes_do_not_depend_on_the_number_of_workers() {
                     .unwrap()
                     .to_dtype(dtype)
                     .unwrap();
-                // Bytes of every buffer, then of every dequantization the storage gives.
-                let run = || -> Option<Vec<Vec<u8>>> {
+                // Bytes of every buffer and of every dequantization the storage gives.
+                let run = || {
                     let s = q.quantize(&x).ok()?;
-                    let mut all: Vec<Vec<u8>> =
-                        s.buffers().iter().map(|b| b.bytes().to_vec()).collect();
-                    for dir in [
-                        quantfmt::Direction::Rowwise,
-                        quantfmt::Direction::Columnwise,
-                    ] {
-                        for out in [quantfmt::DType::F32, quantfmt::DType::BF16] {
-                            if let Ok(t) = s.dequantize(dir, out) {
-                                all.push(t.as_bytes().to_vec());
-                            }
-                        }
-                    }
+                    let mut all = buffer_bytes(&*s);
+                    all.extend(dequantizations(&*s).into_iter().flatten());
                     Some(all)
                 };
                 let want = pools[0].install(run);

@@ -14,6 +14,10 @@
 //! names its case and seed).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
+#[path = "support/outputs.rs"]
+mod outputs;
+
+use outputs::{buffer_bytes, dequantizations};
 use quant_core::simd::{self, Level};
 use quantfmt::half::{bf16, f16};
 use quantfmt::{
@@ -107,25 +111,9 @@ fn values(r: &mut XorShift64, n: usize) -> Vec<f32> {
     v
 }
 
-/// A quantization's buffers and its dequantizations ([`bytes`], [`outputs`]).
+/// A quantization's buffers and its dequantizations ([`buffer_bytes`],
+/// [`dequantizations`]).
 type Run = (Vec<Vec<u8>>, Vec<Option<Vec<u8>>>);
-
-/// Every buffer's bytes.
-fn bytes(s: &dyn Storage) -> Vec<Vec<u8>> {
-    s.buffers().iter().map(|b| b.bytes().to_vec()).collect()
-}
-
-/// Every dequantization `s` gives (both directions, three output dtypes), `None` where
-/// it refuses.
-fn outputs(s: &dyn Storage) -> Vec<Option<Vec<u8>>> {
-    let mut out = Vec::new();
-    for dir in [Direction::Rowwise, Direction::Columnwise] {
-        for dtype in [DType::F32, DType::BF16, DType::F16] {
-            out.push(s.dequantize(dir, dtype).ok().map(|t| t.as_bytes().to_vec()));
-        }
-    }
-    out
-}
 
 /// The `_into` paths into memory that already holds other bytes: `x` quantized with
 /// `quantize_into` into the storage of `other` (same shape, other values), then each
@@ -142,7 +130,7 @@ fn reused(q: &dyn Quantizer, x: &HostTensor<'_>, other: &HostTensor<'_>) -> Opti
         out.push(dequantize_over(&*s, dir, bf16::from_bits(0xA5A5), n));
         out.push(dequantize_over(&*s, dir, f16::from_bits(0xA5A5), n));
     }
-    Some((bytes(&*s), out))
+    Some((buffer_bytes(&*s), out))
 }
 
 /// `s.dequantize_into` in `dir` over `n` copies of `fill`, as bytes; `None` where it
@@ -195,14 +183,18 @@ fn case(r: &mut XorShift64, id: &str) -> Option<String> {
     let what = format!("{id}: {spec_s} {dims:?} {usage} from {dtype}");
     let x = HostTensor::f32(&v, &dims).unwrap().to_dtype(dtype).unwrap();
     let scalar = simd::with_level(Level::Scalar, || {
-        q.quantize(&x).map(|s| (bytes(&*s), outputs(&*s)))
+        q.quantize(&x)
+            .map(|s| (buffer_bytes(&*s), dequantizations(&*s)))
     })
     .unwrap();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(workers)
         .build()
         .unwrap();
-    let best = pool.install(|| q.quantize(&x).map(|s| (bytes(&*s), outputs(&*s))));
+    let best = pool.install(|| {
+        q.quantize(&x)
+            .map(|s| (buffer_bytes(&*s), dequantizations(&*s)))
+    });
     match (scalar, best) {
         (Ok((qa, da)), Ok((qb, db))) => {
             assert_eq!(qa.len(), qb.len(), "{what}: buffer count");
