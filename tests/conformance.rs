@@ -481,12 +481,12 @@ fn check_grouped_equals_members(q: &dyn Quantizer, shapes: &[[usize; 2]]) {
         assert!(a.bytes() == b.bytes(), "{} {}", q.spec(), a.name());
     }
     // Grouped bytes == concatenation of quantizing each member alone.
+    let alone: Vec<_> = xs.iter().map(|x| q.quantize(x).unwrap()).collect();
     for (bi, gb) in g.buffers().iter().enumerate() {
         let offs = g.byte_offsets(gb.name()).unwrap();
         assert_eq!(offs.len(), shapes.len() + 1);
         assert_eq!(*offs.last().unwrap(), gb.nbytes());
-        for (i, x) in xs.iter().enumerate() {
-            let alone = q.quantize(x).unwrap();
+        for (i, alone) in alone.iter().enumerate() {
             let mb = &alone.buffers()[bi];
             assert_eq!(mb.name(), gb.name());
             assert!(
@@ -498,7 +498,7 @@ fn check_grouped_equals_members(q: &dyn Quantizer, shapes: &[[usize; 2]]) {
         }
     }
     // Members are zero-copy views that behave like any storage.
-    for (i, x) in xs.iter().enumerate() {
+    for (i, (x, alone)) in xs.iter().zip(&alone).enumerate() {
         let m = g.member(i).unwrap();
         assert_eq!(m.shape(), x.shape());
         for (mb, gb) in m.buffers().iter().zip(g.buffers()) {
@@ -507,7 +507,6 @@ fn check_grouped_equals_members(q: &dyn Quantizer, shapes: &[[usize; 2]]) {
                 "member {i} is a view"
             );
         }
-        let alone = q.quantize(x).unwrap();
         assert_eq!(m.dequantize_f32().unwrap(), alone.dequantize_f32().unwrap());
         assert_eq!(m.proto(), alone.proto());
     }
