@@ -73,10 +73,12 @@ ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": BF16, "U8": np.uint8,
 ST_NAMES = {np.dtype(v): k for k, v in ST_DTYPES.items()}
 
 
-def save(path, tensors):
-    header, blobs, off = {}, [], 0
+def save(path, tensors, metadata=None):
+    """`tensors` (name -> array, dtype from ST_DTYPES) as a safetensors file."""
+    header, blobs, off = ({"__metadata__": metadata} if metadata else {}), [], 0
     for name, a in tensors.items():
-        a = np.ascontiguousarray(a)
+        # (np.ascontiguousarray would make a 0-d scalar [1].)
+        a = np.asarray(a).copy(order="C")
         b = a.tobytes()
         header[name] = {"dtype": ST_NAMES[a.dtype], "shape": list(a.shape),
                         "data_offsets": [off, off + len(b)]}
