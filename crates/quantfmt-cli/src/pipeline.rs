@@ -454,7 +454,10 @@ pub fn run(opts: &Options) -> Result<Summary> {
                 let mut quantize = None;
                 if let Some(q) = &opts.format {
                     let as_group = opts.grouped && d.shape.len() == 3;
-                    let r = why_not_candidate(d)
+                    // Part of a quantized weight quantfmt does not read (a scale of
+                    // another layout, say): never quantized again as if it were plain.
+                    let r = interop::unread_quantized(d)
+                        .or_else(|| why_not_candidate(d))
                         .or_else(|| opts.selection.decide(&d.name).err())
                         .or_else(|| {
                             let check = if as_group {
@@ -548,7 +551,7 @@ pub fn run(opts: &Options) -> Result<Summary> {
                             planned_meta: None,
                             planned_sidecar: None,
                             torchao_entry: None,
-                            note: reason,
+                            note: reason.or_else(|| interop::unread_quantized(d)),
                         });
                     }
                 }

@@ -283,3 +283,86 @@ fn bench_json_reports_every_format_and_op() {
     assert!(!o.status.success() && o.stdout.is_empty(), "{o:?}");
     assert!(String::from_utf8_lossy(&o.stderr).contains("--shape"));
 }
+
+/// A safetensors file of raw tensors `(name, dtype, shape, bytes)` with `metadata`.
+fn write_safetensors(path: &Path, tensors: &[(&str, &str, &[usize], Vec<u8>)], metadata: &str) {
+    let mut header = format!("{{\"__metadata__\":{metadata}");
+    let mut at = 0;
+    for (name, dtype, shape, bytes) in tensors {
+        let end = at + bytes.len();
+        header += &format!(
+            ",\"{name}\":{{\"dtype\":\"{dtype}\",\"shape\":{shape:?},\"data_offsets\":[{at},{end}]}}"
+        );
+        at = end;
+    }
+    header += "}";
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header.as_bytes());
+    for (_, _, _, bytes) in tensors {
+        file.extend_from_slice(bytes);
+    }
+    std::fs::write(path, file).unwrap();
+}
+
+#[test]
+fn convert_reports_quantized_tensors_it_cannot_read() {
+    // A compressed-tensors W4A16 (pack-quantized int4) weight: no layout quantfmt reads.
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("w4a16.safetensors");
+    let config = r#"{"quantization_config":"{\"quant_method\":\"compressed-tensors\",\"format\":\"pack-quantized\"}"}"#;
+    write_safetensors(
+        &src,
+        &[
+            ("l.weight_packed", "I32", &[16, 4], vec![0x11; 256]),
+            ("l.weight_scale", "BF16", &[16, 1], vec![0x3F; 32]),
+            (
+                "l.weight_shape",
+                "I32",
+                &[2],
+                [16i32, 32].map(i32::to_le_bytes).concat(),
+            ),
+            ("norm.weight", "BF16", &[32], vec![0x3F; 64]),
+        ],
+        config,
+    );
+    let out = dir.path().join("native.safetensors");
+    let json = ok(&[
+        "convert",
+        p(&src),
+        "-o",
+        p(&out),
+        "--to",
+        "native",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    for t in v["tensors"].as_array().unwrap() {
+        let notes = t["notes"].to_string();
+        let flagged = notes.contains("copied unchanged, not converted");
+        assert_eq!(t["action"], "copied", "{t}");
+        assert_eq!(flagged, t["name"] != "norm.weight", "{t}");
+    }
+    let notes = v["notes"].to_string();
+    assert!(notes.contains("3 tensor(s) look quantized"), "{notes}");
+    // Quantizing the file leaves them alone too: the bf16 scale is not a weight.
+    let json = ok(&[
+        "quantize",
+        p(&src),
+        "-o",
+        p(&out),
+        "--format",
+        "fp8",
+        "--all",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    for t in v["tensors"].as_array().unwrap() {
+        assert_eq!(t["action"], "copied", "{t}");
+        if t["name"] == "l.weight_scale" {
+            assert!(t["notes"].to_string().contains("not converted"), "{t}");
+        }
+    }
+}

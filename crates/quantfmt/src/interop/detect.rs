@@ -143,6 +143,55 @@ fn is_fp8(d: Dtype) -> bool {
     matches!(d, Dtype::F8_E4M3 | Dtype::U8)
 }
 
+/// Name endings of the tensors that quantized layouts quantfmt does not read store a
+/// weight in: compressed-tensors' `pack-quantized` / `int-quantized` (`weight_packed`,
+/// `weight_shape`, `weight_zero_point`), GPTQ and AWQ (`qweight`, `qzeros`, `scales`,
+/// `g_idx`), and the scale companions of a weight left unread (`weight_scale`, ...).
+const UNREAD_SUFFIXES: [(&str, &str); 11] = [
+    ("weight_packed", "compressed-tensors packed integer weights"),
+    ("weight_shape", "compressed-tensors packed integer weights"),
+    ("weight_zero_point", "compressed-tensors zero points"),
+    (".qweight", "GPTQ/AWQ packed weights"),
+    (".qzeros", "GPTQ/AWQ zero points"),
+    (".scales", "GPTQ/AWQ scales"),
+    (".g_idx", "GPTQ group indices"),
+    ("weight_scale", "the scale of a quantized weight"),
+    ("weight_scale_inv", "the scale of a quantized weight"),
+    ("weight_scale_2", "the scale of a quantized weight"),
+    ("weight_global_scale", "the scale of a quantized weight"),
+];
+
+/// Why a tensor that planning left as a plain tensor (copied as it is) looks like part
+/// of a quantized weight that quantfmt did not read: a low-precision dtype no unit
+/// consumed, or a name only quantized layouts use. `None` for ordinary tensors. The
+/// copy is then reported, not silent: its values are not the weight's.
+///
+/// ```
+/// use quantfmt::interop::{TensorDesc, unread_quantized};
+/// use safetensors::Dtype;
+/// let w = TensorDesc::new("l.weight_packed", Dtype::I32, &[256, 64]);
+/// assert!(unread_quantized(&w).unwrap().contains("packed integer"));
+/// assert!(unread_quantized(&TensorDesc::new("l.weight", Dtype::BF16, &[4, 4])).is_none());
+/// ```
+pub fn unread_quantized(d: &TensorDesc) -> Option<String> {
+    let low = matches!(
+        d.dtype,
+        Dtype::F8_E4M3
+            | Dtype::F8_E5M2
+            | Dtype::F8_E8M0
+            | Dtype::F4
+            | Dtype::F6_E2M3
+            | Dtype::F6_E3M2
+    );
+    let kind = if low {
+        format!("{} data with no scale quantfmt pairs it with", d.dtype)
+    } else {
+        let (_, what) = UNREAD_SUFFIXES.iter().find(|(s, _)| d.name.ends_with(s))?;
+        format!("named like {what}, in a layout quantfmt does not read")
+    };
+    Some(format!("{kind}: copied unchanged, not converted"))
+}
+
 fn default_plan(scheme: Scheme, dtype: DType) -> NativePlan {
     NativePlan {
         quantizer: scheme.default_quantizer(),
@@ -404,6 +453,19 @@ pub fn plan_checkpoint(
             items.push(Item::Plain(t.clone()));
         }
     }
+    let unread: Vec<&str> = items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Plain(d) if unread_quantized(d).is_some() => Some(d.name.as_str()),
+            _ => None,
+        })
+        .collect();
+    if let Some(first) = unread.first() {
+        notes.push(format!(
+            "{} tensor(s) look quantized in a layout quantfmt does not read (e.g. `{first}`); they are copied unchanged, not converted",
+            unread.len()
+        ));
+    }
     items.sort_by(|a, b| a.name().cmp(b.name()));
     let found = seen_layouts.iter().copied().find(|l| *l != Layout::Native);
     let layout = match (declared, found) {
@@ -431,6 +493,46 @@ mod tests {
 
     fn d(n: &str, t: Dtype, s: &[usize]) -> TensorDesc {
         TensorDesc::new(n, t, s)
+    }
+
+    #[test]
+    fn quantized_tensors_it_does_not_read_are_plain_with_a_note() {
+        let cfg = CheckpointConfig::default();
+        let plan = |ts: &[TensorDesc]| {
+            plan_checkpoint(ts, &FileMeta::default(), &Sidecar::new(), &cfg).unwrap()
+        };
+        // compressed-tensors W4A16 (pack-quantized), and an E5M2 weight with a scale.
+        for ts in [
+            vec![
+                d("l.weight_packed", Dtype::I32, &[256, 64]),
+                d("l.weight_scale", Dtype::BF16, &[256, 4]),
+                d("l.weight_shape", Dtype::I32, &[2]),
+            ],
+            vec![
+                d("l.weight", Dtype::F8_E5M2, &[256, 512]),
+                d("l.weight_scale", Dtype::F32, &[1]),
+            ],
+        ] {
+            let p = plan(&ts);
+            assert!(p.items.iter().all(|i| matches!(i, Item::Plain(_))));
+            let note = p.notes.iter().find(|n| n.contains("look quantized"));
+            let note = note.unwrap_or_else(|| panic!("{:?}", p.notes));
+            assert!(
+                note.starts_with(&format!("{} tensor(s)", ts.len())),
+                "{note}"
+            );
+            for t in &ts {
+                let why = unread_quantized(t).unwrap();
+                assert!(why.ends_with("copied unchanged, not converted"), "{why}");
+            }
+        }
+        // An ordinary model: no note.
+        let p = plan(&[
+            d("l.weight", Dtype::BF16, &[256, 512]),
+            d("l.bias", Dtype::F32, &[256]),
+            d("l.self_attn.k_scale", Dtype::F32, &[]),
+        ]);
+        assert!(p.notes.is_empty(), "{:?}", p.notes);
     }
 
     #[test]

@@ -49,7 +49,7 @@ use quant_core::{Error, Result};
 
 pub use canonical::{Canonical, Scheme, canonical_from_native, native_from_canonical};
 pub use classes::TensorClass;
-pub use detect::{Item, Plan, TensorDesc, Unit, UnitKind, plan_checkpoint};
+pub use detect::{Item, Plan, TensorDesc, Unit, UnitKind, plan_checkpoint, unread_quantized};
 pub use sidecar::{SIDECAR_KEY, Sidecar, SidecarEntry};
 
 /// A checkpoint layout.
