@@ -18,11 +18,15 @@ implementation-defined, see `tests/golden/README.md`). Where the script departs 
 model, the function doing it says why (`nvfp4_dequantize`, `rht_inverse_f64`,
 `Int4Tiled.compare`).
 
+Rank-3 tensors are sometimes stored as grouped tensors (`--grouped`): each member is
+then modelled alone and the buffers compared with the members' concatenated (the grouped
+layout's definition); int4tiled's `[E, n, k]` experts likewise. int4tiled's dequantization
+is the model's exact rational arithmetic, vectorized (`int4_dequant`).
+
 Partly covered: NVFP4 stochastic rounding, which the model lacks (its Philox stream has
 its own tests, `crates/fmt-nvfp4/tests/sr.rs`): its scales and amaxes must equal the
 model's and each code must be the model's nearest code or a grid neighbour of it
-(`Nvfp4.compare`). Not covered: int4tiled's dequantization (the model's exact-rational
-reference is too slow for random sizes; the golden cases check it) and grouped storage.
+(`Nvfp4.compare`).
 
 Needs numpy, ml_dtypes and safetensors (`pip install -r tests/golden/requirements.txt`)
 and builds the release CLI. Exit status 1 on any mismatch or refusal (the options drawn
@@ -42,6 +46,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -373,9 +378,10 @@ class Int4Tiled:
     # A NaN qparam (an infinite input: inf - inf) has the sign numpy's x86 arithmetic
     # gives it, the default NaN, negative; torch converts every NaN to a positive bf16
     # (0x7FC0 on the CPU, 0x7FFF through CUDA's __float2bfloat16), as quantfmt does. The
-    # sign of a computed NaN is not the reference's to define: only NaN-ness is compared.
+    # sign of a computed NaN is not the reference's to define: only NaN-ness is compared,
+    # there and in the values decoded with such a qparam ("values").
     def compare(self, name, got, want):
-        return first_difference(got, want, nan_sign=name != "scale_and_zero")
+        return first_difference(got, want, nan_sign=name not in ("scale_and_zero", "values"))
 
     def usage(self, rng):
         return "rowwise"
@@ -398,7 +404,9 @@ class Int4Tiled:
 
     def shape(self, rng):
         n = int(rng.integers(1, 200))
-        return (n, self.group * int(rng.integers(1, max(2, 1024 // self.group + 1))))
+        k = self.group * int(rng.integers(1, max(2, 1024 // self.group + 1)))
+        # [E, n, k]: experts, each packed alone.
+        return (int(rng.integers(2, 4)), n // 2 + 1, k) if rng.random() < 0.2 else (n, k)
 
     def dtypes(self):
         return ["f32", "bf16", "f16"]
@@ -413,7 +421,30 @@ class Int4Tiled:
                                                  "bf16" if dtype == "bf16" else "f32")
         pre = ((u[:, ::2] << 4) | u[:, 1::2]).astype(np.uint8)
         sz = np.stack([scale, zero], axis=-1).transpose(1, 0, 2).astype(BF16)
-        return {"packed_weight": I4.kernel_pack(pre, self.ikt), "scale_and_zero": sz}, {}
+        bufs = {"packed_weight": I4.kernel_pack(pre, self.ikt), "scale_and_zero": sz}
+        return bufs, {"rowwise": int4_dequant(u[:n, :k], scale, zero, self.group)}
+
+
+def int4_dequant(u, scale, zero, group):
+    """`tests/golden/int4tiled.py::exact_dequant` (`(u - 8) * scale + zero`, exact, rounded
+    once to the output dtype) for a whole tensor, as f64 values that `to_bf16` and a cast
+    to f32 each round once. In f64 the product is exact (a 5-bit integer times a bf16
+    scale) and so is the sum, unless the two terms' exponents are about 40 apart: those
+    elements (whose two-sum error is not zero) come from the model's own rational
+    arithmetic, rounded to f32 (an exact f32 carries bf16's rounding too)."""
+    n, k = u.shape
+    s = np.repeat(scale[:n, : k // group].astype(np.float64), group, axis=1)
+    z = np.repeat(zero[:n, : k // group].astype(np.float64), group, axis=1)
+    with np.errstate(all="ignore"):
+        p = (u.astype(np.float64) - 8.0) * s
+        t = p + z
+        back = t - z
+        err = (p - back) + (z - (t - back))
+    for i in np.flatnonzero(np.isfinite(t) & (err != 0)):
+        r, c = divmod(int(i), k)
+        _, f = I4.exact_dequant(int(u[r, c]), scale[r, c // group], zero[r, c // group])
+        t[r, c] = float(f)
+    return t
 
 
 def random_shape(rng, m_mult, k_mult):
@@ -423,8 +454,10 @@ def random_shape(rng, m_mult, k_mult):
     big = rng.random() < 0.1
     k = k_mult * int(rng.integers(1, max(2, (2200 if big else 640) // k_mult)))
     m = m_mult * int(rng.integers(1, max(2, (1100 if big else 400) // m_mult)))
-    if rng.random() < 0.2 and m % 2 == 0:
-        return (2, m // 2, k)
+    if rng.random() < 0.2:
+        # [E, n, k], each member's rows a multiple too (a grouped run stores them apart).
+        e = int(rng.integers(2, 5))
+        return (e, m_mult * int(rng.integers(1, max(2, m // m_mult // e + 1))), k)
     return (m, k)
 
 
@@ -473,6 +506,16 @@ def first_difference(got, want, nan_sign=True):
             f"(bits {int(cw[i]):#x})")
 
 
+def members(fam, x, dtype, usage):
+    """The model of a rank-3 tensor stored member by member (a grouped tensor, or
+    int4tiled's experts): each member `[n, k]` alone, buffers concatenated (the grouped
+    layout's definition, `docs/grouped-and-parallel.md`), values stacked."""
+    parts = [fam.model(x[e], dtype, usage) for e in range(x.shape[0])]
+    bufs = {b: np.concatenate([np.asarray(p[0][b]).ravel() for p in parts]) for b in parts[0][0]}
+    dq = {d: np.stack([p[1][d] for p in parts]) for d in parts[0][1]}
+    return bufs, dq
+
+
 def run(cmd):
     r = subprocess.run(cmd, capture_output=True, text=True)
     return r.returncode, r.stderr.strip()
@@ -483,6 +526,8 @@ def batch(exe, fam, rng, seed, tmp, tensors_per_batch):
     refusal or None)."""
     spec = fam.spec(rng)
     usage = fam.usage(rng)
+    # Every rank-3 tensor of the run as a grouped tensor of its E members.
+    grouped = fam.name != "int4tiled" and rng.random() < 0.3
     cases = {}
     for t in range(tensors_per_batch):
         dtype = str(rng.choice(fam.dtypes()))
@@ -491,15 +536,16 @@ def batch(exe, fam, rng, seed, tmp, tensors_per_batch):
         cases[f"t{t}"] = (dtype, shape, kind, content(rng, kind, shape, dtype))
     src, dst = os.path.join(tmp, "in.safetensors"), os.path.join(tmp, "out.safetensors")
     save(src, {n: c[3] for n, c in cases.items()})
-    rc, err = run([exe, "quantize", "--all", "--strict", "--usage", usage, "--format", spec,
-                   "-o", dst, src])
+    cmd = [exe, "quantize", "--all", "--strict", "--usage", usage, "--format", spec, "-o", dst,
+           src] + (["--grouped"] if grouped else [])
+    if grouped:
+        spec += " --grouped"
+    rc, err = run(cmd)
     if rc != 0:
         return 0, [], f"{spec} --usage {usage}: {err.splitlines()[-1] if err else rc}"
     got = load(dst)
     deq = {}
     for dt in ("f32", "bf16"):
-        if fam.name == "int4tiled":
-            break
         out = os.path.join(tmp, f"deq_{dt}.safetensors")
         rc, err = run([exe, "dequantize", "--dtype", dt, "-o", out, dst])
         if rc != 0:
@@ -507,7 +553,10 @@ def batch(exe, fam, rng, seed, tmp, tensors_per_batch):
         deq[dt] = load(out)
     failures = []
     for n, (dtype, shape, kind, x) in cases.items():
-        bufs, dq = fam.model(x, dtype, usage)
+        if len(shape) == 3 and (grouped or fam.name == "int4tiled"):
+            bufs, dq = members(fam, x, dtype, usage)
+        else:
+            bufs, dq = fam.model(x, dtype, usage)
         where = f"seed {seed} {spec} --usage {usage} {dtype} {list(shape)} {kind}"
         problems = []
         for b, want in bufs.items():
@@ -522,18 +571,20 @@ def batch(exe, fam, rng, seed, tmp, tensors_per_batch):
             direction = "rowwise" if usage in ("rowwise", "both") else "columnwise"
             want = dq[direction]
             with np.errstate(all="ignore"):
-                d = first_difference(deq["f32"][n], want.astype(F32))
-            if d:
-                problems.append(f"dequantize {direction} f32: {d}")
-            d = first_difference(deq["bf16"][n], to_bf16(want))
-            if d:
-                problems.append(f"dequantize {direction} bf16: {d}")
+                wants = (("f32", want.astype(F32)), ("bf16", to_bf16(want)))
+            for dt, w in wants:
+                d = fam.compare("values", deq[dt][n], w)
+                if d:
+                    problems.append(f"dequantize {direction} {dt}: {d}")
         if problems:
             failures.append(where + "\n    " + "\n    ".join(problems))
     return len(cases), failures, None
 
 
 def main():
+    # The models' numpy arithmetic overflows and divides by zero on purpose (saturation,
+    # infinite amaxes); its warnings are not findings.
+    warnings.simplefilter("ignore", RuntimeWarning)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", type=int, default=200, help="CLI runs (default 200)")
     ap.add_argument("--tensors", type=int, default=6, help="tensors per run (default 6)")
