@@ -10,7 +10,7 @@ take as the truth. This script closes the gap between the two: it draws random c
 signed zeros, regions of each), quantizes them with the release `quantfmt` CLI and with
 the golden models (`tests/golden/{fp8,mxfp8,nvfp4,int4tiled}.py`, imported, not copied),
 and compares every stored buffer byte for byte and the dequantization (`quantfmt
-dequantize --dtype f32`, and bf16) element for element.
+dequantize --dtype` f32, bf16 and f16) element for element.
 
 Comparison rules are the golden tests': quantized bytes exactly; a NaN in a float buffer
 or a dequantized value is compared as "NaN with this sign" (NaN payloads are
@@ -117,6 +117,7 @@ def load(path):
 # --- inputs ----------------------------------------------------------------------------
 
 DT = {"f32": np.float32, "bf16": BF16, "f16": np.float16}
+DEQUANT_DTYPES = ["f32", "bf16", "f16"]
 
 
 def content(rng, kind, shape, dtype):
@@ -300,9 +301,10 @@ NV_DEQUANTIZE, RHT_INVERSE = NV.dequantize, NV.inverse_rht_rows
 NV.dequantize, NV.inverse_rht_rows = nvfp4_dequantize, rht_inverse_f64
 
 
-def to_bf16(v):
-    """One rounding to bf16 of f32 or f64 values: f64 through its round-to-odd f32 (two
-    more bits than bf16 needs, so the second rounding is exact)."""
+def narrow(v, dt):
+    """f32 or f64 values rounded once to `dt` ("f32", "bf16" or "f16"): f64 through its
+    round-to-odd f32 (at least two more bits than bf16 or f16 needs, in their whole
+    range, so the second rounding is exact)."""
     v = np.asarray(v)
     if v.dtype == np.float64:
         with np.errstate(all="ignore"):
@@ -314,7 +316,7 @@ def to_bf16(v):
             bits[inexact] |= np.uint32(1)
             v = bits.view(F32)
     with np.errstate(all="ignore"):
-        return v.astype(F32).astype(BF16)
+        return v.astype(F32).astype(DT[dt])
 
 
 class Nvfp4:
@@ -447,8 +449,8 @@ class Int4Tiled:
 
 def int4_dequant(u, scale, zero, group):
     """`tests/golden/int4tiled.py::exact_dequant` (`(u - 8) * scale + zero`, exact, rounded
-    once to the output dtype) for a whole tensor, as f64 values that `to_bf16` and a cast
-    to f32 each round once. In f64 the product is exact (a 5-bit integer times a bf16
+    once to the output dtype) for a whole tensor, as f64 values that `narrow` rounds once
+    to each output dtype. In f64 the product is exact (a 5-bit integer times a bf16
     scale) and so is the sum, unless the two terms' exponents are about 40 apart: those
     elements (whose two-sum error is not zero) come from the model's own rational
     arithmetic, rounded to f32 (an exact f32 carries bf16's rounding too)."""
@@ -565,7 +567,7 @@ def batch(exe, fam, rng, seed, tmp, tensors_per_batch):
         return 0, [], f"{spec} --usage {usage}: {err.splitlines()[-1] if err else rc}"
     got = load(dst)
     deq = {}
-    for dt in ("f32", "bf16"):
+    for dt in DEQUANT_DTYPES:
         out = os.path.join(tmp, f"deq_{dt}.safetensors")
         rc, err = run([exe, "dequantize", "--dtype", dt, "-o", out, dst])
         if rc != 0:
@@ -591,7 +593,8 @@ def batch(exe, fam, rng, seed, tmp, tensors_per_batch):
             direction = "rowwise" if usage in ("rowwise", "both") else "columnwise"
             want = dq[direction]
             with np.errstate(all="ignore"):
-                wants = (("f32", want.astype(F32)), ("bf16", to_bf16(want)))
+                wants = [(dt, want.astype(F32) if dt == "f32" else narrow(want, dt))
+                         for dt in DEQUANT_DTYPES]
             for dt, w in wants:
                 d = fam.compare("values", deq[dt][n], w)
                 if d:
