@@ -150,14 +150,23 @@ def pick(rng, options, p=0.5):
     return [o for o in options if rng.random() < p]
 
 
-class Fp8:
-    name = "fp8"
+class Family:
+    """One format: `spec(rng)` draws a spec (and keeps its options), `usage`, `dtypes` and
+    `shape` what to quantize, `model(x, dtype, usage)` the golden model's buffers and
+    dequantizations, `compare(name, got, want)` one buffer's verdict."""
 
     def compare(self, name, got, want):
         return first_difference(got, want)
 
     def usage(self, rng):
         return str(rng.choice(["rowwise", "columnwise", "both"]))
+
+    def dtypes(self):
+        return ["f32", "bf16", "f16"]
+
+
+class Fp8(Family):
+    name = "fp8"
 
     def spec(self, rng):
         self.fmt = "e5m2" if rng.random() < 0.3 else "e4m3"
@@ -170,9 +179,6 @@ class Fp8:
 
     def shape(self, rng):
         return random_shape(rng, 1, 1)
-
-    def dtypes(self):
-        return ["f32", "bf16", "f16"]
 
     def model(self, x, dtype, usage):
         c = dict(fp8=self.fmt, pow2=self.pow2, eps=self.eps, usage=usage, dtype=dtype)
@@ -204,14 +210,8 @@ class Fp8Block(Fp8):
                       if dt == "f32"}
 
 
-class Mxfp8:
+class Mxfp8(Family):
     name = "mxfp8"
-
-    def compare(self, name, got, want):
-        return first_difference(got, want)
-
-    def usage(self, rng):
-        return str(rng.choice(["rowwise", "columnwise", "both"]))
 
     def spec(self, rng):
         self.elem = "e5m2" if rng.random() < 0.3 else "e4m3"
@@ -222,9 +222,6 @@ class Mxfp8:
 
     def shape(self, rng):
         return random_shape(rng, 32, 32)
-
-    def dtypes(self):
-        return ["f32", "bf16", "f16"]
 
     def model(self, x, dtype, usage):
         m, k = x.size // x.shape[-1], x.shape[-1]
@@ -319,7 +316,7 @@ def narrow(v, dt):
         return v.astype(F32).astype(DT[dt])
 
 
-class Nvfp4:
+class Nvfp4(Family):
     name = "nvfp4"
 
     def usage(self, rng):
@@ -395,14 +392,15 @@ class Nvfp4:
         return bufs, deq
 
 
-class Int4Tiled:
+class Int4Tiled(Family):
     name = "int4tiled"
-    # A NaN qparam (an infinite input: inf - inf) has the sign numpy's x86 arithmetic
-    # gives it, the default NaN, negative; torch converts every NaN to a positive bf16
-    # (0x7FC0 on the CPU, 0x7FFF through CUDA's __float2bfloat16), as quantfmt does. The
-    # sign of a computed NaN is not the reference's to define: only NaN-ness is compared,
-    # there and in the values decoded with such a qparam ("values").
+
     def compare(self, name, got, want):
+        """A NaN qparam (an infinite input: inf - inf) has the sign numpy's x86 arithmetic
+        gives it, the default NaN, negative; torch converts every NaN to a positive bf16
+        (0x7FC0 on the CPU, 0x7FFF through CUDA's __float2bfloat16), as quantfmt does. The
+        sign of a computed NaN is not the reference's to define: only NaN-ness is
+        compared, there and in the values decoded with such a qparam ("values")."""
         return first_difference(got, want, nan_sign=name not in ("scale_and_zero", "values"))
 
     def usage(self, rng):
@@ -429,9 +427,6 @@ class Int4Tiled:
         k = self.group * int(rng.integers(1, max(2, 1024 // self.group + 1)))
         # [E, n, k]: experts, each packed alone.
         return (int(rng.integers(2, 4)), n // 2 + 1, k) if rng.random() < 0.2 else (n, k)
-
-    def dtypes(self):
-        return ["f32", "bf16", "f16"]
 
     def model(self, x, dtype, usage):
         n, k = x.shape
@@ -538,6 +533,15 @@ def members(fam, x, dtype, usage):
     return bufs, dq
 
 
+def cli(exe):
+    """`exe`, or the release CLI, built for the purpose."""
+    if exe is None:
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "quantfmt-cli"], cwd=ROOT,
+                       check=True)
+        exe = os.path.join(ROOT, "target", "release", "quantfmt")
+    return exe
+
+
 def run(cmd):
     r = subprocess.run(cmd, capture_output=True, text=True)
     return r.returncode, r.stderr.strip()
@@ -617,11 +621,7 @@ def main():
     ap.add_argument("--run-seed", type=int, help="replay the one run of this seed (as printed)")
     ap.add_argument("--exe", help="quantfmt binary (default: build the release CLI)")
     args = ap.parse_args()
-    exe = args.exe
-    if exe is None:
-        subprocess.run(["cargo", "build", "--release", "-q", "-p", "quantfmt-cli"], cwd=ROOT,
-                       check=True)
-        exe = os.path.join(ROOT, "target", "release", "quantfmt")
+    exe = cli(args.exe)
     fams = [FAMILIES[f] for f in (args.family or sorted(FAMILIES))]
     total, failures, refusals = 0, [], {}
     tmp = tempfile.mkdtemp(prefix="quantfmt-crosscheck-")

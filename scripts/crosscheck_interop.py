@@ -31,7 +31,6 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import warnings
@@ -52,7 +51,8 @@ def module(path, name):
 
 
 IO = module("tests/golden/interop.py", "golden_interop")
-# The safetensors reader and writer and the comparison rules of the other cross-check.
+# The safetensors reader and writer, the comparison rules and the CLI runner of the other
+# cross-check.
 CC = module("scripts/crosscheck_golden.py", "crosscheck_golden")
 
 MODELOPT = lambda algo, extra=None: {  # noqa: E731
@@ -223,11 +223,7 @@ def main():
     ap.add_argument("--file-seed", type=int, help="replay the one file of this seed")
     ap.add_argument("--exe", help="quantfmt binary (default: build the release CLI)")
     args = ap.parse_args()
-    exe = args.exe
-    if exe is None:
-        subprocess.run(["cargo", "build", "--release", "-q", "-p", "quantfmt-cli"], cwd=ROOT,
-                       check=True)
-        exe = os.path.join(ROOT, "target", "release", "quantfmt")
+    exe = CC.cli(args.exe)
     layouts = args.layout or sorted(LAYOUTS)
     seeds = [args.file_seed] if args.file_seed is not None else [
         args.seed * 1_000_003 + i for i in range(args.files)]
