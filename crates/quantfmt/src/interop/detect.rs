@@ -163,8 +163,9 @@ const UNREAD_SUFFIXES: [(&str, &str); 11] = [
 
 /// Why a tensor that planning left as a plain tensor (copied as it is) looks like part
 /// of a quantized weight that quantfmt did not read: a low-precision dtype no unit
-/// consumed, or a name only quantized layouts use. `None` for ordinary tensors. The
-/// copy is then reported, not silent: its values are not the weight's.
+/// consumed, integer data named `*.weight`, or a name only quantized layouts use. `None`
+/// for ordinary tensors. The copy is then reported, not silent: its values are not the
+/// weight's.
 ///
 /// ```
 /// use quantfmt::interop::{TensorDesc, unread_quantized};
@@ -183,8 +184,18 @@ pub fn unread_quantized(d: &TensorDesc) -> Option<String> {
             | Dtype::F6_E2M3
             | Dtype::F6_E3M2
     );
+    let integer = matches!(
+        d.dtype,
+        Dtype::I8 | Dtype::U8 | Dtype::I16 | Dtype::U16 | Dtype::I32 | Dtype::U32
+    );
     let kind = if low {
         format!("{} data with no scale quantfmt pairs it with", d.dtype)
+    } else if integer && d.name.ends_with(".weight") {
+        // compressed-tensors int-quantized (W8A8), bitsandbytes, a unit missing a part.
+        format!(
+            "{} data named like a weight, in a layout quantfmt does not read",
+            d.dtype
+        )
     } else {
         let (_, what) = UNREAD_SUFFIXES.iter().find(|(s, _)| d.name.ends_with(s))?;
         format!("named like {what}, in a layout quantfmt does not read")
@@ -512,6 +523,11 @@ mod tests {
                 d("l.weight", Dtype::F8_E5M2, &[256, 512]),
                 d("l.weight_scale", Dtype::F32, &[1]),
             ],
+            // compressed-tensors int-quantized (W8A8): I8 weights, per-channel scales.
+            vec![
+                d("l.weight", Dtype::I8, &[256, 512]),
+                d("l.weight_scale", Dtype::F32, &[256, 1]),
+            ],
         ] {
             let p = plan(&ts);
             assert!(p.items.iter().all(|i| matches!(i, Item::Plain(_))));
@@ -526,11 +542,13 @@ mod tests {
                 assert!(why.ends_with("copied unchanged, not converted"), "{why}");
             }
         }
-        // An ordinary model: no note.
+        // An ordinary model: no note (integer tensors not named as weights included).
         let p = plan(&[
             d("l.weight", Dtype::BF16, &[256, 512]),
             d("l.bias", Dtype::F32, &[256]),
             d("l.self_attn.k_scale", Dtype::F32, &[]),
+            d("position_ids", Dtype::I64, &[1, 512]),
+            d("l.attn.bias_mask", Dtype::U8, &[512, 512]),
         ]);
         assert!(p.notes.is_empty(), "{:?}", p.notes);
     }
