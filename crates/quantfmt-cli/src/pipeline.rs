@@ -450,13 +450,15 @@ pub fn run(opts: &Options) -> Result<Summary> {
             }),
             Item::Plain(d) => {
                 let shard = ck.shard_of(&d.name)?;
+                // Part of a quantized weight quantfmt does not read (a scale of another
+                // layout, say): copied with this note, never quantized as if plain.
+                let unread = interop::unread_quantized(d);
                 let mut reason = None;
                 let mut quantize = None;
                 if let Some(q) = &opts.format {
                     let as_group = opts.grouped && d.shape.len() == 3;
-                    // Part of a quantized weight quantfmt does not read (a scale of
-                    // another layout, say): never quantized again as if it were plain.
-                    let r = interop::unread_quantized(d)
+                    let r = unread
+                        .clone()
                         .or_else(|| why_not_candidate(d))
                         .or_else(|| opts.selection.decide(&d.name).err())
                         .or_else(|| {
@@ -551,7 +553,7 @@ pub fn run(opts: &Options) -> Result<Summary> {
                             planned_meta: None,
                             planned_sidecar: None,
                             torchao_entry: None,
-                            note: reason.or_else(|| interop::unread_quantized(d)),
+                            note: reason.or(unread),
                         });
                     }
                 }

@@ -4,6 +4,9 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use quant_core::io::{RawTensor, SaveItem, save_items};
+use safetensors::Dtype;
+
 fn quantfmt(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_quantfmt"))
         .args(args)
@@ -284,50 +287,36 @@ fn bench_json_reports_every_format_and_op() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("--shape"));
 }
 
-/// A safetensors file of raw tensors `(name, dtype, shape, bytes)` with `metadata`.
-fn write_safetensors(path: &Path, tensors: &[(&str, &str, &[usize], Vec<u8>)], metadata: &str) {
-    let mut header = format!("{{\"__metadata__\":{metadata}");
-    let mut at = 0;
-    for (name, dtype, shape, bytes) in tensors {
-        let end = at + bytes.len();
-        header += &format!(
-            ",\"{name}\":{{\"dtype\":\"{dtype}\",\"shape\":{shape:?},\"data_offsets\":[{at},{end}]}}"
-        );
-        at = end;
-    }
-    header += "}";
-    while header.len() % 8 != 0 {
-        header.push(' ');
-    }
-    let mut file = (header.len() as u64).to_le_bytes().to_vec();
-    file.extend_from_slice(header.as_bytes());
-    for (_, _, _, bytes) in tensors {
-        file.extend_from_slice(bytes);
-    }
-    std::fs::write(path, file).unwrap();
-}
-
 #[test]
 fn convert_reports_quantized_tensors_it_cannot_read() {
     // A compressed-tensors W4A16 (pack-quantized int4) weight: no layout quantfmt reads.
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("w4a16.safetensors");
-    let config = r#"{"quantization_config":"{\"quant_method\":\"compressed-tensors\",\"format\":\"pack-quantized\"}"}"#;
-    write_safetensors(
-        &src,
-        &[
-            ("l.weight_packed", "I32", &[16, 4], vec![0x11; 256]),
-            ("l.weight_scale", "BF16", &[16, 1], vec![0x3F; 32]),
-            (
-                "l.weight_shape",
-                "I32",
+    let config = r#"{"quant_method":"compressed-tensors","format":"pack-quantized"}"#;
+    let raw = |dtype, shape: &[usize], bytes: &[u8]| RawTensor {
+        dtype,
+        shape: shape.to_vec(),
+        data: quant_core::HostBytes::copy_from(bytes),
+    };
+    let tensors = [
+        ("l.weight_packed", raw(Dtype::I32, &[16, 4], &[0x11; 256])),
+        ("l.weight_scale", raw(Dtype::BF16, &[16, 1], &[0x3F; 32])),
+        (
+            "l.weight_shape",
+            raw(
+                Dtype::I32,
                 &[2],
-                [16i32, 32].map(i32::to_le_bytes).concat(),
+                &[16i32, 32].map(i32::to_le_bytes).concat(),
             ),
-            ("norm.weight", "BF16", &[32], vec![0x3F; 64]),
-        ],
-        config,
-    );
+        ),
+        ("norm.weight", raw(Dtype::BF16, &[32], &[0x3F; 64])),
+    ];
+    let items: Vec<_> = tensors
+        .iter()
+        .map(|(n, t)| (n.to_string(), SaveItem::Plain(t)))
+        .collect();
+    let metadata = [("quantization_config".to_string(), config.to_string())].into();
+    save_items(&src, &items, &metadata).unwrap();
     let out = dir.path().join("native.safetensors");
     let json = ok(&[
         "convert",
