@@ -146,10 +146,6 @@ KINDS = FP8.KINDS + ["mixed", "mixed"]
 # --- one family per format: a random spec, shape and the model's buffers ---------------
 
 
-def pick(rng, options, p=0.5):
-    return [o for o in options if rng.random() < p]
-
-
 class Family:
     """One format: `spec(rng)` draws a spec (and keeps its options), `usage`, `dtypes` and
     `shape` what to quantize, `model(x, dtype, usage)` the golden model's buffers and
