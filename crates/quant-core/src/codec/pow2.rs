@@ -651,9 +651,11 @@ impl LaneExps {
     /// let mut lanes = LaneExps::new();
     /// assert!(lanes.set_for(Level::Avx2, Bits16::F16(&[]), Fp8::E4M3, &[0; 32]));
     /// assert_eq!(lanes.len(), 32);
-    /// // Lanes made for AVX2 are refused at AVX-512, and the other way round.
+    /// // Lanes made for AVX-512 lack the constants of AVX2's f16 route, so AVX2 refuses
+    /// // them. (Lanes made for AVX2 hold AVX-512's f16 constants too: AVX-512 takes them.)
+    /// assert!(lanes.set_for(Level::Avx512, Bits16::F16(&[]), Fp8::E4M3, &[0; 32]));
     /// let row = [0u16; 32];
-    /// assert!(!lanes.encode(Level::Avx512, Bits16::F16(&row), false, &mut [0u8; 32]));
+    /// assert!(!lanes.encode(Level::Avx2, Bits16::F16(&row), false, &mut [0u8; 32]));
     /// ```
     pub fn set_for(&mut self, level: Level, rows: Bits16<'_>, fp8: Fp8, ks: &[i32]) -> bool {
         match (rows, level) {
