@@ -549,11 +549,12 @@ impl Format for Fp8BlockQuantizer {
             for r in 0..rows {
                 for c in 0..cols {
                     let v = s[r * padded[1] + c];
-                    if !(v.is_finite() && v > 0.0) {
+                    if !crate::scale::valid_scale_inv(v) {
                         return Err(Error::buffer(
                             name,
                             format!(
-                                "entry ({r}, {c}) holds {v}; block scales must be finite and > 0"
+                                "entry ({r}, {c}) holds {v}; block scales must be finite and \
+                                 >= +0 (+0: an all-zero block)"
                             ),
                         ));
                     }

@@ -45,7 +45,7 @@ mod x86;
 
 pub use block::{BLOCK, BlockScaling, Fp8BlockQuantizer};
 pub use per_tensor::{Fp8Quantizer, tensor_amax};
-pub use scale::{AmaxEpsilon, Fp8Dtype, amax_of, compute_scale_from_amax};
+pub use scale::{AmaxEpsilon, Fp8Dtype, amax_of, compute_scale_from_amax, valid_scale_inv};
 
 /// A per-tensor FP8 storage.
 pub type Fp8Tensor = quant_core::QuantizedTensor<Fp8Quantizer>;

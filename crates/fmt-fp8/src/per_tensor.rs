@@ -416,12 +416,15 @@ impl Format for Fp8Quantizer {
 
     fn validate_buffers(&self, _shape: &Shape, bufs: &[Buffer]) -> Result<()> {
         let s = buffer_by_name(bufs, "scale_inv")?.as_slice::<f32>()?[0];
-        if s.is_finite() && s > 0.0 {
+        if crate::scale::valid_scale_inv(s) {
             Ok(())
         } else {
             Err(Error::buffer(
                 "scale_inv",
-                format!("holds {s}; a per-tensor scale_inv must be finite and > 0"),
+                format!(
+                    "holds {s}; a per-tensor scale_inv must be finite and >= +0 (+0: an \
+                     all-zero tensor)"
+                ),
             ))
         }
     }

@@ -176,6 +176,23 @@ pub fn compute_scale_from_amax(
     scale
 }
 
+/// Whether a stored `scale_inv` (per tensor or per block) may be loaded: finite and
+/// `>= +0`. TransformerEngine never stores `+0` (an amax of 0 gets scale 1), but
+/// checkpoint producers that compute `amax / 448` with no guard do, for an all-zero
+/// block or tensor (DeepSeek-style `weight_scale_inv`, ModelOpt FP8). Its values are
+/// `code * 0`, what both the producer's dequantization and TE's give, so such a file
+/// is read rather than refused. A negative scale (`-0` included) flips signs and a NaN
+/// or infinite one poisons every value it scales: those are refused.
+///
+/// ```
+/// use fmt_fp8::valid_scale_inv;
+/// assert!(valid_scale_inv(0.5) && valid_scale_inv(0.0));
+/// assert!(!valid_scale_inv(-0.0) && !valid_scale_inv(f32::NAN) && !valid_scale_inv(f32::INFINITY));
+/// ```
+pub fn valid_scale_inv(s: f32) -> bool {
+    s.is_finite() && s.is_sign_positive()
+}
+
 /// `max(|x|)` ignoring NaN, starting from 0 (CUDA `fmaxf` / `__hmax` semantics).
 #[inline]
 pub fn amax_of<T: quant_core::Element>(xs: &[T]) -> f32 {
