@@ -222,7 +222,9 @@ fn dequantize_level_independent(m: usize, k: usize, base: &[f32]) {
 /// format, in both directions, must write the same bytes as with ordinary stores, in
 /// quantize (the transposed columnwise operands) and in dequantize (every direction,
 /// output types with and without a streamed route). Shapes whose rows are not whole
-/// lines (`k = 2200`, `m = 130`) and are (`[256, 512]`).
+/// lines (`k = 2200`, `m = 130`) and are (`[256, 512]`, and `[384, 2200]`: transposed
+/// rows on lines, three 128-row FP8 slabs and a 256- and a 128-row NVFP4 slab, with a
+/// partial last 16-column block).
 #[test]
 fn streamed_stores_write_the_same_bytes() {
     use quant_core::stream::{StoreMode, with_store_mode};
@@ -234,7 +236,7 @@ fn streamed_stores_write_the_same_bytes() {
         "int4tiled",
     ]);
     for spec in specs {
-        for [m, k] in [[130, 2200], [256, 512]] {
+        for [m, k] in [[130, 2200], [256, 512], [384, 2200]] {
             let x = HostTensor::f32(&special_input::input(&[m, k], 9), &[m, k])
                 .unwrap()
                 .to_dtype(DType::BF16)
