@@ -10,7 +10,7 @@
 
 use quant_core::Element;
 use quant_core::simd;
-use quant_core::stream::{Fence, StoreMode, line_chunks, write_bytes};
+use quant_core::stream::{Fence, StoreMode, line_chunks, transpose_to_strip, write_bytes};
 use quant_core::strips::{Strip, task_rows};
 use rayon::prelude::*;
 
@@ -39,9 +39,9 @@ const DECODE_COLS: usize = 512;
 const PITCH_PAD: usize = 64;
 
 /// Writes the `rows x cols` codes tile `codes` (row stride `stride`), transposed, into
-/// rows `j0..j0+cols` of `strip` (whose width is `rows`), each row with
-/// [`write_bytes`] at the level and in the store mode given. `scratch` holds
-/// `rows * cols`. `between(jj)` runs after row `j0 + jj` is written (the caller's
+/// rows `j0..j0+cols` of `strip` (whose width is `rows`): streamed from registers by
+/// [`transpose_to_strip`] where it runs, the rest through `scratch` (`rows * cols`
+/// bytes) and [`write_bytes`] per row, at the level and in the store mode given. `between(jj)` runs after row `j0 + jj` is written (the caller's
 /// prefetches, spread over the stores).
 #[inline]
 pub(crate) fn store_transposed(
@@ -57,10 +57,12 @@ pub(crate) fn store_transposed(
     scratch: &mut [u8],
     mut between: impl FnMut(usize),
 ) {
-    simd::transpose_bytes(codes, stride, scratch, rows, rows, cols);
-    for (jj, src) in scratch.chunks_exact(rows).take(cols).enumerate() {
-        write_bytes(level, src, strip.row_mut(j0 + jj), mode, fence);
-        between(jj);
+    let how = (level, mode, fence);
+    let done = transpose_to_strip(how, (codes, stride, rows, cols), (strip, j0), &mut between);
+    simd::transpose_bytes(&codes[done..], stride, scratch, rows, rows, cols - done);
+    for (jj, src) in scratch.chunks_exact(rows).take(cols - done).enumerate() {
+        write_bytes(level, src, strip.row_mut(j0 + done + jj), mode, fence);
+        between(done + jj);
     }
 }
 

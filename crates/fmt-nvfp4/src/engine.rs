@@ -37,7 +37,7 @@ use quant_core::codec::{e2m1, e4m3};
 use quant_core::cpu::{amax_f32, fmax_nan_loses, fold_abs_max};
 use quant_core::dtype::{Bits16, bf16_bits, f32_from_bf16_bits};
 use quant_core::simd::Level;
-use quant_core::stream::{Fence, StoreMode, write_bytes};
+use quant_core::stream::{Fence, StoreMode, transpose_to_strip, write_bytes};
 use quant_core::strips::{Strip, column_strips};
 use quant_core::{DType, Element, Result, simd};
 use rayon::prelude::*;
@@ -1844,7 +1844,8 @@ fn columnwise_chunk_direct(
 
 /// The end of a columnwise chunk: the block scales (`scales[c][g]`: column `c`, 16-row
 /// group `g`) into the slab's scale strip, and the packed row pairs in `s.pairs`,
-/// transposed, into its data strip.
+/// transposed, into its data strip (streamed from registers by [`transpose_to_strip`]
+/// where it runs).
 #[inline(always)]
 fn store_columnwise(
     p: &Params<'_>,
@@ -1876,10 +1877,24 @@ fn store_columnwise(
     }
     // [rows/2][cw] pairs -> [cw][rows/2] bytes, one strip row per column of x.
     let half = rows / 2;
-    simd::transpose_bytes(&s.pairs, CHUNK, &mut s.tposed, half, half, cw);
     let (mode, fence) = (col.store.0, &col.store.1);
-    for (c, src) in s.tposed.chunks_exact(half).take(cw).enumerate() {
-        write_bytes(p.level, src, col.data.row_mut(c0 + c), mode, fence);
+    let how = (p.level, mode, fence);
+    let done = transpose_to_strip(
+        how,
+        (&s.pairs, CHUNK, half, cw),
+        (&mut col.data, c0),
+        |_| {},
+    );
+    simd::transpose_bytes(
+        &s.pairs[done..],
+        CHUNK,
+        &mut s.tposed,
+        half,
+        half,
+        cw - done,
+    );
+    for (c, src) in s.tposed.chunks_exact(half).take(cw - done).enumerate() {
+        write_bytes(p.level, src, col.data.row_mut(c0 + done + c), mode, fence);
     }
 }
 

@@ -254,6 +254,83 @@ pub fn write_bytes(level: Level, src: &[u8], dst: &mut [u8], mode: StoreMode, fe
     dst.copy_from_slice(src);
 }
 
+/// Writes the transpose of a block of codes into a column strip: column `j` of the
+/// `rows x cols` bytes of `src` (row stride `stride`), that is `rows` bytes, becomes row
+/// `j0 + j` of `strip` (whose width is `rows`); `between(j)` runs after each such row.
+/// Returns how many leading columns it wrote: a multiple of 16, and 0 unless the
+/// streaming mode, [`Level::Avx512`] (which this CPU has), `rows` of 64 or 128 and
+/// every destination row starting on a 64-byte line let the fused kernel run. The
+/// caller writes the rest as before ([`crate::simd::transpose_bytes`] into a scratch,
+/// then [`write_bytes`] per row): the bytes are the same either way.
+///
+/// The fused kernel transposes 64 rows x 16 columns at a time in 512-bit registers
+/// (four 16x16 byte transposes side by side, one per 128-bit lane) and streams each
+/// register, one whole output line, straight into the strip. The two-step route stores
+/// every byte into the scratch 16 bytes at a time and loads it again, and on Zen 4 its
+/// 16-byte stores bound the transpose (`benchmarks-history.md`).
+///
+/// ```
+/// use quant_core::simd::{self, Level};
+/// use quant_core::stream::{transpose_to_strip, Fence, StoreMode};
+/// use quant_core::strips::column_strips;
+/// use rayon::prelude::*;
+/// let (rows, cols) = (128, 40);
+/// let src: Vec<u8> = (0..rows * cols).map(|i| (i * 7) as u8).collect();
+/// // A 64-byte-aligned [cols, rows] matrix (one strip of full width).
+/// let mut out = quant_core::HostBytes::zeroed(cols * rows);
+/// let mut strips: Vec<_> = column_strips(out.as_mut_slice(), rows, rows).unwrap().collect();
+/// let fence = Fence::new();
+/// let done = transpose_to_strip(
+///     (simd::level(), StoreMode::Streaming, &fence),
+///     (&src, cols, rows, cols),
+///     (&mut strips[0], 0),
+///     |_| {},
+/// );
+/// drop(strips);
+/// assert_eq!(done, if simd::level() == Level::Avx512 { 32 } else { 0 });
+/// drop(fence);
+/// for j in 0..done {
+///     for i in 0..rows {
+///         assert_eq!(out.as_slice()[j * rows + i], src[i * cols + j]);
+///     }
+/// }
+/// ```
+#[inline]
+pub fn transpose_to_strip(
+    (level, mode, fence): (Level, StoreMode, &Fence),
+    (src, stride, rows, cols): (&[u8], usize, usize, usize),
+    (strip, j0): (&mut crate::strips::Strip<'_, u8>, usize),
+    between: impl FnMut(usize),
+) -> usize {
+    let _ = fence;
+    let whole = cols / 16 * 16;
+    let fits = mode == StoreMode::Streaming
+        && level == Level::Avx512
+        && level.is_supported()
+        && (rows == 64 || rows == 128)
+        && whole > 0
+        && cols <= stride
+        && src.len() >= (rows - 1) * stride + cols
+        && j0 + whole <= strip.rows()
+        && strip.col_range().len() == rows;
+    if !fits || (0..whole).any(|j| strip.row_mut(j0 + j).as_ptr().align_offset(64) != 0) {
+        return 0;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512`, checked above); `src`
+        // holds `rows` (64 or 128) rows of `whole <= cols <= stride` columns, and rows
+        // `j0..j0 + whole` of the strip are `rows` bytes on 64-byte lines (all checked).
+        unsafe { x86::transpose_to_strip(src, stride, rows, whole, (strip, j0), between) };
+        whole
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (between, j0);
+        0
+    }
+}
+
 /// Fills `scratch[..dst.len()]` with f32 values by `fill` and writes them into `dst`
 /// as [`write_f32`] does in `mode` (its fence left to `fence`): the way for a portable
 /// decode loop to stream a large output, where ordinary stores read each output line
@@ -567,14 +644,132 @@ pub mod avx2 {
 #[cfg(target_arch = "x86_64")]
 pub mod x86 {
     use std::arch::x86_64::{
-        __m512, __m512i, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT, _mm_sfence,
-        _mm512_castps_si512, _mm512_castsi256_si512, _mm512_cvtps_ph, _mm512_inserti64x4,
-        _mm512_loadu_ps, _mm512_loadu_si512, _mm512_permutex2var_epi16, _mm512_setzero_si512,
-        _mm512_storeu_si512, _mm512_stream_si512,
+        __m128i, __m512, __m512i, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT, _mm_loadu_si128,
+        _mm_sfence, _mm512_castps_si512, _mm512_castsi128_si512, _mm512_castsi256_si512,
+        _mm512_cvtps_ph, _mm512_inserti32x4, _mm512_inserti64x4, _mm512_loadu_ps,
+        _mm512_loadu_si512, _mm512_permutex2var_epi16, _mm512_setzero_si512, _mm512_storeu_si512,
+        _mm512_stream_si512, _mm512_unpackhi_epi8, _mm512_unpacklo_epi8,
     };
 
     use super::{Fence, StoreMode};
     use crate::dtype::bf16_bits;
+
+    /// One round of the 16x16 byte transpose on 16 vectors (per 128-bit lane):
+    /// `[lo(r0, r8), hi(r0, r8), lo(r1, r9), ..]`, as an array literal, so that the
+    /// rounds stay in registers (a loop assigning arrays of vectors compiled to
+    /// `memcpy` calls).
+    macro_rules! interleave {
+        ($r:expr) => {{
+            let r = $r;
+            [
+                _mm512_unpacklo_epi8(r[0], r[8]),
+                _mm512_unpackhi_epi8(r[0], r[8]),
+                _mm512_unpacklo_epi8(r[1], r[9]),
+                _mm512_unpackhi_epi8(r[1], r[9]),
+                _mm512_unpacklo_epi8(r[2], r[10]),
+                _mm512_unpackhi_epi8(r[2], r[10]),
+                _mm512_unpacklo_epi8(r[3], r[11]),
+                _mm512_unpackhi_epi8(r[3], r[11]),
+                _mm512_unpacklo_epi8(r[4], r[12]),
+                _mm512_unpackhi_epi8(r[4], r[12]),
+                _mm512_unpacklo_epi8(r[5], r[13]),
+                _mm512_unpackhi_epi8(r[5], r[13]),
+                _mm512_unpacklo_epi8(r[6], r[14]),
+                _mm512_unpackhi_epi8(r[6], r[14]),
+                _mm512_unpacklo_epi8(r[7], r[15]),
+                _mm512_unpackhi_epi8(r[7], r[15]),
+            ]
+        }};
+    }
+
+    /// Columns `0..16` of rows `0..64` at `$src` (row stride `$stride`) transposed, as a
+    /// `[__m512i; 16]`: vector `j` holds column `j`, rows 0..64 in order. Lane `l` of the
+    /// loaded vector `i` is row `16l + i`, so the 16x16 byte transpose of
+    /// [`crate::simd`] (four rounds of byte interleaves), run on 512-bit vectors,
+    /// transposes the four row blocks side by side: lane `l` of result `j` is column `j`
+    /// of rows `16l..16l + 16`. A macro, not a function: a `#[target_feature]` function
+    /// cannot be forced inline, and out of line its results went through memory.
+    ///
+    /// Expand only inside an `unsafe` block of code compiled with AVX-512 F and BW, with
+    /// `$src + i * $stride .. + 16` readable for `i < 64`.
+    macro_rules! transpose_64x16 {
+        ($src:expr, $stride:expr) => {{
+            let (src, stride): (*const u8, usize) = ($src, $stride);
+            let row = |i: usize| _mm_loadu_si128(src.add(i * stride).cast::<__m128i>());
+            let lanes = |i: usize| {
+                let a = _mm512_castsi128_si512(row(i));
+                let a = _mm512_inserti32x4::<1>(a, row(16 + i));
+                let a = _mm512_inserti32x4::<2>(a, row(32 + i));
+                _mm512_inserti32x4::<3>(a, row(48 + i))
+            };
+            let r = [
+                lanes(0),
+                lanes(1),
+                lanes(2),
+                lanes(3),
+                lanes(4),
+                lanes(5),
+                lanes(6),
+                lanes(7),
+                lanes(8),
+                lanes(9),
+                lanes(10),
+                lanes(11),
+                lanes(12),
+                lanes(13),
+                lanes(14),
+                lanes(15),
+            ];
+            interleave!(interleave!(interleave!(interleave!(r))))
+        }};
+    }
+
+    /// [`super::transpose_to_strip`] after its checks: columns `0..whole` (a multiple
+    /// of 16) of the `rows` (64 or 128) rows of `src`. Each output row's run is
+    /// written whole, its lines back to back.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and BW; `src` must hold `(rows - 1) * stride +
+    /// whole` bytes (`whole <= stride`); rows `j0..j0 + whole` of `strip` must be `rows`
+    /// bytes starting on 64-byte lines.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn transpose_to_strip(
+        src: &[u8],
+        stride: usize,
+        rows: usize,
+        whole: usize,
+        (strip, j0): (&mut crate::strips::Strip<'_, u8>, usize),
+        mut between: impl FnMut(usize),
+    ) {
+        for c0 in (0..whole).step_by(16) {
+            // SAFETY: rows `0..64` of columns `c0..c0 + 16` lie inside `src` (contract);
+            // the CPU has AVX-512 F and BW (this function's features).
+            let first = unsafe { transpose_64x16!(src.as_ptr().add(c0), stride) };
+            if rows == 64 {
+                for (j, line) in first.into_iter().enumerate() {
+                    let row = &mut strip.row_mut(j0 + c0 + j)[..64];
+                    // SAFETY: `row` is 64 bytes on a line (contract).
+                    unsafe { _mm512_stream_si512(row.as_mut_ptr().cast(), line) };
+                }
+            } else {
+                // SAFETY: rows `64..128` of columns `c0..c0 + 16` lie inside `src`
+                // (contract, `rows == 128`); the CPU has AVX-512 F and BW.
+                let second =
+                    unsafe { transpose_64x16!(src.as_ptr().add(64 * stride + c0), stride) };
+                for (j, (a, b)) in first.into_iter().zip(second).enumerate() {
+                    let row = &mut strip.row_mut(j0 + c0 + j)[..128];
+                    // SAFETY: `row` is 128 bytes on a line (contract).
+                    unsafe {
+                        _mm512_stream_si512(row.as_mut_ptr().cast(), a);
+                        _mm512_stream_si512(row.as_mut_ptr().add(64).cast(), b);
+                    }
+                }
+            }
+            for j in c0..c0 + 16 {
+                between(j);
+            }
+        }
+    }
 
     /// How a [`LineWriter`] stores.
     #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -898,6 +1093,83 @@ pub mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `transpose_to_strip` writes exactly the transpose, in the rows it says it wrote,
+    /// at every level (it runs at AVX-512 only) and store mode: 64- and 128-row blocks
+    /// (and 96, which it declines), column counts with and without a partial last
+    /// 16-column block, strips of several widths (the second strip of a matrix too, so
+    /// the rows start mid-row) and a destination row offset; `between` sees every
+    /// written column once, in order; rows it did not write keep their bytes.
+    #[test]
+    fn transpose_to_strip_writes_the_transpose() {
+        use crate::strips::column_strips;
+        use rayon::prelude::*;
+        let mut rng = quantfmt_testkit::XorShift32::new(11);
+        let mut ran_fused = false;
+        crate::simd::for_each_supported_level(|level| {
+            for mode in [StoreMode::Streaming, StoreMode::Cached] {
+                for rows in [64usize, 128, 96] {
+                    for cols in [16usize, 40, 130] {
+                        let stride = cols + 24;
+                        let src: Vec<u8> =
+                            (0..rows * stride).map(|_| rng.next_u32() as u8).collect();
+                        // A [j0 + cols + 5, 2 * rows] matrix: the second strip is this
+                        // block's, its rows starting `rows` bytes into each matrix row.
+                        let (j0, n) = (3, 3 + cols + 5);
+                        let mut m = crate::HostBytes::zeroed(n * 2 * rows);
+                        m.as_mut_slice().fill(0xA5);
+                        let mut seen = Vec::new();
+                        let fence = Fence::new();
+                        let done = {
+                            let mut strips: Vec<_> =
+                                column_strips(m.as_mut_slice(), 2 * rows, rows)
+                                    .unwrap()
+                                    .collect();
+                            transpose_to_strip(
+                                (level, mode, &fence),
+                                (&src, stride, rows, cols),
+                                (&mut strips[1], j0),
+                                |j| seen.push(j),
+                            )
+                        };
+                        drop(fence);
+                        let fused =
+                            level == Level::Avx512 && mode == StoreMode::Streaming && rows != 96;
+                        assert_eq!(
+                            done,
+                            if fused { cols / 16 * 16 } else { 0 },
+                            "{level} {mode:?} {rows}x{cols}"
+                        );
+                        ran_fused |= done > 0;
+                        assert_eq!(seen, (0..done).collect::<Vec<_>>());
+                        let m = m.as_slice();
+                        for r in 0..n {
+                            for i in 0..rows {
+                                let got = m[r * 2 * rows + rows + i];
+                                let want = if (j0..j0 + done).contains(&r) {
+                                    src[i * stride + r - j0]
+                                } else {
+                                    0xA5
+                                };
+                                assert_eq!(
+                                    got, want,
+                                    "{level} {mode:?} {rows}x{cols}: row {r} byte {i}"
+                                );
+                            }
+                            assert!(
+                                m[r * 2 * rows..r * 2 * rows + rows]
+                                    .iter()
+                                    .all(|&b| b == 0xA5)
+                            );
+                        }
+                    }
+                }
+            }
+        });
+        if !ran_fused {
+            eprintln!("SKIPPED the fused transpose: this CPU lacks AVX-512");
+        }
+    }
 
     /// `write_f32`, and `write_filled` through a scratch, give `T::from_f32`'s bits in
     /// both modes at every level, for lengths with every tail and starts at every offset
