@@ -68,16 +68,7 @@ fn check_loads_and_decodes<F: Format>(
                     }
                 })
                 .collect();
-            let got = t.dequantize_as::<f32>(dir).unwrap();
-            for (n, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
-                    "level {level} {dir} f32 ({}, {}): got {g}, want {w}",
-                    n / k,
-                    n % k
-                );
-            }
-            for dtype in [DType::BF16, DType::F16] {
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
                 let got = t
                     .dequantize(dir, dtype)
                     .unwrap()
