@@ -41,8 +41,9 @@ const PITCH_PAD: usize = 64;
 /// Writes the `rows x cols` codes tile `codes` (row stride `stride`), transposed, into
 /// rows `j0..j0+cols` of `strip` (whose width is `rows`): streamed from registers by
 /// [`transpose_to_strip`] where it runs, the rest through `scratch` (`rows * cols`
-/// bytes) and [`write_bytes`] per row, at the level and in the store mode given. `between(jj)` runs after row `j0 + jj` is written (the caller's
-/// prefetches, spread over the stores).
+/// bytes) and [`write_bytes`] per row, at the level and in the store mode given.
+/// `between(jj)` runs after row `j0 + jj` is written (the caller's prefetches, spread
+/// over the stores).
 #[inline]
 pub(crate) fn store_transposed(
     codes: &[u8],
