@@ -258,14 +258,16 @@ pub fn write_bytes(level: Level, src: &[u8], dst: &mut [u8], mode: StoreMode, fe
 /// `rows x cols` bytes of `src` (row stride `stride`), that is `rows` bytes, becomes row
 /// `j0 + j` of `strip` (whose width is `rows`); `between(j)` runs after each such row.
 /// Returns how many leading columns it wrote: a multiple of 16, and 0 unless the
-/// streaming mode, [`Level::Avx512`] (which this CPU has), `rows` of 64 or 128 and
-/// every destination row starting on a 64-byte line let the fused kernel run. The
+/// streaming mode, [`Level::Avx512`] or [`Level::Avx2`] (which this CPU has), `rows` of
+/// 64 or 128 and every destination row starting on a 64-byte line let the fused kernel
+/// run. The
 /// caller writes the rest as before ([`crate::simd::transpose_bytes`] into a scratch,
 /// then [`write_bytes`] per row): the bytes are the same either way.
 ///
 /// The fused kernel transposes 64 rows x 16 columns at a time in 512-bit registers
 /// (four 16x16 byte transposes side by side, one per 128-bit lane) and streams each
-/// register, one whole output line, straight into the strip. The two-step route stores
+/// register, one whole output line, straight into the strip; at AVX2, 32 rows at a
+/// time in 256-bit registers, two of them per line. The two-step route stores
 /// every byte into the scratch 16 bytes at a time and loads it again, and on Zen 4 its
 /// 16-byte stores bound the transpose (`benchmarks-history.md`).
 ///
@@ -287,7 +289,7 @@ pub fn write_bytes(level: Level, src: &[u8], dst: &mut [u8], mode: StoreMode, fe
 ///     |_| {},
 /// );
 /// drop(strips);
-/// assert_eq!(done, if simd::level() == Level::Avx512 { 32 } else { 0 });
+/// assert_eq!(done, if simd::level() == Level::Scalar { 0 } else { 32 });
 /// drop(fence);
 /// for j in 0..done {
 ///     for i in 0..rows {
@@ -305,7 +307,7 @@ pub fn transpose_to_strip(
     let _ = fence;
     let whole = cols / 16 * 16;
     let fits = mode == StoreMode::Streaming
-        && level == Level::Avx512
+        && level != Level::Scalar
         && level.is_supported()
         && (rows == 64 || rows == 128)
         && whole > 0
@@ -318,10 +320,17 @@ pub fn transpose_to_strip(
     }
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: the CPU has AVX-512 F and BW (`Level::Avx512`, checked above); `src`
-        // holds `rows` (64 or 128) rows of `whole <= cols <= stride` columns, and rows
-        // `j0..j0 + whole` of the strip are `rows` bytes on 64-byte lines (all checked).
-        unsafe { x86::transpose_to_strip(src, stride, rows, whole, (strip, j0), between) };
+        let out = (strip, j0);
+        // SAFETY: the CPU has the level (checked above): AVX-512 F and BW, or AVX2;
+        // `src` holds `rows` (64 or 128) rows of `whole <= cols <= stride` columns, and
+        // rows `j0..j0 + whole` of the strip are `rows` bytes on 64-byte lines (all
+        // checked).
+        unsafe {
+            match level {
+                Level::Avx512 => x86::transpose_to_strip(src, stride, rows, whole, out, between),
+                _ => avx2::transpose_to_strip(src, stride, rows, whole, out, between),
+            }
+        };
         whole
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -428,9 +437,10 @@ pub fn line_chunks<T>(
 #[cfg(target_arch = "x86_64")]
 pub mod avx2 {
     use std::arch::x86_64::{
-        __m256, __m256i, _MM_FROUND_TO_NEAREST_INT, _mm_stream_si128, _mm256_cvtps_ph,
-        _mm256_loadu_ps, _mm256_loadu_si256, _mm256_storeu_ps, _mm256_storeu_si256,
-        _mm256_stream_ps, _mm256_stream_si256,
+        __m128i, __m256, __m256i, _MM_FROUND_TO_NEAREST_INT, _mm_loadu_si128, _mm_stream_si128,
+        _mm256_castsi128_si256, _mm256_cvtps_ph, _mm256_inserti128_si256, _mm256_loadu_ps,
+        _mm256_loadu_si256, _mm256_setzero_si256, _mm256_storeu_ps, _mm256_storeu_si256,
+        _mm256_stream_ps, _mm256_stream_si256, _mm256_unpackhi_epi8, _mm256_unpacklo_epi8,
     };
 
     use super::StoreMode;
@@ -464,6 +474,133 @@ pub mod avx2 {
     unsafe fn stream32(p: *mut u8, v: __m256i) {
         // SAFETY: as the caller promises.
         unsafe { _mm256_stream_si256(p.cast(), v) }
+    }
+
+    /// One round of the 16x16 byte transpose on 16 vectors (per 128-bit lane), as an
+    /// array literal (see the AVX-512 `interleave!`).
+    macro_rules! interleave {
+        ($r:expr) => {{
+            let r = $r;
+            [
+                _mm256_unpacklo_epi8(r[0], r[8]),
+                _mm256_unpackhi_epi8(r[0], r[8]),
+                _mm256_unpacklo_epi8(r[1], r[9]),
+                _mm256_unpackhi_epi8(r[1], r[9]),
+                _mm256_unpacklo_epi8(r[2], r[10]),
+                _mm256_unpackhi_epi8(r[2], r[10]),
+                _mm256_unpacklo_epi8(r[3], r[11]),
+                _mm256_unpackhi_epi8(r[3], r[11]),
+                _mm256_unpacklo_epi8(r[4], r[12]),
+                _mm256_unpackhi_epi8(r[4], r[12]),
+                _mm256_unpacklo_epi8(r[5], r[13]),
+                _mm256_unpackhi_epi8(r[5], r[13]),
+                _mm256_unpacklo_epi8(r[6], r[14]),
+                _mm256_unpackhi_epi8(r[6], r[14]),
+                _mm256_unpacklo_epi8(r[7], r[15]),
+                _mm256_unpackhi_epi8(r[7], r[15]),
+            ]
+        }};
+    }
+
+    /// Columns `0..16` of rows `0..32` at `$src` (row stride `$stride`) transposed, as a
+    /// `[__m256i; 16]`: vector `j` holds column `j`, rows 0..32 (the AVX-512 kernel's
+    /// scheme with two lanes: lane `l` of loaded vector `i` is row `16l + i`).
+    ///
+    /// Expand only inside an `unsafe` block of code compiled with AVX2, with `$src + i *
+    /// $stride .. + 16` readable for `i < 32`.
+    macro_rules! transpose_32x16 {
+        ($src:expr, $stride:expr) => {{
+            let (src, stride): (*const u8, usize) = ($src, $stride);
+            let row = |i: usize| _mm_loadu_si128(src.add(i * stride).cast::<__m128i>());
+            let lanes = |i: usize| {
+                _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(row(i)), row(16 + i))
+            };
+            let r = [
+                lanes(0),
+                lanes(1),
+                lanes(2),
+                lanes(3),
+                lanes(4),
+                lanes(5),
+                lanes(6),
+                lanes(7),
+                lanes(8),
+                lanes(9),
+                lanes(10),
+                lanes(11),
+                lanes(12),
+                lanes(13),
+                lanes(14),
+                lanes(15),
+            ];
+            interleave!(interleave!(interleave!(interleave!(r))))
+        }};
+    }
+
+    /// [`super::transpose_to_strip`] at AVX2 after its checks: columns `0..whole` (a
+    /// multiple of 16) of the `rows` (64 or 128) rows of `src`, 32 rows per transpose;
+    /// each output row's run written whole, its 32-byte pieces back to back.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `src` must hold `(rows - 1) * stride + whole` bytes
+    /// (`whole <= stride`); rows `j0..j0 + whole` of `strip` must be `rows` bytes
+    /// starting on 64-byte lines.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn transpose_to_strip(
+        src: &[u8],
+        stride: usize,
+        rows: usize,
+        whole: usize,
+        (strip, j0): (&mut crate::strips::Strip<'_, u8>, usize),
+        mut between: impl FnMut(usize),
+    ) {
+        let mut stage = [[_mm256_setzero_si256(); 2]; 16];
+        for c0 in (0..whole).step_by(16) {
+            let at = |q: usize| src.as_ptr().wrapping_add(32 * q * stride + c0);
+            // SAFETY: rows `32q..32q + 32` (`32q + 32 <= rows`) of columns `c0..c0 + 16`
+            // lie inside `src` for every `at(q)` used (contract); the CPU has AVX2.
+            let (a, b) = unsafe {
+                (
+                    transpose_32x16!(at(0), stride),
+                    transpose_32x16!(at(1), stride),
+                )
+            };
+            if rows == 64 {
+                for (j, (a, b)) in a.into_iter().zip(b).enumerate() {
+                    let row = &mut strip.row_mut(j0 + c0 + j)[..64];
+                    // SAFETY: `row` is 64 bytes on a line (contract).
+                    unsafe {
+                        stream32(row.as_mut_ptr(), a);
+                        stream32(row.as_mut_ptr().add(32), b);
+                    }
+                }
+            } else {
+                // The first 64 rows wait in `stage` (16 registers hold one transpose).
+                for (st, (a, b)) in stage.iter_mut().zip(a.into_iter().zip(b)) {
+                    *st = [a, b];
+                }
+                // SAFETY: as above, `rows == 128`.
+                let (c, d) = unsafe {
+                    (
+                        transpose_32x16!(at(2), stride),
+                        transpose_32x16!(at(3), stride),
+                    )
+                };
+                for (j, (st, (c, d))) in stage.iter().zip(c.into_iter().zip(d)).enumerate() {
+                    let row = &mut strip.row_mut(j0 + c0 + j)[..128];
+                    // SAFETY: `row` is 128 bytes on a line (contract).
+                    unsafe {
+                        stream32(row.as_mut_ptr(), st[0]);
+                        stream32(row.as_mut_ptr().add(32), st[1]);
+                        stream32(row.as_mut_ptr().add(64), c);
+                        stream32(row.as_mut_ptr().add(96), d);
+                    }
+                }
+            }
+            for j in c0..c0 + 16 {
+                between(j);
+            }
+        }
     }
 
     /// [`super::write_bytes`], streamed (AVX2).
@@ -1134,7 +1271,7 @@ mod tests {
                         };
                         drop(fence);
                         let fused =
-                            level == Level::Avx512 && mode == StoreMode::Streaming && rows != 96;
+                            level != Level::Scalar && mode == StoreMode::Streaming && rows != 96;
                         assert_eq!(
                             done,
                             if fused { cols / 16 * 16 } else { 0 },
@@ -1167,7 +1304,7 @@ mod tests {
             }
         });
         if !ran_fused {
-            eprintln!("SKIPPED the fused transpose: this CPU lacks AVX-512");
+            eprintln!("SKIPPED the fused transpose: this CPU lacks AVX2");
         }
     }
 
