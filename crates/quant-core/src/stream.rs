@@ -424,6 +424,49 @@ pub fn line_chunks<T>(
     })
 }
 
+/// `[$f(0), $f(1), .., $f(15)]`: sixteen vectors as an array literal, which LLVM keeps
+/// in registers (a loop filling or reassigning an array of vectors compiled to `memcpy`
+/// calls in [`transpose_to_strip`]'s kernels).
+#[cfg(target_arch = "x86_64")]
+macro_rules! sixteen {
+    ($f:expr) => {{
+        let f = $f;
+        [
+            f(0),
+            f(1),
+            f(2),
+            f(3),
+            f(4),
+            f(5),
+            f(6),
+            f(7),
+            f(8),
+            f(9),
+            f(10),
+            f(11),
+            f(12),
+            f(13),
+            f(14),
+            f(15),
+        ]
+    }};
+}
+
+/// One round of the 16x16 byte transpose of `crate::simd` on 16 vectors, per 128-bit
+/// lane, with the byte interleaves `$lo` and `$hi` of the register width: vector `2i`
+/// interleaves the low halves of vectors `i` and `i + 8`, vector `2i + 1` the high ones.
+#[cfg(target_arch = "x86_64")]
+macro_rules! interleave {
+    ($lo:ident, $hi:ident, $r:expr) => {{
+        let r = $r;
+        sixteen!(|j: usize| if j % 2 == 0 {
+            $lo(r[j / 2], r[j / 2 + 8])
+        } else {
+            $hi(r[j / 2], r[j / 2 + 8])
+        })
+    }};
+}
+
 /// The AVX2 streamed writes: runs from slices, so unlike the AVX-512
 /// [`x86::LineWriter`] they need no re-cutting of vectors. The values up to the run's
 /// first 64-byte line boundary and after its last are written with ordinary stores, the
@@ -476,32 +519,6 @@ pub mod avx2 {
         unsafe { _mm256_stream_si256(p.cast(), v) }
     }
 
-    /// One round of the 16x16 byte transpose on 16 vectors (per 128-bit lane), as an
-    /// array literal (see the AVX-512 `interleave!`).
-    macro_rules! interleave {
-        ($r:expr) => {{
-            let r = $r;
-            [
-                _mm256_unpacklo_epi8(r[0], r[8]),
-                _mm256_unpackhi_epi8(r[0], r[8]),
-                _mm256_unpacklo_epi8(r[1], r[9]),
-                _mm256_unpackhi_epi8(r[1], r[9]),
-                _mm256_unpacklo_epi8(r[2], r[10]),
-                _mm256_unpackhi_epi8(r[2], r[10]),
-                _mm256_unpacklo_epi8(r[3], r[11]),
-                _mm256_unpackhi_epi8(r[3], r[11]),
-                _mm256_unpacklo_epi8(r[4], r[12]),
-                _mm256_unpackhi_epi8(r[4], r[12]),
-                _mm256_unpacklo_epi8(r[5], r[13]),
-                _mm256_unpackhi_epi8(r[5], r[13]),
-                _mm256_unpacklo_epi8(r[6], r[14]),
-                _mm256_unpackhi_epi8(r[6], r[14]),
-                _mm256_unpacklo_epi8(r[7], r[15]),
-                _mm256_unpackhi_epi8(r[7], r[15]),
-            ]
-        }};
-    }
-
     /// Columns `0..16` of rows `0..32` at `$src` (row stride `$stride`) transposed, as a
     /// `[__m256i; 16]`: vector `j` holds column `j`, rows 0..32 (the AVX-512 kernel's
     /// scheme with two lanes: lane `l` of loaded vector `i` is row `16l + i`).
@@ -515,25 +532,10 @@ pub mod avx2 {
             let lanes = |i: usize| {
                 _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(row(i)), row(16 + i))
             };
-            let r = [
-                lanes(0),
-                lanes(1),
-                lanes(2),
-                lanes(3),
-                lanes(4),
-                lanes(5),
-                lanes(6),
-                lanes(7),
-                lanes(8),
-                lanes(9),
-                lanes(10),
-                lanes(11),
-                lanes(12),
-                lanes(13),
-                lanes(14),
-                lanes(15),
-            ];
-            interleave!(interleave!(interleave!(interleave!(r))))
+            let r = sixteen!(lanes);
+            let round =
+                |r: [__m256i; 16]| interleave!(_mm256_unpacklo_epi8, _mm256_unpackhi_epi8, r);
+            round(round(round(round(r))))
         }};
     }
 
@@ -791,34 +793,6 @@ pub mod x86 {
     use super::{Fence, StoreMode};
     use crate::dtype::bf16_bits;
 
-    /// One round of the 16x16 byte transpose on 16 vectors (per 128-bit lane):
-    /// `[lo(r0, r8), hi(r0, r8), lo(r1, r9), ..]`, as an array literal, so that the
-    /// rounds stay in registers (a loop assigning arrays of vectors compiled to
-    /// `memcpy` calls).
-    macro_rules! interleave {
-        ($r:expr) => {{
-            let r = $r;
-            [
-                _mm512_unpacklo_epi8(r[0], r[8]),
-                _mm512_unpackhi_epi8(r[0], r[8]),
-                _mm512_unpacklo_epi8(r[1], r[9]),
-                _mm512_unpackhi_epi8(r[1], r[9]),
-                _mm512_unpacklo_epi8(r[2], r[10]),
-                _mm512_unpackhi_epi8(r[2], r[10]),
-                _mm512_unpacklo_epi8(r[3], r[11]),
-                _mm512_unpackhi_epi8(r[3], r[11]),
-                _mm512_unpacklo_epi8(r[4], r[12]),
-                _mm512_unpackhi_epi8(r[4], r[12]),
-                _mm512_unpacklo_epi8(r[5], r[13]),
-                _mm512_unpackhi_epi8(r[5], r[13]),
-                _mm512_unpacklo_epi8(r[6], r[14]),
-                _mm512_unpackhi_epi8(r[6], r[14]),
-                _mm512_unpacklo_epi8(r[7], r[15]),
-                _mm512_unpackhi_epi8(r[7], r[15]),
-            ]
-        }};
-    }
-
     /// Columns `0..16` of rows `0..64` at `$src` (row stride `$stride`) transposed, as a
     /// `[__m512i; 16]`: vector `j` holds column `j`, rows 0..64 in order. Lane `l` of the
     /// loaded vector `i` is row `16l + i`, so the 16x16 byte transpose of
@@ -839,25 +813,10 @@ pub mod x86 {
                 let a = _mm512_inserti32x4::<2>(a, row(32 + i));
                 _mm512_inserti32x4::<3>(a, row(48 + i))
             };
-            let r = [
-                lanes(0),
-                lanes(1),
-                lanes(2),
-                lanes(3),
-                lanes(4),
-                lanes(5),
-                lanes(6),
-                lanes(7),
-                lanes(8),
-                lanes(9),
-                lanes(10),
-                lanes(11),
-                lanes(12),
-                lanes(13),
-                lanes(14),
-                lanes(15),
-            ];
-            interleave!(interleave!(interleave!(interleave!(r))))
+            let r = sixteen!(lanes);
+            let round =
+                |r: [__m512i; 16]| interleave!(_mm512_unpacklo_epi8, _mm512_unpackhi_epi8, r);
+            round(round(round(round(r))))
         }};
     }
 
