@@ -37,14 +37,13 @@ use quant_core::block_max::{
 use quant_core::codec::pow2::{self, LaneExps};
 use quant_core::dtype::Bits16;
 use quant_core::simd::{self, Level};
-use quant_core::stream::{Fence, StoreMode};
+use quant_core::stream::{Fence, StoreMode, transpose_to_strip};
 use quant_core::strips::Strip;
 
 use crate::kernels::{
     Scales, WIDE, Wide, amax_cols, amax_encode_block, encode_f32, encode_scaled, pow2_exponent,
 };
 use crate::scale::Fp8Dtype;
-use crate::transpose::store_transposed;
 
 /// Rows per slab: the block edge.
 pub(crate) const SLAB: usize = 128;
@@ -315,7 +314,7 @@ fn span_maxima<'a, T: Element>(
 /// Columnwise output: the codes go to the rowwise output if there is one, else to a slab
 /// buffer whose rows are [`CODES_PAD`] bytes longer than `k` (page-multiple rows would
 /// put a 16x16 transpose block's 16 lines in one L1 set: x1.19 from the padding), and
-/// 128-column tiles of them are transposed ([`store_transposed`]) into the strip. Against
+/// 128-column tiles of them are transposed ([`transpose_to_strip`]) into the strip. Against
 /// the chunked slab walk this replaced, on two Zen 4 cores at 8192^2: 128x128 columnwise
 /// quantize x1.33 bf16, x1.25 f32, x1.17 f16; per-tensor x1.09 bf16, x1.26 f32.
 #[allow(clippy::too_many_arguments)]
@@ -421,9 +420,9 @@ fn whole_rows<T: Element>(
         // Columnwise: the window's codes transposed, a 128-column tile at a time.
         if let Some(((strip, _), (store, fence))) = col.as_mut() {
             for j in (0..ww).step_by(BLOCK) {
-                let out = (&mut **strip, w0 + j, (level, *store, *fence));
-                let (src, bw) = (&codes[base + j..], BLOCK.min(ww - j));
-                store_transposed(src, pitch, rows, bw, out, &mut scratch.tposed, |_| {});
+                let (how, out) = ((level, *store, *fence), (&mut **strip, w0 + j));
+                let block = (&codes[base + j..], pitch, rows, BLOCK.min(ww - j));
+                transpose_to_strip(how, block, out, &mut scratch.tposed, |_| {});
             }
         }
     }
@@ -736,14 +735,14 @@ fn one_d_columnwise<T: Element>(
         if let Some(strip) = job.col.as_mut() {
             for j in (0..cw).step_by(BLOCK) {
                 let bw = BLOCK.min(cw - j);
-                let (store, fence) = (job.store.0, &job.store.1);
-                let out = (&mut *strip, c0 + j, (level, store, fence));
+                let how = (level, job.store.0, &job.store.1);
+                let (block, out) = ((&codes[j..], cw, rows, bw), (&mut *strip, c0 + j));
                 let rest = rows - in_encode;
                 let between = |jj: usize| {
                     let w = j + jj;
                     fetch_next(in_encode + w * rest / cw, in_encode + (w + 1) * rest / cw);
                 };
-                store_transposed(&codes[j..], cw, rows, bw, out, &mut scratch.tposed, between);
+                transpose_to_strip(how, block, out, &mut scratch.tposed, between);
             }
         }
     }

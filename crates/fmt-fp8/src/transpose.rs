@@ -2,16 +2,17 @@
 //!
 //! The columnwise operand is stored transposed (`[K, M]`). Quantizing writes it from row
 //! slabs of the input: a task owns input rows `i0..i0+SLAB`, which are columns
-//! `i0..i0+SLAB` of every output row (a [`Strip`]); each `SLAB x TILE` tile of codes is
-//! transposed in L1 ([`quant_core::simd::transpose_bytes`], SSE2 16x16 blocks) and its
-//! rows copied out. Dequantizing walks the other way ([`decode_transposed`]): a task
+//! `i0..i0+SLAB` of every output row (a [`quant_core::strips::Strip`]); each tile of
+//! codes is transposed into it by [`quant_core::stream::transpose_to_strip`] (in
+//! registers and streamed at AVX-512 and AVX2, else SSE2 16x16 blocks into L1 and its
+//! rows copied out). Dequantizing walks the other way ([`decode_transposed`]): a task
 //! owns up to [`MAX_SLABS`] slabs of output rows and reads the matching column range
 //! of the stored rows, a [`DECODE_COLS`]-row chunk of them at a time.
 
 use quant_core::Element;
 use quant_core::simd;
-use quant_core::stream::{Fence, StoreMode, line_chunks, transpose_to_strip, write_bytes};
-use quant_core::strips::{Strip, task_rows};
+use quant_core::stream::{Fence, StoreMode, line_chunks};
+use quant_core::strips::task_rows;
 use rayon::prelude::*;
 
 use crate::kernels::{Folded, Scales, WIDE, decode_run};
@@ -37,35 +38,6 @@ const DECODE_COLS: usize = 512;
 /// lines (a page apart: all in one set); 1088 bytes (17 lines) spreads them over 16 sets.
 /// x1.07 on the FP8 per-tensor columnwise dequantize (22 A/B pairs, Zen 4, 8192x8192 bf16).
 const PITCH_PAD: usize = 64;
-
-/// Writes the `rows x cols` codes tile `codes` (row stride `stride`), transposed, into
-/// rows `j0..j0+cols` of `strip` (whose width is `rows`): streamed from registers by
-/// [`transpose_to_strip`] where it runs, the rest through `scratch` (`rows * cols`
-/// bytes) and [`write_bytes`] per row, at the level and in the store mode given.
-/// `between(jj)` runs after row `j0 + jj` is written (the caller's prefetches, spread
-/// over the stores).
-#[inline]
-pub(crate) fn store_transposed(
-    codes: &[u8],
-    stride: usize,
-    rows: usize,
-    cols: usize,
-    (strip, j0, (level, mode, fence)): (
-        &mut Strip<'_, u8>,
-        usize,
-        (simd::Level, StoreMode, &Fence),
-    ),
-    scratch: &mut [u8],
-    mut between: impl FnMut(usize),
-) {
-    let how = (level, mode, fence);
-    let done = transpose_to_strip(how, (codes, stride, rows, cols), (strip, j0), &mut between);
-    simd::transpose_bytes(&codes[done..], stride, scratch, rows, rows, cols - done);
-    for (jj, src) in scratch.chunks_exact(rows).take(cols - done).enumerate() {
-        write_bytes(level, src, strip.row_mut(j0 + done + jj), mode, fence);
-        between(done + jj);
-    }
-}
 
 /// Byte transpose of `[rows, cols]` into `[cols, rows]`, parallel over tiles of
 /// destination rows.

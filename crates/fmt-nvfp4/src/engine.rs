@@ -37,7 +37,7 @@ use quant_core::codec::{e2m1, e4m3};
 use quant_core::cpu::{amax_f32, fmax_nan_loses, fold_abs_max};
 use quant_core::dtype::{Bits16, bf16_bits, f32_from_bf16_bits};
 use quant_core::simd::Level;
-use quant_core::stream::{Fence, StoreMode, transpose_to_strip, write_bytes};
+use quant_core::stream::{Fence, StoreMode, transpose_to_strip};
 use quant_core::strips::{Strip, column_strips};
 use quant_core::{DType, Element, Result, simd};
 use rayon::prelude::*;
@@ -1878,24 +1878,8 @@ fn store_columnwise(
     // [rows/2][cw] pairs -> [cw][rows/2] bytes, one strip row per column of x.
     let half = rows / 2;
     let (mode, fence) = (col.store.0, &col.store.1);
-    let how = (p.level, mode, fence);
-    let done = transpose_to_strip(
-        how,
-        (&s.pairs, CHUNK, half, cw),
-        (&mut col.data, c0),
-        |_| {},
-    );
-    simd::transpose_bytes(
-        &s.pairs[done..],
-        CHUNK,
-        &mut s.tposed,
-        half,
-        half,
-        cw - done,
-    );
-    for (c, src) in s.tposed.chunks_exact(half).take(cw - done).enumerate() {
-        write_bytes(p.level, src, col.data.row_mut(c0 + done + c), mode, fence);
-    }
+    let (block, out) = ((&s.pairs[..], CHUNK, half, cw), (&mut col.data, c0));
+    transpose_to_strip((p.level, mode, fence), block, out, &mut s.tposed, |_| {});
 }
 
 /// 4over6 columnwise: per column block (16 values down a column), the scalar candidates.

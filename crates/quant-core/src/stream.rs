@@ -256,23 +256,22 @@ pub fn write_bytes(level: Level, src: &[u8], dst: &mut [u8], mode: StoreMode, fe
 
 /// Writes the transpose of a block of codes into a column strip: column `j` of the
 /// `rows x cols` bytes of `src` (row stride `stride`), that is `rows` bytes, becomes row
-/// `j0 + j` of `strip` (whose width is `rows`); `between(j)` runs after each such row.
-/// Returns how many leading columns it wrote: a multiple of 16, and 0 unless the
-/// streaming mode, [`Level::Avx512`] or [`Level::Avx2`] (which this CPU has), `rows` of
-/// 64 or 128 and every destination row starting on a 64-byte line let the fused kernel
-/// run. The
-/// caller writes the rest as before ([`crate::simd::transpose_bytes`] into a scratch,
-/// then [`write_bytes`] per row): the bytes are the same either way.
+/// `j0 + j` of `strip` (whose width is `rows`), with the level and store mode given
+/// (streamed lines fenced by `fence`); `between(j)` runs after each such row (a
+/// caller's prefetches, spread over the stores). `scratch` holds `rows * cols` bytes.
 ///
-/// The fused kernel transposes 64 rows x 16 columns at a time in 512-bit registers
-/// (four 16x16 byte transposes side by side, one per 128-bit lane) and streams each
-/// register, one whole output line, straight into the strip; at AVX2, 32 rows at a
-/// time in 256-bit registers, two of them per line. The two-step route stores
-/// every byte into the scratch 16 bytes at a time and loads it again, and on Zen 4 its
-/// 16-byte stores bound the transpose (`benchmarks-history.md`).
+/// Where the fused kernels run (streaming mode, [`Level::Avx512`] or [`Level::Avx2`],
+/// `rows` of 64 or 128, every destination row on a 64-byte line), whole 16-column
+/// blocks are transposed in registers and streamed straight into the strip: 64 rows x
+/// 16 columns per 512-bit transpose (four 16x16 byte transposes side by side, one per
+/// 128-bit lane), each register one whole output line; at AVX2, 32 rows per 256-bit
+/// transpose, two registers per line. The rest (and everything elsewhere) goes through
+/// `scratch` ([`crate::simd::transpose_bytes`]) and [`write_bytes`] per row, whose
+/// 16-byte stores into the scratch bound the transpose on Zen 4
+/// (`benchmarks-history.md`). The bytes are the same either way.
 ///
 /// ```
-/// use quant_core::simd::{self, Level};
+/// use quant_core::simd;
 /// use quant_core::stream::{transpose_to_strip, Fence, StoreMode};
 /// use quant_core::strips::column_strips;
 /// use rayon::prelude::*;
@@ -282,29 +281,57 @@ pub fn write_bytes(level: Level, src: &[u8], dst: &mut [u8], mode: StoreMode, fe
 /// let mut out = quant_core::HostBytes::zeroed(cols * rows);
 /// let mut strips: Vec<_> = column_strips(out.as_mut_slice(), rows, rows).unwrap().collect();
 /// let fence = Fence::new();
-/// let done = transpose_to_strip(
+/// let mut scratch = vec![0u8; rows * cols];
+/// transpose_to_strip(
 ///     (simd::level(), StoreMode::Streaming, &fence),
 ///     (&src, cols, rows, cols),
 ///     (&mut strips[0], 0),
+///     &mut scratch,
 ///     |_| {},
 /// );
 /// drop(strips);
-/// assert_eq!(done, if simd::level() == Level::Scalar { 0 } else { 32 });
 /// drop(fence);
-/// for j in 0..done {
+/// for j in 0..cols {
 ///     for i in 0..rows {
 ///         assert_eq!(out.as_slice()[j * rows + i], src[i * cols + j]);
 ///     }
 /// }
 /// ```
-#[inline]
+///
+/// Always inlined, as [`crate::simd::transpose_bytes`] is: a caller dispatched at a
+/// vector level then compiles the scratch route with that level's encodings.
+#[inline(always)]
 pub fn transpose_to_strip(
     (level, mode, fence): (Level, StoreMode, &Fence),
     (src, stride, rows, cols): (&[u8], usize, usize, usize),
     (strip, j0): (&mut crate::strips::Strip<'_, u8>, usize),
+    scratch: &mut [u8],
+    mut between: impl FnMut(usize),
+) {
+    let done = transpose_fused(
+        level,
+        mode,
+        (src, stride, rows, cols),
+        (strip, j0),
+        &mut between,
+    );
+    crate::simd::transpose_bytes(&src[done..], stride, scratch, rows, rows, cols - done);
+    for (jj, run) in scratch.chunks_exact(rows).take(cols - done).enumerate() {
+        write_bytes(level, run, strip.row_mut(j0 + done + jj), mode, fence);
+        between(done + jj);
+    }
+}
+
+/// The fused kernels of [`transpose_to_strip`]: writes the leading whole 16-column
+/// blocks and returns how many columns that is, or 0 where they do not run.
+#[inline]
+fn transpose_fused(
+    level: Level,
+    mode: StoreMode,
+    (src, stride, rows, cols): (&[u8], usize, usize, usize),
+    (strip, j0): (&mut crate::strips::Strip<'_, u8>, usize),
     between: impl FnMut(usize),
 ) -> usize {
-    let _ = fence;
     let whole = cols / 16 * 16;
     let fits = mode == StoreMode::Streaming
         && level != Level::Scalar
@@ -1190,12 +1217,13 @@ pub mod x86 {
 mod tests {
     use super::*;
 
-    /// `transpose_to_strip` writes exactly the transpose, in the rows it says it wrote,
-    /// at every level (it runs at AVX-512 only) and store mode: 64- and 128-row blocks
-    /// (and 96, which it declines), column counts with and without a partial last
-    /// 16-column block, strips of several widths (the second strip of a matrix too, so
-    /// the rows start mid-row) and a destination row offset; `between` sees every
-    /// written column once, in order; rows it did not write keep their bytes.
+    /// `transpose_fused` writes exactly the transpose, in the rows it says it wrote, at
+    /// every level (it runs at AVX-512 and AVX2) and store mode, and `transpose_to_strip`
+    /// (the fused kernels, then the scratch route for the rest) writes every column: 64-
+    /// and 128-row blocks (and 96, which the kernels decline), column counts with and
+    /// without a partial last 16-column block, the second strip of a matrix (its rows
+    /// start mid-row) and a destination row offset; `between` sees every written column
+    /// once, in order; rows not written keep their bytes.
     #[test]
     fn transpose_to_strip_writes_the_transpose() {
         use crate::strips::column_strips;
@@ -1203,7 +1231,10 @@ mod tests {
         let mut rng = quantfmt_testkit::XorShift32::new(11);
         let mut ran_fused = false;
         crate::simd::for_each_supported_level(|level| {
-            for mode in [StoreMode::Streaming, StoreMode::Cached] {
+            for (mode, whole_call) in [StoreMode::Streaming, StoreMode::Cached]
+                .into_iter()
+                .flat_map(|m| [(m, false), (m, true)])
+            {
                 for rows in [64usize, 128, 96] {
                     for cols in [16usize, 40, 130] {
                         let stride = cols + 24;
@@ -1215,28 +1246,35 @@ mod tests {
                         let mut m = crate::HostBytes::zeroed(n * 2 * rows);
                         m.as_mut_slice().fill(0xA5);
                         let mut seen = Vec::new();
+                        // Streamed lines are ordered by the fence's drop.
                         let fence = Fence::new();
                         let done = {
                             let mut strips: Vec<_> =
                                 column_strips(m.as_mut_slice(), 2 * rows, rows)
                                     .unwrap()
                                     .collect();
-                            transpose_to_strip(
-                                (level, mode, &fence),
-                                (&src, stride, rows, cols),
-                                (&mut strips[1], j0),
-                                |j| seen.push(j),
-                            )
+                            let out = (&mut strips[1], j0);
+                            let block = (&src[..], stride, rows, cols);
+                            if whole_call {
+                                let mut scratch = vec![0u8; rows * cols];
+                                let how = (level, mode, &fence);
+                                transpose_to_strip(how, block, out, &mut scratch, |j| seen.push(j));
+                                cols
+                            } else {
+                                transpose_fused(level, mode, block, out, |j| seen.push(j))
+                            }
                         };
                         drop(fence);
                         let fused =
                             level != Level::Scalar && mode == StoreMode::Streaming && rows != 96;
-                        assert_eq!(
-                            done,
-                            if fused { cols / 16 * 16 } else { 0 },
-                            "{level} {mode:?} {rows}x{cols}"
-                        );
-                        ran_fused |= done > 0;
+                        if !whole_call {
+                            assert_eq!(
+                                done,
+                                if fused { cols / 16 * 16 } else { 0 },
+                                "{level} {mode:?} {rows}x{cols}"
+                            );
+                            ran_fused |= done > 0;
+                        }
                         assert_eq!(seen, (0..done).collect::<Vec<_>>());
                         let m = m.as_slice();
                         for r in 0..n {
