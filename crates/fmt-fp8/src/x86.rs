@@ -65,7 +65,7 @@ pub(crate) fn decode_run<T: Element>(
 /// 16 codes (zero-extended to u32 lanes) decoded, times the 16 scales `s`.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn decode16(dt: Fp8Dtype, c: __m512i, s: __m512) -> __m512 {
+pub(crate) fn decode16(dt: Fp8Dtype, c: __m512i, s: __m512) -> __m512 {
     let v = match dt {
         Fp8Dtype::E4M3 => codec::e4m3_16(c),
         Fp8Dtype::E5M2 => codec::e5m2_16(c),

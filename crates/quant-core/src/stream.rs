@@ -847,6 +847,46 @@ pub mod x86 {
         }};
     }
 
+    /// Columns `0..16` of rows `0..64` of `src` (row stride `stride`) transposed: vector
+    /// `j` holds column `j`, rows `0..64` in order. The register transpose of
+    /// [`super::transpose_to_strip`], for kernels that use the lines themselves: the FP8
+    /// columnwise dequantize reads 64 stored rows of codes this way and decodes each
+    /// vector into one output row's next 64 values. Inlined into code compiled with
+    /// AVX-512 F and BW, the sixteen vectors stay in registers.
+    ///
+    /// ```
+    /// use quant_core::simd::{self, Level};
+    /// # #[cfg(target_arch = "x86_64")] {
+    /// if simd::level() == Level::Avx512 {
+    ///     let src: Vec<u8> = (0..64 * 100).map(|i| (i % 251) as u8).collect();
+    ///     // SAFETY: the CPU has AVX-512 F and BW (the level says so).
+    ///     let lines = unsafe { quant_core::stream::x86::transposed_64x16(&src[3..], 100) };
+    ///     // SAFETY: both types are 64 bytes of plain data.
+    ///     let line: [u8; 64] = unsafe { std::mem::transmute(lines[5]) };
+    ///     assert!((0..64).all(|i| line[i] == src[3 + i * 100 + 5]));
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    /// If `src` is shorter than `63 * stride + 16` bytes.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and BW (code compiled with them calls it safely).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub fn transposed_64x16(src: &[u8], stride: usize) -> [__m512i; 16] {
+        assert!(
+            src.len() >= 63 * stride + 16,
+            "transposed_64x16: src holds {} bytes, 64 rows of stride {stride} need {}",
+            src.len(),
+            63 * stride + 16
+        );
+        // SAFETY: rows `0..64` of columns `0..16` lie inside `src` (asserted); the CPU
+        // has AVX-512 F and BW (this function's features).
+        unsafe { transpose_64x16!(src.as_ptr(), stride) }
+    }
+
     /// [`super::transpose_to_strip`] after its checks: columns `0..whole` (a multiple
     /// of 16) of the `rows` (64 or 128) rows of `src`. Each output row's run is
     /// written whole, its lines back to back.
