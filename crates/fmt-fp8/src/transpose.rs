@@ -184,7 +184,7 @@ fn decode_task<T: Element>(
                 };
             }
             for j in next + r * share..(next + (r + 1) * share).min(next + ahead) {
-                simd::prefetch(run(j));
+                simd::prefetch_l2(run(j));
             }
             let (codes, out) = (
                 &tile[r * pitch..r * pitch + cw],

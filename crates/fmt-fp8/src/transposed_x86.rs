@@ -10,10 +10,10 @@
 //! decodes each output row's run from there: a store and a reload of every code.
 
 use std::arch::x86_64::{
-    __m512, __m512i, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT, _MM_HINT_T1, _mm_prefetch,
-    _mm512_castps_si512, _mm512_castsi256_si512, _mm512_castsi512_si128, _mm512_cvtepu8_epi32,
-    _mm512_cvtps_ph, _mm512_extracti32x4_epi32, _mm512_inserti64x4, _mm512_loadu_ps,
-    _mm512_loadu_si512, _mm512_store_si512, _mm512_stream_si512,
+    __m512, __m512i, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT, _mm512_castps_si512,
+    _mm512_castsi256_si512, _mm512_castsi512_si128, _mm512_cvtepu8_epi32, _mm512_cvtps_ph,
+    _mm512_extracti32x4_epi32, _mm512_inserti64x4, _mm512_loadu_ps, _mm512_loadu_si512,
+    _mm512_store_si512, _mm512_stream_si512,
 };
 use std::ops::Range;
 
@@ -158,11 +158,7 @@ unsafe fn walk<O: Copy, const LINES: usize>(
         for (b, ib) in (0..rows).step_by(BLOCK).enumerate() {
             if next < w.cols.end {
                 for j in b * share..((b + 1) * share).min(BLOCK) {
-                    let run = &q[(next + j) * m + i0..][..rows];
-                    for at in (0..rows).step_by(64) {
-                        // SAFETY: `at < rows`, inside `run`; a prefetch never faults.
-                        unsafe { _mm_prefetch::<_MM_HINT_T1>(run.as_ptr().add(at).cast()) }
-                    }
+                    simd::prefetch_l2(&q[(next + j) * m + i0..][..rows]);
                 }
             }
             for (j, line) in stage.0.chunks_exact_mut(BLOCK).enumerate() {

@@ -281,7 +281,7 @@ pub(crate) fn columnwise<T: Element>(
                         for g in 0..rows / BLOCK {
                             let next = c0 + cw;
                             for r in next + g * ahead..(next + (g + 1) * ahead).min(k) {
-                                simd::prefetch(&op.data[r * (m / 2) + p0..][..half]);
+                                simd::prefetch_l2(&op.data[r * (m / 2) + p0..][..half]);
                             }
                             let mb = s * slab / BLOCK + g;
                             let mut f = [0f32; CHUNK];
