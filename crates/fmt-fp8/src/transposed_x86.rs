@@ -1,9 +1,9 @@
 //! The AVX-512 columnwise dequantize, transposed in registers.
 //!
 //! The columnwise codes are stored transposed (`[K, M]`), so output row `i`'s columns
-//! `j0..j0 + 64` are byte `i` of 64 stored rows. [`transposed_64x16`] loads 16 bytes of
-//! each of those 64 rows and transposes them in registers: vector `t` is then output
-//! row `i + t`'s next 64 codes, which are decoded, scaled and narrowed in registers and
+//! `j0..j0 + 64` are byte `i` of 64 stored rows. [`transposed_blocks`] stages 64 bytes
+//! of each of those 64 rows in L1 and transposes them in registers: vector `t` is then
+//! output row `i + t`'s next 64 codes, which are decoded, scaled and narrowed in registers and
 //! streamed as whole lines straight into the output (two lines of bf16 or f16, four of
 //! f32). The route of [`crate::transpose::decode_transposed`] before this one (and
 //! still for what this one does not take) transposes every run into a tile in L2 and
@@ -12,8 +12,7 @@
 use std::arch::x86_64::{
     __m512, __m512i, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT, _mm512_castps_si512,
     _mm512_castsi256_si512, _mm512_castsi512_si128, _mm512_cvtepu8_epi32, _mm512_cvtps_ph,
-    _mm512_extracti32x4_epi32, _mm512_inserti64x4, _mm512_loadu_ps, _mm512_loadu_si512,
-    _mm512_store_si512, _mm512_stream_si512,
+    _mm512_extracti32x4_epi32, _mm512_inserti64x4, _mm512_loadu_ps, _mm512_stream_si512,
 };
 use std::ops::Range;
 
@@ -22,12 +21,12 @@ use quant_core::bf16_narrow::x86::narrow32_exact;
 use quant_core::dtype::FloatsMut;
 use quant_core::simd::{self, Level};
 use quant_core::stream::StoreMode;
-use quant_core::stream::x86::transposed_64x16;
+use quant_core::stream::x86::transposed_blocks;
 
 use crate::scale::Fp8Dtype;
 use crate::transpose::SLAB;
 
-/// Output rows and columns per block: one [`transposed_64x16`] reads 64 stored rows.
+/// Output rows and columns per block: [`transposed_blocks`] reads 64 stored rows.
 const BLOCK: usize = 64;
 /// The most output rows a task may have here (the scales of each [`SLAB`] of them are
 /// kept for the block of columns being decoded).
@@ -116,17 +115,11 @@ struct Walk<'a> {
     k: usize,
 }
 
-/// The walk of one output type, whose 64 values are `LINES` lines. For each block of 64
-/// output columns: the scales of each slab, then for each 64-row block
-/// - its share of the next column block's stored rows prefetched into L2, every byte
-///   of the task's rows of each (a page apart, no hardware prefetcher follows them;
-///   a row's lines together, one prefetch per line, against one line of each of the 64
-///   rows per row block before: x1.25 on a 2-vCPU Zen 4, FP8 into bf16 at 8192^2);
-/// - the block's 64 stored rows of 64 codes copied into the contiguous [`Stage`]
-///   (transposed straight from the stored rows, whose lines all fall in one L1 set at a
-///   stride of a power of two, it ran x0.62);
-/// - the stage's four 16-row transposes, each vector decoded by `lines(codes, scales)`
-///   and streamed into its output row.
+/// The walk of one output type, whose 64 values are `LINES` lines:
+/// [`transposed_blocks`] over the task's bytes of the stored rows `w.cols`, each vector
+/// (an output row's next 64 codes) decoded with its slab's scales by
+/// `lines(codes, scales)` and streamed into its output row. The scales of a block of 64
+/// columns are filled (for every slab of the task) when its first vector comes.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F and BW; `out` must start `w.cols.start` elements before
@@ -143,60 +136,38 @@ unsafe fn walk<O: Copy, const LINES: usize>(
     debug_assert_eq!(LINES * 64, BLOCK * size_of::<O>());
     let Walk { q, m, i0, k, .. } = *w;
     let rows = out.len() / k;
-    let share = BLOCK.div_ceil(rows / BLOCK);
     let mut si = [0f32; BLOCK * MAX_ROWS / SLAB];
-    let mut stage = Stage([0; BLOCK * BLOCK]);
-    for j0 in w.cols.clone().step_by(BLOCK) {
-        for (s, run) in si
-            .chunks_exact_mut(BLOCK)
-            .take(rows.div_ceil(SLAB))
-            .enumerate()
-        {
-            scale_inv(i0 + s * SLAB, j0, run);
+    let mut filled = None;
+    transposed_blocks(q, m, w.cols.clone(), i0..i0 + rows, |j0, i, codes| {
+        if filled != Some(j0) {
+            for (s, run) in si
+                .chunks_exact_mut(BLOCK)
+                .take(rows.div_ceil(SLAB))
+                .enumerate()
+            {
+                scale_inv(i0 + s * SLAB, j0, run);
+            }
+            filled = Some(j0);
         }
-        let next = j0 + BLOCK;
-        for (b, ib) in (0..rows).step_by(BLOCK).enumerate() {
-            if next < w.cols.end {
-                for j in b * share..((b + 1) * share).min(BLOCK) {
-                    simd::prefetch_l2(&q[(next + j) * m + i0..][..rows]);
-                }
-            }
-            for (j, line) in stage.0.chunks_exact_mut(BLOCK).enumerate() {
-                let src = &q[(j0 + j) * m + i0 + ib..][..BLOCK];
-                // SAFETY: `src` and `line` are 64 bytes (an unaligned load, an aligned
-                // store).
-                unsafe {
-                    let v = _mm512_loadu_si512(src.as_ptr().cast());
-                    _mm512_store_si512(line.as_mut_ptr().cast(), v)
-                }
-            }
-            let s = &si[ib / SLAB * BLOCK..][..BLOCK];
-            // SAFETY: `s` is 64 f32 (four unaligned 512-bit loads).
-            let s = unsafe { [0, 16, 32, 48].map(|l| _mm512_loadu_ps(s.as_ptr().add(l))) };
-            for c in (0..BLOCK).step_by(16) {
-                let v = transposed_64x16(&stage.0[c..], BLOCK);
-                for (t, codes) in v.into_iter().enumerate() {
-                    let r = ib + c + t;
-                    let dst = out[r * k + j0..r * k + j0 + BLOCK]
-                        .as_mut_ptr()
-                        .cast::<u8>();
-                    for (l, line) in lines(codes, &s).into_iter().enumerate() {
-                        // SAFETY: line `l` of the 64 values at `dst` lies inside `out`,
-                        // and starts on a line (`out` starts `cols.start` values before
-                        // one, `j0 - cols.start` is a multiple of 64 values, and rows
-                        // are whole lines: contract).
-                        unsafe { _mm512_stream_si512(dst.add(64 * l).cast(), line) }
-                    }
-                }
+        let r0 = i - i0;
+        let s = &si[r0 / SLAB * BLOCK..][..BLOCK];
+        // SAFETY: `s` is 64 f32 (four unaligned 512-bit loads).
+        let s = unsafe { [0, 16, 32, 48].map(|l| _mm512_loadu_ps(s.as_ptr().add(l))) };
+        for (t, codes) in codes.into_iter().enumerate() {
+            let r = r0 + t;
+            let dst = out[r * k + j0..r * k + j0 + BLOCK]
+                .as_mut_ptr()
+                .cast::<u8>();
+            for (l, line) in lines(codes, &s).into_iter().enumerate() {
+                // SAFETY: line `l` of the 64 values at `dst` lies inside `out`, and starts
+                // on a line (`out` starts `cols.start` values before one, `j0 -
+                // cols.start` is a multiple of 64 values, and rows are whole lines:
+                // contract).
+                unsafe { _mm512_stream_si512(dst.add(64 * l).cast(), line) }
             }
         }
-    }
+    });
 }
-
-/// 64 stored rows of 64 codes, one per line: read by [`transposed_64x16`] at a stride
-/// of one line, so that its 64 loads fall in 64 different L1 sets.
-#[repr(align(64))]
-struct Stage([u8; BLOCK * BLOCK]);
 
 /// The 64 codes of `c` decoded and times the scales `s` of their columns, 16 per vector.
 #[inline]
