@@ -10,18 +10,16 @@
 //! decodes each output row's run from there: a store and a reload of every code.
 
 use std::arch::x86_64::{
-    __m512, __m512i, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT, _mm512_castps_si512,
-    _mm512_castsi256_si512, _mm512_castsi512_si128, _mm512_cvtepu8_epi32, _mm512_cvtps_ph,
-    _mm512_extracti32x4_epi32, _mm512_inserti64x4, _mm512_loadu_ps, _mm512_stream_si512,
+    __m512, __m512i, _mm512_castsi512_si128, _mm512_cvtepu8_epi32, _mm512_extracti32x4_epi32,
+    _mm512_loadu_ps, _mm512_stream_si512,
 };
 use std::ops::Range;
 
 use quant_core::Element;
-use quant_core::bf16_narrow::x86::narrow32_exact;
 use quant_core::dtype::FloatsMut;
 use quant_core::simd::{self, Level};
 use quant_core::stream::StoreMode;
-use quant_core::stream::x86::transposed_blocks;
+use quant_core::stream::x86::{bf16_lines, f16_lines, f32_lines, transposed_blocks};
 
 use crate::scale::Fp8Dtype;
 use crate::transpose::SLAB;
@@ -199,54 +197,33 @@ fn into_f32<const E5M2: bool>(
     scale_inv: &impl Fn(usize, usize, &mut [f32]),
     out: &mut [f32],
 ) {
-    let lines = |c, s: &[__m512; 4]| {
-        let d = decode64::<E5M2>(c, s);
-        [
-            _mm512_castps_si512(d[0]),
-            _mm512_castps_si512(d[1]),
-            _mm512_castps_si512(d[2]),
-            _mm512_castps_si512(d[3]),
-        ]
-    };
+    let lines = |c, s: &[__m512; 4]| f32_lines(decode64::<E5M2>(c, s));
     // SAFETY: the CPU has AVX-512 F and BW (this function's features); `decode_lines`
     // checked the layout; four lines are 64 f32.
     unsafe { walk(w, scale_inv, out, lines) }
 }
 
-/// [`decode_lines`] into bf16 bits, narrowed as the streamed bf16 writers do
-/// ([`narrow32_exact`]).
+/// [`decode_lines`] into bf16 bits.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
 fn into_bf16<const E5M2: bool>(
     w: &Walk<'_>,
     scale_inv: &impl Fn(usize, usize, &mut [f32]),
     out: &mut [u16],
 ) {
-    let lines = |c, s: &[__m512; 4]| {
-        let d = decode64::<E5M2>(c, s);
-        [narrow32_exact(d[0], d[1]), narrow32_exact(d[2], d[3])]
-    };
+    let lines = |c, s: &[__m512; 4]| bf16_lines(decode64::<E5M2>(c, s));
     // SAFETY: the CPU has AVX-512 F and BW (this function's features); `decode_lines`
     // checked the layout; two lines are 64 bf16.
     unsafe { walk(w, scale_inv, out, lines) }
 }
 
-/// [`decode_lines`] into f16 bits, narrowed by `vcvtps2ph` as the streamed f16 writer
-/// does.
+/// [`decode_lines`] into f16 bits.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq")]
 fn into_f16<const E5M2: bool>(
     w: &Walk<'_>,
     scale_inv: &impl Fn(usize, usize, &mut [f32]),
     out: &mut [u16],
 ) {
-    const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    let pair = |lo, hi| {
-        let lo = _mm512_cvtps_ph::<NEAREST>(lo);
-        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), _mm512_cvtps_ph::<NEAREST>(hi))
-    };
-    let lines = |c, s: &[__m512; 4]| {
-        let d = decode64::<E5M2>(c, s);
-        [pair(d[0], d[1]), pair(d[2], d[3])]
-    };
+    let lines = |c, s: &[__m512; 4]| f16_lines(decode64::<E5M2>(c, s));
     // SAFETY: the CPU has AVX-512 F and BW (this function's features); `decode_lines`
     // checked the layout; two lines are 64 f16.
     unsafe { walk(w, scale_inv, out, lines) }

@@ -227,6 +227,14 @@ const CHUNK: usize = 256;
 
 /// Columnwise: `[k, m]` codes and scales (of `x^T`) to `out` in the logical `[m, k]`
 /// layout, undoing the Hadamard transform when `rht`.
+///
+/// A task takes [`task_rows`] output rows. Without RHT, at AVX-512 and streaming, the
+/// whole 64-column blocks of its rows go the register route of
+/// [`crate::transposed_x86`] (x1.6-1.9 on a 2-vCPU Zen 4 at 8192x8192 into bf16 and
+/// f32), with the factors of a block's groups from the same transposed scale bytes as
+/// below; the tile route takes the columns before and after them, RHT operands and
+/// every task elsewhere: each chunk of [`CHUNK`] stored rows transposed into `pairs`,
+/// then each 16-row group decoded from there.
 pub(crate) fn columnwise<T: Element>(
     op: &Operand<'_>,
     m: usize,
@@ -245,6 +253,8 @@ pub(crate) fn columnwise<T: Element>(
     // Stored rows of the next chunk prefetched per 16-row group (a full task's groups
     // cover the chunk): their runs are far apart, which the hardware prefetchers miss.
     let ahead = CHUNK.div_ceil(slab / BLOCK);
+    #[cfg(target_arch = "x86_64")]
+    const _: () = assert!(MAX_SLABS * SLAB <= crate::transposed_x86::MAX_ROWS);
     out.par_chunks_mut(slab * k).enumerate().for_each_init(
         || {
             (
@@ -257,79 +267,104 @@ pub(crate) fn columnwise<T: Element>(
         },
         |(pairs, sb, vals, inv), (s, o)| {
             let fence = Fence::new();
-            simd::dispatch(
-                level,
-                #[inline(always)]
-                || {
-                    let rows = o.len() / k;
-                    let half = rows / 2;
-                    let p0 = s * slab / 2;
-                    // Chunks after the first start on output lines (whole streamed lines).
-                    for chunk in line_chunks(o, k, CHUNK) {
-                        let (c0, cw) = (chunk.start, chunk.len());
-                        // Stored rows c0.. (columns of x), this slab's bytes, transposed.
-                        simd::transpose_bytes(
-                            &op.data[c0 * (m / 2) + p0..],
-                            m / 2,
-                            pairs,
-                            CHUNK,
-                            cw,
-                            half,
-                        );
-                        let groups = (s * slab / BLOCK, rows / BLOCK);
-                        let compact = op.transposed_scales((c0, cw), groups, stride, sb);
-                        for g in 0..rows / BLOCK {
-                            let next = c0 + cw;
-                            for r in next + g * ahead..(next + (g + 1) * ahead).min(k) {
-                                simd::prefetch_l2(&op.data[r * (m / 2) + p0..][..half]);
-                            }
-                            let mb = s * slab / BLOCK + g;
-                            let mut f = [0f32; CHUNK];
-                            if compact {
-                                op.factors_of(&sb[g * CHUNK..][..cw], &mut f[..cw]);
-                            } else {
-                                op.factors_into(c0, mb, stride, &mut f[..cw]);
-                            }
-                            if inv.is_none()
-                                && decode_group(
-                                    (level, mode, &fence),
-                                    &pairs[g * BLOCK / 2 * CHUNK..],
-                                    &f[..cw],
-                                    &mut o[g * BLOCK * k..][..BLOCK * k],
-                                    k,
-                                    c0,
-                                )
-                            {
-                                continue;
-                            }
-                            let pairs = &pairs[g * BLOCK / 2 * CHUNK..];
-                            if let Some(inv) = inv.as_deref_mut() {
-                                inverse_group(
-                                    (level, mode, &fence),
-                                    (pairs, &f[..cw]),
-                                    vals,
-                                    inv,
-                                    &mut o[g * BLOCK * k..][..BLOCK * k],
-                                    k,
-                                    c0,
-                                );
-                            } else {
-                                decode_pairs(pairs, &f[..cw], vals);
-                                for i in 0..BLOCK {
-                                    let r = g * BLOCK + i;
-                                    write_f32(
-                                        level,
-                                        &vals[i * CHUNK..i * CHUNK + cw],
-                                        &mut o[r * k + c0..r * k + c0 + cw],
-                                        mode,
-                                        &fence,
+            let rows = o.len() / k;
+            let (g0, groups) = (s * slab / BLOCK, rows / BLOCK);
+            #[cfg(target_arch = "x86_64")]
+            let fused = if inv.is_none() {
+                // The factors of every group of the task for columns `j0..j0 + 64`.
+                let factors = |j0: usize, f: &mut [f32]| {
+                    let compact = op.transposed_scales((j0, 64), (g0, groups), stride, sb);
+                    for (g, f) in f.chunks_exact_mut(64).enumerate() {
+                        if compact {
+                            op.factors_of(&sb[g * CHUNK..][..64], f);
+                        } else {
+                            op.factors_into(j0, g0 + g, stride, f);
+                        }
+                    }
+                };
+                let task = (op.data, m, s * slab / 2);
+                crate::transposed_x86::decode_lines((level, mode), task, o, k, factors)
+            } else {
+                0..0
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let fused = 0..0;
+            for span in [0..fused.start, fused.end..k] {
+                if span.is_empty() {
+                    continue;
+                }
+                simd::dispatch(
+                    level,
+                    #[inline(always)]
+                    || {
+                        let half = rows / 2;
+                        let p0 = s * slab / 2;
+                        // Chunks after the first start on output lines (whole streamed lines).
+                        for chunk in line_chunks(&o[span.start..], span.len(), CHUNK) {
+                            let (c0, cw) = (span.start + chunk.start, chunk.len());
+                            // Stored rows c0.. (columns of x), this slab's bytes, transposed.
+                            simd::transpose_bytes(
+                                &op.data[c0 * (m / 2) + p0..],
+                                m / 2,
+                                pairs,
+                                CHUNK,
+                                cw,
+                                half,
+                            );
+                            let compact = op.transposed_scales((c0, cw), (g0, groups), stride, sb);
+                            for g in 0..groups {
+                                let next = c0 + cw;
+                                for r in next + g * ahead..(next + (g + 1) * ahead).min(span.end) {
+                                    simd::prefetch_l2(&op.data[r * (m / 2) + p0..][..half]);
+                                }
+                                let mb = g0 + g;
+                                let mut f = [0f32; CHUNK];
+                                if compact {
+                                    op.factors_of(&sb[g * CHUNK..][..cw], &mut f[..cw]);
+                                } else {
+                                    op.factors_into(c0, mb, stride, &mut f[..cw]);
+                                }
+                                if inv.is_none()
+                                    && decode_group(
+                                        (level, mode, &fence),
+                                        &pairs[g * BLOCK / 2 * CHUNK..],
+                                        &f[..cw],
+                                        &mut o[g * BLOCK * k..][..BLOCK * k],
+                                        k,
+                                        c0,
+                                    )
+                                {
+                                    continue;
+                                }
+                                let pairs = &pairs[g * BLOCK / 2 * CHUNK..];
+                                if let Some(inv) = inv.as_deref_mut() {
+                                    inverse_group(
+                                        (level, mode, &fence),
+                                        (pairs, &f[..cw]),
+                                        vals,
+                                        inv,
+                                        &mut o[g * BLOCK * k..][..BLOCK * k],
+                                        k,
+                                        c0,
                                     );
+                                } else {
+                                    decode_pairs(pairs, &f[..cw], vals);
+                                    for i in 0..BLOCK {
+                                        let r = g * BLOCK + i;
+                                        write_f32(
+                                            level,
+                                            &vals[i * CHUNK..i * CHUNK + cw],
+                                            &mut o[r * k + c0..r * k + c0 + cw],
+                                            mode,
+                                            &fence,
+                                        );
+                                    }
                                 }
                             }
                         }
-                    }
-                },
-            )
+                    },
+                )
+            }
         },
     );
 }

@@ -81,7 +81,7 @@ fn block_values(bytes: &[u8], table: __m512, f: f32) -> __m512 {
 /// The decode table in a register.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn decode_table() -> __m512 {
+pub(crate) fn decode_table() -> __m512 {
     // SAFETY: `DECODE` is 16 f32 (one unaligned 512-bit load).
     unsafe { _mm512_loadu_ps(e2m1::DECODE.as_ptr()) }
 }

@@ -951,6 +951,51 @@ pub mod x86 {
         }
     }
 
+    /// 64 f32 values (four vectors, in order) as four 64-byte lines of f32, for kernels
+    /// that stream whole lines themselves ([`transposed_blocks`]' decoders).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F (code compiled with it calls it safely).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub fn f32_lines(v: [__m512; 4]) -> [__m512i; 4] {
+        [
+            _mm512_castps_si512(v[0]),
+            _mm512_castps_si512(v[1]),
+            _mm512_castps_si512(v[2]),
+            _mm512_castps_si512(v[3]),
+        ]
+    }
+
+    /// [`f32_lines`] into two lines of bf16 bits, narrowed by
+    /// [`crate::bf16_narrow::x86::narrow32_exact`]: the bits of [`bf16_bits`].
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F, BW, DQ and BF16 (code compiled with them calls it
+    /// safely).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+    pub fn bf16_lines(v: [__m512; 4]) -> [__m512i; 2] {
+        use crate::bf16_narrow::x86::narrow32_exact;
+        [narrow32_exact(v[0], v[1]), narrow32_exact(v[2], v[3])]
+    }
+
+    /// [`f32_lines`] into two lines of f16 bits, narrowed by `vcvtps2ph` as
+    /// [`write_f16_steps`] narrows.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F (code compiled with it calls it safely).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub fn f16_lines(v: [__m512; 4]) -> [__m512i; 2] {
+        const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        let pair = |lo, hi| {
+            let lo = _mm512_cvtps_ph::<NEAREST>(lo);
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), _mm512_cvtps_ph::<NEAREST>(hi))
+        };
+        [pair(v[0], v[1]), pair(v[2], v[3])]
+    }
+
     /// [`super::transpose_to_strip`] after its checks: columns `0..whole` (a multiple
     /// of 16) of the `rows` (64 or 128) rows of `src`. Each output row's run is
     /// written whole, its lines back to back.

@@ -1,0 +1,308 @@
+//! The AVX-512 columnwise dequantize, transposed in registers.
+//!
+//! The columnwise codes are stored transposed and packed (`[K, M / 2]`, two rows of
+//! `x` per byte), so output rows `2p` and `2p + 1`'s columns `j0..j0 + 64` are the low
+//! and high nibbles of byte `p` of 64 stored rows.
+//! [`quant_core::stream::x86::transposed_blocks`] stages those bytes in L1 and
+//! transposes them in registers, 64 stored rows at a time; each vector then gives two
+//! output rows' next 64 values, decoded by one permute per 16 codes, scaled by their
+//! columns' factors and narrowed in registers, and streamed as whole lines straight
+//! into the output. The tile route of [`crate::dequant::columnwise`] (still taken for
+//! what this one does not take, and for RHT operands) transposes every run into a
+//! scratch tile and decodes each output row's run from there.
+
+use std::arch::x86_64::{
+    __m128i, __m512, __m512i, _mm512_castsi512_si128, _mm512_cvtepu8_epi32,
+    _mm512_extracti32x4_epi32, _mm512_loadu_ps, _mm512_mul_ps, _mm512_permutexvar_ps,
+    _mm512_srli_epi32, _mm512_stream_si512,
+};
+use std::ops::Range;
+
+use quant_core::Element;
+use quant_core::dtype::FloatsMut;
+use quant_core::simd::{self, Level};
+use quant_core::stream::StoreMode;
+use quant_core::stream::x86::{bf16_lines, f16_lines, f32_lines, transposed_blocks};
+
+use crate::scale::BLOCK;
+use crate::x86::decode_table;
+
+/// Output columns per block: [`transposed_blocks`] reads 64 stored rows.
+const COLS: usize = 64;
+/// The most output rows a task may have here: their factors (one per 16-row group and
+/// column) are kept for the block of columns being decoded.
+pub(crate) const MAX_ROWS: usize = 1024;
+
+/// Decodes the columns this route takes of a columnwise dequantize task and returns
+/// them: `data` is the stored codes (`[k, m / 2]`), `out` the task's output rows
+/// `2 * p0 .. 2 * p0 + rows` (`rows = out.len() / k`), and `factors(j0, f)` fills
+/// `f[g * 64 + c]` with the factor of the task's 16-row group `g` at column `j0 + c`,
+/// for every group. The route takes whole 64-column blocks that start on 64-byte lines,
+/// in a task of whole 128-row blocks (at most [`MAX_ROWS`]) at [`Level::Avx512`] in
+/// [`StoreMode::Streaming`] (bf16 output also needs AVX-512 BF16), where each output row
+/// is a whole number of lines; otherwise it returns an empty range and writes nothing.
+/// The caller decodes the columns before and after the range by the tile route and
+/// fences the streamed stores. The values are those of the tile route,
+/// `T(e2m1(code) * factor)`.
+pub(crate) fn decode_lines<T: Element>(
+    (level, mode): (Level, StoreMode),
+    (data, m, p0): (&[u8], usize, usize),
+    out: &mut [T],
+    k: usize,
+    factors: impl FnMut(usize, &mut [f32]),
+) -> Range<usize> {
+    let rows = out.len().checked_div(k).unwrap_or(0);
+    let lead = out.as_ptr().align_offset(64);
+    let whole = k.saturating_sub(lead) / COLS * COLS;
+    let fits = level == Level::Avx512
+        && mode == StoreMode::Streaming
+        && rows > 0
+        && rows.is_multiple_of(128)
+        && rows <= MAX_ROWS
+        && (k * size_of::<T>()).is_multiple_of(64)
+        && whole > 0
+        && m.is_multiple_of(2)
+        && data.len() == k * (m / 2)
+        && p0 + rows / 2 <= m / 2;
+    if !fits {
+        return 0..0;
+    }
+    let cols = lead..lead + whole;
+    let walk = Walk {
+        data,
+        m,
+        p0,
+        cols: cols.clone(),
+        k,
+    };
+    let ran = match FloatsMut::of(out) {
+        // SAFETY: the CPU has AVX-512 F, BW and DQ (`Level::Avx512` is only active where
+        // it does).
+        Some(FloatsMut::F32(o)) => unsafe { into_f32(&walk, factors, o) },
+        // SAFETY: as above, and the CPU has AVX-512 BF16 (checked).
+        Some(FloatsMut::Bf16(o)) if simd::has(simd::Ext::Bf16) => unsafe {
+            into_bf16(&walk, factors, o)
+        },
+        // SAFETY: as for f32.
+        Some(FloatsMut::F16(o)) => unsafe { into_f16(&walk, factors, o) },
+        _ => false,
+    };
+    if ran { cols } else { 0..0 }
+}
+
+/// What [`decode_lines`] walks: the stored codes (`[k, m / 2]`), the task's first byte
+/// of each stored row `p0`, and the output columns `cols` of rows `k` long.
+struct Walk<'a> {
+    data: &'a [u8],
+    m: usize,
+    p0: usize,
+    cols: Range<usize>,
+    k: usize,
+}
+
+/// The walk of one output type, whose 64 values are `LINES` lines:
+/// [`transposed_blocks`] over the task's bytes of the stored rows `w.cols`; each vector
+/// (byte `p` of 64 stored rows) is output rows `2p` (low nibbles) and `2p + 1` (high),
+/// decoded with their group's factors and narrowed by `lines`, then streamed. The
+/// factors of a block of 64 columns are filled when its first vector comes.
+///
+/// # Safety
+/// The CPU must have AVX-512 F and BW; `out` must start `w.cols.start` elements before
+/// a line, and rows of `w.k` elements must be whole lines (checked by
+/// [`decode_lines`]); `LINES` lines must be 64 values of `O`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn walk<O: Copy, const LINES: usize>(
+    w: &Walk<'_>,
+    mut factors: impl FnMut(usize, &mut [f32]),
+    out: &mut [O],
+    lines: impl Fn([__m512; 4]) -> [__m512i; LINES],
+) {
+    debug_assert_eq!(LINES * 64, COLS * size_of::<O>());
+    let Walk { data, m, p0, k, .. } = *w;
+    let rows = out.len() / k;
+    let table = decode_table();
+    let mut f = [0f32; COLS * MAX_ROWS / BLOCK];
+    let f = &mut f[..rows / BLOCK * COLS];
+    let mut filled = None;
+    let bytes = p0..p0 + rows / 2;
+    transposed_blocks(data, m / 2, w.cols.clone(), bytes, |j0, at, v| {
+        if filled != Some(j0) {
+            factors(j0, f);
+            filled = Some(j0);
+        }
+        // Bytes `at..at + 16` are output rows `r0..r0 + 32`: two 16-row groups.
+        let r0 = 2 * (at - p0);
+        for (half, v) in v.chunks_exact(8).enumerate() {
+            let g = &f[(r0 / BLOCK + half) * COLS..][..COLS];
+            // SAFETY: `g` is 64 f32 (four unaligned 512-bit loads).
+            let s = unsafe { [0, 16, 32, 48].map(|l| _mm512_loadu_ps(g.as_ptr().add(l))) };
+            for (t, &codes) in v.iter().enumerate() {
+                for high in [false, true] {
+                    let r = r0 + 16 * half + 2 * t + usize::from(high);
+                    let values = decode64(codes, high, &s, table);
+                    let dst = out[r * k + j0..r * k + j0 + COLS].as_mut_ptr().cast::<u8>();
+                    for (l, line) in lines(values).into_iter().enumerate() {
+                        // SAFETY: line `l` of the 64 values at `dst` lies inside `out`,
+                        // and starts on a line (`out` starts `cols.start` values before
+                        // one, `j0 - cols.start` is a multiple of 64 values, and rows
+                        // are whole lines: contract).
+                        unsafe { _mm512_stream_si512(dst.add(64 * l).cast(), line) }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// The 64 codes in the low (or `high`) nibbles of `c`'s bytes, decoded by one permute
+/// of the E2M1 `table` per 16 (`vpermps` reads an index's low four bits) and times the
+/// factors `s` of their columns: the portable `s * e2m1(code)`, exactly.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn decode64(c: __m512i, high: bool, s: &[__m512; 4], table: __m512) -> [__m512; 4] {
+    let one = |lane: __m128i, s: __m512| {
+        let codes = _mm512_cvtepu8_epi32(lane);
+        let codes = if high {
+            _mm512_srli_epi32::<4>(codes)
+        } else {
+            codes
+        };
+        _mm512_mul_ps(s, _mm512_permutexvar_ps(codes, table))
+    };
+    [
+        one(_mm512_castsi512_si128(c), s[0]),
+        one(_mm512_extracti32x4_epi32::<1>(c), s[1]),
+        one(_mm512_extracti32x4_epi32::<2>(c), s[2]),
+        one(_mm512_extracti32x4_epi32::<3>(c), s[3]),
+    ]
+}
+
+/// [`decode_lines`] into f32; `true` (it ran).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq")]
+fn into_f32(w: &Walk<'_>, factors: impl FnMut(usize, &mut [f32]), out: &mut [f32]) -> bool {
+    // SAFETY: the CPU has AVX-512 F and BW (this function's features); `decode_lines`
+    // checked the layout; four lines are 64 f32.
+    unsafe { walk(w, factors, out, |v| f32_lines(v)) };
+    true
+}
+
+/// [`decode_lines`] into bf16 bits; `true` (it ran).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+fn into_bf16(w: &Walk<'_>, factors: impl FnMut(usize, &mut [f32]), out: &mut [u16]) -> bool {
+    // SAFETY: the CPU has AVX-512 F and BW (this function's features); `decode_lines`
+    // checked the layout; two lines are 64 bf16.
+    unsafe { walk(w, factors, out, |v| bf16_lines(v)) };
+    true
+}
+
+/// [`decode_lines`] into f16 bits; `true` (it ran).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq")]
+fn into_f16(w: &Walk<'_>, factors: impl FnMut(usize, &mut [f32]), out: &mut [u16]) -> bool {
+    // SAFETY: the CPU has AVX-512 F and BW (this function's features); `decode_lines`
+    // checked the layout; two lines are 64 f16.
+    unsafe { walk(w, factors, out, |v| f16_lines(v)) };
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::{bf16, f16};
+    use quant_core::codec::e2m1;
+
+    /// The factor of 16-row group `g` (of the whole tensor) at column `j`: the product's
+    /// corners (zero, subnormal, overflow, infinity, NaN) among ordinary ones.
+    fn factor(g: usize, j: usize) -> f32 {
+        match (g * 7 + j) % 11 {
+            0 => 0.0,
+            1 => 3.5e-39,
+            2 => 1.0e38,
+            3 => f32::INFINITY,
+            4 => f32::NAN,
+            5 => 1.0e-5,
+            6 => 7.0e4,
+            _ => 0.1 + j as f32 / 97.0,
+        }
+    }
+
+    /// The route's columns against `T(e2m1(code) * factor)` and nothing written outside
+    /// them: the second task (rows 256..512, 16 groups) of 512 rows of 320 columns,
+    /// every byte value in both nibbles, the output on a line and 7 elements past one.
+    #[test]
+    fn decodes_its_columns_exactly() {
+        fn check<T: Element>(at: usize) {
+            let (m, k, r0, rows) = (512, 320, 256, 256);
+            let data: Vec<u8> = (0..k * m / 2).map(|e| (e * 131 % 256) as u8).collect();
+            let fill = T::from_f32(-7.0);
+            let mut buf = vec![fill; rows * k + 64];
+            let lead = buf.as_ptr().align_offset(64) + at;
+            let out = &mut buf[lead..lead + rows * k];
+            let factors = |j0: usize, f: &mut [f32]| {
+                for (g, f) in f.chunks_exact_mut(64).enumerate() {
+                    for (c, v) in f.iter_mut().enumerate() {
+                        *v = factor(r0 / BLOCK + g, j0 + c);
+                    }
+                }
+            };
+            let how = (Level::Avx512, StoreMode::Streaming);
+            let cols = decode_lines(how, (&data, m, r0 / 2), out, k, factors);
+            let line = 64 / size_of::<T>();
+            let first = (line - at) % line;
+            assert_eq!(cols, first..first + (k - first) / 64 * 64, "+{at}");
+            for i in 0..rows {
+                for j in 0..k {
+                    let got = out[i * k + j].to_f32().to_bits();
+                    let want = if cols.contains(&j) {
+                        let (lo, hi) = e2m1::unpack(data[j * m / 2 + (r0 + i) / 2]);
+                        let code = if i % 2 == 0 { lo } else { hi };
+                        let v = e2m1::decode_fast(code) * factor((r0 + i) / BLOCK, j);
+                        T::from_f32(v).to_f32().to_bits()
+                    } else {
+                        fill.to_f32().to_bits()
+                    };
+                    let same = got == want
+                        || (f32::from_bits(got).is_nan() && f32::from_bits(want).is_nan());
+                    assert!(same, "+{at}: ({i}, {j}): {got:#x} != {want:#x}");
+                }
+            }
+        }
+        let ran = simd::with_level(Level::Avx512, || {
+            for at in [0, 7] {
+                check::<f32>(at);
+                check::<f16>(at);
+                if simd::has(simd::Ext::Bf16) {
+                    check::<bf16>(at);
+                }
+            }
+        });
+        if ran.is_none() {
+            eprintln!("skipped: this CPU has no AVX-512");
+        }
+    }
+
+    /// What the route does not take it leaves to the tile route, untouched: other levels,
+    /// cached stores, tasks that are not whole 128-row blocks (or more than
+    /// [`MAX_ROWS`]), rows that are not whole lines, no 64 columns past the first line.
+    #[test]
+    fn declines_what_it_does_not_take() {
+        fn declines(level: Level, mode: StoreMode, (m, rows, k): (usize, usize, usize)) {
+            let data = vec![0x21u8; k * m / 2];
+            let mut buf = vec![f16::ONE; rows * k + 32];
+            let lead = buf.as_ptr().align_offset(64);
+            let out = &mut buf[lead..lead + rows * k];
+            let got = decode_lines((level, mode), (&data, m, 0), out, k, |_, f| f.fill(1.0));
+            assert_eq!(got, 0..0, "{level} {mode:?} {m} {rows} {k}");
+            assert!(out.iter().all(|&v| v == f16::ONE));
+        }
+        let stream = StoreMode::Streaming;
+        for level in [Level::Scalar, Level::Avx2] {
+            declines(level, stream, (128, 128, 64));
+        }
+        declines(Level::Avx512, StoreMode::Cached, (128, 128, 64));
+        declines(Level::Avx512, stream, (192, 64, 64));
+        declines(Level::Avx512, stream, (2 * MAX_ROWS, 2 * MAX_ROWS, 64));
+        declines(Level::Avx512, stream, (128, 128, 40));
+        declines(Level::Avx512, stream, (128, 128, 32));
+    }
+}
