@@ -228,13 +228,14 @@ const CHUNK: usize = 256;
 /// Columnwise: `[k, m]` codes and scales (of `x^T`) to `out` in the logical `[m, k]`
 /// layout, undoing the Hadamard transform when `rht`.
 ///
-/// A task takes [`task_rows`] output rows. Without RHT, at AVX-512 and streaming, the
-/// whole 64-column blocks of its rows go the register route of
-/// [`crate::transposed_x86`] (x1.6-1.9 on a 2-vCPU Zen 4 at 8192x8192 into bf16 and
-/// f32), with the factors of a block's groups from the same transposed scale bytes as
-/// below; the tile route takes the columns before and after them, RHT operands and
-/// every task elsewhere: each chunk of [`CHUNK`] stored rows transposed into `pairs`,
-/// then each 16-row group decoded from there.
+/// A task takes [`task_rows`] output rows. At AVX-512 and streaming, the whole
+/// 64-column blocks of its rows go the register route of [`crate::transposed_x86`]
+/// (x1.6-1.9 on a 2-vCPU Zen 4 at 8192x8192 into bf16 and f32; RHT x1.29 into bf16,
+/// where the inverse transform's sums are most of the time), with the factors of a
+/// block's groups from the same transposed scale bytes as below; the tile route takes
+/// the columns before and after them and every task elsewhere: each chunk of [`CHUNK`]
+/// stored rows transposed into `pairs`, then each 16-row group decoded (or inverted)
+/// from there.
 pub(crate) fn columnwise<T: Element>(
     op: &Operand<'_>,
     m: usize,
@@ -270,7 +271,7 @@ pub(crate) fn columnwise<T: Element>(
             let rows = o.len() / k;
             let (g0, groups) = (s * slab / BLOCK, rows / BLOCK);
             #[cfg(target_arch = "x86_64")]
-            let fused = if inv.is_none() {
+            let fused = {
                 // The factors of every group of the task for columns `j0..j0 + 64`.
                 let factors = |j0: usize, f: &mut [f32]| {
                     let compact = op.transposed_scales((j0, 64), (g0, groups), stride, sb);
@@ -283,9 +284,7 @@ pub(crate) fn columnwise<T: Element>(
                     }
                 };
                 let task = (op.data, m, s * slab / 2);
-                crate::transposed_x86::decode_lines((level, mode), task, o, k, factors)
-            } else {
-                0..0
+                crate::transposed_x86::decode_lines((level, mode), task, (o, k), rht_on, factors)
             };
             #[cfg(not(target_arch = "x86_64"))]
             let fused = 0..0;

@@ -7,14 +7,16 @@
 //! transposes them in registers, 64 stored rows at a time; each vector then gives two
 //! output rows' next 64 values, decoded by one permute per 16 codes, scaled by their
 //! columns' factors and narrowed in registers, and streamed as whole lines straight
-//! into the output. The tile route of [`crate::dequant::columnwise`] (still taken for
-//! what this one does not take, and for RHT operands) transposes every run into a
-//! scratch tile and decodes each output row's run from there.
+//! into the output. RHT operands take the inverse transform of the tile route
+//! ([`inverse_nibbles`]) per 16-row group from 8 staged lines, and stream its rows the
+//! same way. The tile route of [`crate::dequant::columnwise`] (still taken for what
+//! this one does not take) transposes every run into a scratch tile and decodes each
+//! output row's run from there.
 
 use std::arch::x86_64::{
     __m128i, __m512, __m512i, _mm512_castsi512_si128, _mm512_cvtepu8_epi32,
     _mm512_extracti32x4_epi32, _mm512_loadu_ps, _mm512_mul_ps, _mm512_permutexvar_ps,
-    _mm512_srli_epi32, _mm512_stream_si512,
+    _mm512_srli_epi32, _mm512_store_si512, _mm512_stream_si512,
 };
 use std::ops::Range;
 
@@ -24,6 +26,8 @@ use quant_core::simd::{self, Level};
 use quant_core::stream::StoreMode;
 use quant_core::stream::x86::{bf16_lines, f16_lines, f32_lines, transposed_blocks};
 
+use crate::rht::DIM;
+use crate::rht_x86::{Narrow, inverse_nibbles};
 use crate::scale::BLOCK;
 use crate::x86::decode_table;
 
@@ -42,13 +46,13 @@ pub(crate) const MAX_ROWS: usize = 1024;
 /// [`StoreMode::Streaming`] (bf16 output also needs AVX-512 BF16), where each output row
 /// is a whole number of lines; otherwise it returns an empty range and writes nothing.
 /// The caller decodes the columns before and after the range by the tile route and
-/// fences the streamed stores. The values are those of the tile route,
-/// `T(e2m1(code) * factor)`.
+/// fences the streamed stores. The values are those of the tile route:
+/// `T(e2m1(code) * factor)`, or with `rht` the inverse transform of each group's 16.
 pub(crate) fn decode_lines<T: Element>(
     (level, mode): (Level, StoreMode),
     (data, m, p0): (&[u8], usize, usize),
-    out: &mut [T],
-    k: usize,
+    (out, k): (&mut [T], usize),
+    rht: bool,
     factors: impl FnMut(usize, &mut [f32]),
 ) -> Range<usize> {
     let rows = out.len().checked_div(k).unwrap_or(0);
@@ -68,12 +72,21 @@ pub(crate) fn decode_lines<T: Element>(
         return 0..0;
     }
     let cols = lead..lead + whole;
+    // f32 output is the nearest f32 of the inverse's f64 sums; narrower outputs round
+    // the round-to-odd f32 once more, which is one rounding of the f64 (as the tile
+    // route's `inverse_group` does).
+    let inverse = rht.then_some(if T::DTYPE == quant_core::DType::F32 {
+        Narrow::Nearest
+    } else {
+        Narrow::Odd
+    });
     let walk = Walk {
         data,
         m,
         p0,
         cols: cols.clone(),
         k,
+        inverse,
     };
     let ran = match FloatsMut::of(out) {
         // SAFETY: the CPU has AVX-512 F, BW and DQ (`Level::Avx512` is only active where
@@ -98,6 +111,8 @@ struct Walk<'a> {
     p0: usize,
     cols: Range<usize>,
     k: usize,
+    /// For RHT operands, how the inverse transform rounds its sums.
+    inverse: Option<Narrow>,
 }
 
 /// The walk of one output type, whose 64 values are `LINES` lines:
@@ -125,6 +140,7 @@ unsafe fn walk<O: Copy, const LINES: usize>(
     let mut f = [0f32; COLS * MAX_ROWS / BLOCK];
     let f = &mut f[..rows / BLOCK * COLS];
     let mut filled = None;
+    let (mut pairs, mut wide) = (Pairs([0; 8 * COLS]), [[0f32; COLS]; DIM]);
     let bytes = p0..p0 + rows / 2;
     transposed_blocks(data, m / 2, w.cols.clone(), bytes, |j0, at, v| {
         if filled != Some(j0) {
@@ -133,26 +149,69 @@ unsafe fn walk<O: Copy, const LINES: usize>(
         }
         // Bytes `at..at + 16` are output rows `r0..r0 + 32`: two 16-row groups.
         let r0 = 2 * (at - p0);
+        let mut store = |r: usize, values: [__m512; 4]| {
+            let dst = out[r * k + j0..r * k + j0 + COLS].as_mut_ptr().cast::<u8>();
+            for (l, line) in lines(values).into_iter().enumerate() {
+                // SAFETY: line `l` of the 64 values at `dst` lies inside `out`, and starts
+                // on a line (`out` starts `cols.start` values before one, `j0 -
+                // cols.start` is a multiple of 64 values, and rows are whole lines:
+                // contract).
+                unsafe { _mm512_stream_si512(dst.add(64 * l).cast(), line) }
+            }
+        };
         for (half, v) in v.chunks_exact(8).enumerate() {
             let g = &f[(r0 / BLOCK + half) * COLS..][..COLS];
+            let r = r0 + BLOCK * half;
+            if let Some(narrow) = w.inverse {
+                let scratch = (&mut pairs, &mut wide);
+                inverse16(v, (g, narrow), scratch, |i, values| store(r + i, values));
+                continue;
+            }
             // SAFETY: `g` is 64 f32 (four unaligned 512-bit loads).
             let s = unsafe { [0, 16, 32, 48].map(|l| _mm512_loadu_ps(g.as_ptr().add(l))) };
             for (t, &codes) in v.iter().enumerate() {
-                for high in [false, true] {
-                    let r = r0 + 16 * half + 2 * t + usize::from(high);
-                    let values = decode64(codes, high, &s, table);
-                    let dst = out[r * k + j0..r * k + j0 + COLS].as_mut_ptr().cast::<u8>();
-                    for (l, line) in lines(values).into_iter().enumerate() {
-                        // SAFETY: line `l` of the 64 values at `dst` lies inside `out`,
-                        // and starts on a line (`out` starts `cols.start` values before
-                        // one, `j0 - cols.start` is a multiple of 64 values, and rows
-                        // are whole lines: contract).
-                        unsafe { _mm512_stream_si512(dst.add(64 * l).cast(), line) }
-                    }
-                }
+                store(r + 2 * t, decode64(codes, false, &s, table));
+                store(r + 2 * t + 1, decode64(codes, true, &s, table));
             }
         }
     });
+}
+
+/// A 16-row group's 8 transposed byte rows of 64 columns, one per line: the input of
+/// [`inverse_nibbles`].
+#[repr(align(64))]
+struct Pairs([u8; 8 * COLS]);
+
+/// The inverse transform of one 16-row group's 64 columns: its 8 transposed byte rows
+/// `v` (row `2t` in the low nibbles of `v[t]`, `2t + 1` in the high ones) and their
+/// factors `f`, through [`inverse_nibbles`] (the tile route's kernel) from a stage of 8
+/// lines, its sums rounded into `wide` (both buffers the caller's: zeroed per group, they
+/// were a tenth of the profile); `store(i, values)` gets row `i`'s 64 results.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn inverse16(
+    v: &[__m512i],
+    (f, narrow): (&[f32], Narrow),
+    (pairs, wide): (&mut Pairs, &mut [[f32; COLS]; DIM]),
+    mut store: impl FnMut(usize, [__m512; 4]),
+) {
+    for (line, &c) in pairs.0.chunks_exact_mut(COLS).zip(v) {
+        // SAFETY: `line` is 64 bytes on a line (one aligned 512-bit store).
+        unsafe { _mm512_store_si512(line.as_mut_ptr().cast(), c) }
+    }
+    // 64 columns (a multiple of its 8) of 8 rows 64 bytes apart, and 64 factors: always
+    // taken at AVX-512, which `decode_lines` checked.
+    let done = inverse_nibbles(&pairs.0, COLS, f, narrow, wide);
+    assert!(
+        done,
+        "inverse16: inverse_nibbles declined a 16x64 group at AVX-512"
+    );
+    for (i, row) in wide.iter().enumerate() {
+        // SAFETY: `row` is 64 f32 (four unaligned 512-bit loads).
+        store(i, unsafe {
+            [0, 16, 32, 48].map(|l| _mm512_loadu_ps(row.as_ptr().add(l)))
+        });
+    }
 }
 
 /// The 64 codes in the low (or `high`) nibbles of `c`'s bytes, decoded by one permute
@@ -246,7 +305,7 @@ mod tests {
                 }
             };
             let how = (Level::Avx512, StoreMode::Streaming);
-            let cols = decode_lines(how, (&data, m, r0 / 2), out, k, factors);
+            let cols = decode_lines(how, (&data, m, r0 / 2), (out, k), false, factors);
             let line = 64 / size_of::<T>();
             let first = (line - at) % line;
             assert_eq!(cols, first..first + (k - first) / 64 * 64, "+{at}");
@@ -291,7 +350,9 @@ mod tests {
             let mut buf = vec![f16::ONE; rows * k + 32];
             let lead = buf.as_ptr().align_offset(64);
             let out = &mut buf[lead..lead + rows * k];
-            let got = decode_lines((level, mode), (&data, m, 0), out, k, |_, f| f.fill(1.0));
+            let got = decode_lines((level, mode), (&data, m, 0), (out, k), false, |_, f| {
+                f.fill(1.0)
+            });
             assert_eq!(got, 0..0, "{level} {mode:?} {m} {rows} {k}");
             assert!(out.iter().all(|&v| v == f16::ONE));
         }
