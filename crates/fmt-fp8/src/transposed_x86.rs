@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::{
     __m512, __m512i, _mm512_castsi512_si128, _mm512_cvtepu8_epi32, _mm512_extracti32x4_epi32,
-    _mm512_loadu_ps, _mm512_stream_si512,
+    _mm512_stream_si512,
 };
 use std::ops::Range;
 
@@ -19,7 +19,7 @@ use quant_core::Element;
 use quant_core::dtype::FloatsMut;
 use quant_core::simd::{self, Level};
 use quant_core::stream::StoreMode;
-use quant_core::stream::x86::{bf16_lines, f16_lines, f32_lines, transposed_blocks};
+use quant_core::stream::x86::{bf16_lines, f16_lines, f32_lines, load_f32x64, transposed_blocks};
 
 use crate::scale::Fp8Dtype;
 use crate::transpose::SLAB;
@@ -148,9 +148,7 @@ unsafe fn walk<O: Copy, const LINES: usize>(
             filled = Some(j0);
         }
         let r0 = i - i0;
-        let s = &si[r0 / SLAB * BLOCK..][..BLOCK];
-        // SAFETY: `s` is 64 f32 (four unaligned 512-bit loads).
-        let s = unsafe { [0, 16, 32, 48].map(|l| _mm512_loadu_ps(s.as_ptr().add(l))) };
+        let s = load_f32x64(&si[r0 / SLAB * BLOCK..]);
         for (t, codes) in codes.into_iter().enumerate() {
             let r = r0 + t;
             let dst = out[r * k + j0..r * k + j0 + BLOCK]

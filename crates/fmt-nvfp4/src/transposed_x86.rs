@@ -15,8 +15,8 @@
 
 use std::arch::x86_64::{
     __m128i, __m512, __m512i, _mm512_castsi512_si128, _mm512_cvtepu8_epi32,
-    _mm512_extracti32x4_epi32, _mm512_loadu_ps, _mm512_mul_ps, _mm512_permutexvar_ps,
-    _mm512_srli_epi32, _mm512_store_si512, _mm512_stream_si512,
+    _mm512_extracti32x4_epi32, _mm512_mul_ps, _mm512_permutexvar_ps, _mm512_srli_epi32,
+    _mm512_store_si512, _mm512_stream_si512,
 };
 use std::ops::Range;
 
@@ -24,7 +24,7 @@ use quant_core::Element;
 use quant_core::dtype::FloatsMut;
 use quant_core::simd::{self, Level};
 use quant_core::stream::StoreMode;
-use quant_core::stream::x86::{bf16_lines, f16_lines, f32_lines, transposed_blocks};
+use quant_core::stream::x86::{bf16_lines, f16_lines, f32_lines, load_f32x64, transposed_blocks};
 
 use crate::rht::DIM;
 use crate::rht_x86::{Narrow, inverse_nibbles};
@@ -167,8 +167,7 @@ unsafe fn walk<O: Copy, const LINES: usize>(
                 inverse16(v, (g, narrow), scratch, |i, values| store(r + i, values));
                 continue;
             }
-            // SAFETY: `g` is 64 f32 (four unaligned 512-bit loads).
-            let s = unsafe { [0, 16, 32, 48].map(|l| _mm512_loadu_ps(g.as_ptr().add(l))) };
+            let s = load_f32x64(g);
             for (t, &codes) in v.iter().enumerate() {
                 store(r + 2 * t, decode64(codes, false, &s, table));
                 store(r + 2 * t + 1, decode64(codes, true, &s, table));
@@ -207,10 +206,7 @@ fn inverse16(
         "inverse16: inverse_nibbles declined a 16x64 group at AVX-512"
     );
     for (i, row) in wide.iter().enumerate() {
-        // SAFETY: `row` is 64 f32 (four unaligned 512-bit loads).
-        store(i, unsafe {
-            [0, 16, 32, 48].map(|l| _mm512_loadu_ps(row.as_ptr().add(l)))
-        });
+        store(i, load_f32x64(row));
     }
 }
 

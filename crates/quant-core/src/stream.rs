@@ -951,6 +951,30 @@ pub mod x86 {
         }
     }
 
+    /// `src[..64]` in four vectors, in order: a run of 64 scales or factors, or a row
+    /// of 64 results, for the line helpers below. (Spelled out, not `array::map`: kernels
+    /// keep `map` out of their hot loops, where a build without LTO may leave it a call.)
+    ///
+    /// # Panics
+    /// If `src` is shorter than 64.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F (code compiled with it calls it safely).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub fn load_f32x64(src: &[f32]) -> [__m512; 4] {
+        let s = &src[..64];
+        // SAFETY: `s` is 64 f32 (four unaligned 512-bit loads).
+        unsafe {
+            [
+                _mm512_loadu_ps(s.as_ptr()),
+                _mm512_loadu_ps(s.as_ptr().add(16)),
+                _mm512_loadu_ps(s.as_ptr().add(32)),
+                _mm512_loadu_ps(s.as_ptr().add(48)),
+            ]
+        }
+    }
+
     /// 64 f32 values (four vectors, in order) as four 64-byte lines of f32, for kernels
     /// that stream whole lines themselves ([`transposed_blocks`]' decoders).
     ///
