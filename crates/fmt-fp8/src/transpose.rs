@@ -13,7 +13,7 @@ use std::ops::Range;
 
 use quant_core::Element;
 use quant_core::simd;
-use quant_core::stream::{Fence, StoreMode, line_chunks};
+use quant_core::stream::{Fence, StoreMode, line_chunks, spans_around};
 use quant_core::strips::task_rows;
 use rayon::prelude::*;
 
@@ -117,10 +117,7 @@ pub(crate) fn decode_transposed<T: Element>(
             );
             #[cfg(not(target_arch = "x86_64"))]
             let fused = 0..0;
-            for span in [0..fused.start, fused.end..k] {
-                if span.is_empty() {
-                    continue;
-                }
+            for span in spans_around(fused, k) {
                 simd::dispatch(
                     level,
                     #[inline(always)]

@@ -15,7 +15,7 @@
 //! its 16 elements, so an exact input value (e.g. a zero) generally comes back nonzero.
 
 use quant_core::codec::{e2m1, e4m3};
-use quant_core::stream::{Fence, StoreMode, line_chunks, write_f32};
+use quant_core::stream::{Fence, StoreMode, line_chunks, spans_around, write_f32};
 use quant_core::strips::task_rows;
 use quant_core::{Element, simd};
 use rayon::prelude::*;
@@ -288,10 +288,7 @@ pub(crate) fn columnwise<T: Element>(
             };
             #[cfg(not(target_arch = "x86_64"))]
             let fused = 0..0;
-            for span in [0..fused.start, fused.end..k] {
-                if span.is_empty() {
-                    continue;
-                }
+            for span in spans_around(fused, k) {
                 simd::dispatch(
                     level,
                     #[inline(always)]

@@ -434,16 +434,7 @@ pub fn copy_short(dst: &mut [u8], src: &[u8]) {
 #[inline(always)]
 pub fn prefetch<T>(data: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let bytes = std::mem::size_of_val(data);
-        let p = data.as_ptr().cast::<i8>();
-        for off in (0..bytes).step_by(64) {
-            // SAFETY: `off < bytes`, so the address lies inside `data`; a prefetch never
-            // faults and has no architectural effect.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(off)) }
-        }
-    }
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T0 }, T>(data);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = data;
 }
@@ -463,18 +454,23 @@ pub fn prefetch<T>(data: &[T]) {
 #[inline(always)]
 pub fn prefetch_l2<T>(data: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
-        let bytes = std::mem::size_of_val(data);
-        let p = data.as_ptr().cast::<i8>();
-        for off in (0..bytes).step_by(64) {
-            // SAFETY: `off < bytes`, so the address lies inside `data`; a prefetch never
-            // faults and has no architectural effect.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.add(off)) }
-        }
-    }
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T1 }, T>(data);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = data;
+}
+
+/// One `prefetch` with `HINT` per 64-byte line of `data`: [`prefetch`] and
+/// [`prefetch_l2`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_lines<const HINT: i32, T>(data: &[T]) {
+    let bytes = std::mem::size_of_val(data);
+    let p = data.as_ptr().cast::<i8>();
+    for off in (0..bytes).step_by(64) {
+        // SAFETY: `off < bytes`, so the address lies inside `data`; a prefetch never
+        // faults and has no architectural effect.
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(p.add(off)) }
+    }
 }
 
 /// An optional AVX-512 extension that kernels use on top of [`Level::Avx512`], each

@@ -451,6 +451,22 @@ pub fn line_chunks<T>(
     })
 }
 
+/// The spans of `0..k` outside `done`, non-empty, in order: the columns a register route
+/// left (it wrote `done`, whole blocks from the first line on) for a decoder's general
+/// route.
+///
+/// ```
+/// use quant_core::stream::spans_around;
+/// assert_eq!(spans_around(8..72, 80).collect::<Vec<_>>(), [0..8, 72..80]);
+/// assert_eq!(spans_around(0..0, 80).collect::<Vec<_>>(), [0..80]);
+/// assert_eq!(spans_around(0..80, 80).count(), 0);
+/// ```
+pub fn spans_around(done: Range<usize>, k: usize) -> impl Iterator<Item = Range<usize>> {
+    [0..done.start, done.end..k]
+        .into_iter()
+        .filter(|s| !s.is_empty())
+}
+
 /// `[$f(0), $f(1), .., $f(15)]`: sixteen vectors as an array literal, which LLVM keeps
 /// in registers (a loop filling or reassigning an array of vectors compiled to `memcpy`
 /// calls in [`transpose_to_strip`]'s kernels).
