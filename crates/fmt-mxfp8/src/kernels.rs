@@ -1046,7 +1046,9 @@ fn decoded_bf16<T: Element>(
 /// Output of a run decoded in registers at AVX2 ([`crate::decode_avx2::decode_run`]):
 /// f32 and f16, and bf16 where the 16-bit lanes ([`decoded_bf16`], tried first: in
 /// process they ran x1.00 rowwise and x1.09 columnwise against this decoder) decline;
-/// `false` (nothing written) elsewhere.
+/// at AVX-512, f16 ([`crate::x86::decode_f16`]; bf16 is [`decoded_bf16`]'s, and f32 is
+/// decoded in place by loops the compiler vectorizes); `false` (nothing written)
+/// elsewhere.
 #[inline(always)]
 fn decoded_avx2<T: Element>(
     level: Level,
@@ -1058,6 +1060,10 @@ fn decoded_avx2<T: Element>(
     #[cfg(target_arch = "x86_64")]
     if crate::decode_avx2::decode_run(level, dtype, q, codes, out) {
         return true;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(quant_core::dtype::FloatsMut::F16(o)) = quant_core::dtype::FloatsMut::of(out) {
+        return crate::x86::decode_f16(level, dtype, q, codes, o);
     }
     let _ = (level, dtype, q, codes, out);
     false
