@@ -9,17 +9,16 @@
 //! still for what this one does not take) transposes every run into a tile in L2 and
 //! decodes each output row's run from there: a store and a reload of every code.
 
-use std::arch::x86_64::{
-    __m512, __m512i, _mm512_castsi512_si128, _mm512_cvtepu8_epi32, _mm512_extracti32x4_epi32,
-    _mm512_stream_si512,
-};
+use std::arch::x86_64::{__m512, __m512i, _mm512_stream_si512};
 use std::ops::Range;
 
 use quant_core::Element;
 use quant_core::dtype::FloatsMut;
 use quant_core::simd::{self, Level};
 use quant_core::stream::StoreMode;
-use quant_core::stream::x86::{bf16_lines, f16_lines, f32_lines, load_f32x64, transposed_blocks};
+use quant_core::stream::x86::{
+    bf16_lines, f16_lines, f32_lines, load_f32x64, transposed_blocks, widen_u8x64,
+};
 
 use crate::scale::Fp8Dtype;
 use crate::transpose::SLAB;
@@ -117,7 +116,8 @@ struct Walk<'a> {
 /// [`transposed_blocks`] over the task's bytes of the stored rows `w.cols`, each vector
 /// (an output row's next 64 codes) decoded with its slab's scales by
 /// `lines(codes, scales)` and streamed into its output row. The scales of a block of 64
-/// columns are filled (for every slab of the task) when its first vector comes.
+/// columns are filled (for every slab of the task) when its first vectors come (the
+/// walk's blocks come in order of columns, then rows).
 ///
 /// # Safety
 /// The CPU must have AVX-512 F and BW; `out` must start `w.cols.start` elements before
@@ -135,9 +135,9 @@ unsafe fn walk<O: Copy, const LINES: usize>(
     let Walk { q, m, i0, k, .. } = *w;
     let rows = out.len() / k;
     let mut si = [0f32; BLOCK * MAX_ROWS / SLAB];
-    let mut filled = None;
     transposed_blocks(q, m, w.cols.clone(), i0..i0 + rows, |j0, i, codes| {
-        if filled != Some(j0) {
+        // A block of 64 columns starts with its first row's vectors: its scales then.
+        if i == i0 {
             for (s, run) in si
                 .chunks_exact_mut(BLOCK)
                 .take(rows.div_ceil(SLAB))
@@ -145,7 +145,6 @@ unsafe fn walk<O: Copy, const LINES: usize>(
             {
                 scale_inv(i0 + s * SLAB, j0, run);
             }
-            filled = Some(j0);
         }
         let r0 = i - i0;
         let s = load_f32x64(&si[r0 / SLAB * BLOCK..]);
@@ -170,22 +169,9 @@ unsafe fn walk<O: Copy, const LINES: usize>(
 #[target_feature(enable = "avx512f")]
 fn decode64<const E5M2: bool>(c: __m512i, s: &[__m512; 4]) -> [__m512; 4] {
     let dt = if E5M2 { Fp8Dtype::E5M2 } else { Fp8Dtype::E4M3 };
-    let one = |lane: __m512i, s: __m512| crate::x86::decode16(dt, lane, s);
-    [
-        one(_mm512_cvtepu8_epi32(_mm512_castsi512_si128(c)), s[0]),
-        one(
-            _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32::<1>(c)),
-            s[1],
-        ),
-        one(
-            _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32::<2>(c)),
-            s[2],
-        ),
-        one(
-            _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32::<3>(c)),
-            s[3],
-        ),
-    ]
+    let c = widen_u8x64(c);
+    let one = |l: usize| crate::x86::decode16(dt, c[l], s[l]);
+    [one(0), one(1), one(2), one(3)]
 }
 
 /// [`decode_lines`] into f32.

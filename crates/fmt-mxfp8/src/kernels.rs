@@ -1043,14 +1043,14 @@ fn decoded_bf16<T: Element>(
     }
 }
 
-/// Output of a run decoded in registers at AVX2 ([`crate::decode_avx2::decode_run`]):
+/// Output of a run decoded in registers: at AVX2 ([`crate::decode_avx2::decode_run`]),
 /// f32 and f16, and bf16 where the 16-bit lanes ([`decoded_bf16`], tried first: in
 /// process they ran x1.00 rowwise and x1.09 columnwise against this decoder) decline;
 /// at AVX-512, f16 ([`crate::x86::decode_f16`]; bf16 is [`decoded_bf16`]'s, and f32 is
 /// decoded in place by loops the compiler vectorizes); `false` (nothing written)
 /// elsewhere.
 #[inline(always)]
-fn decoded_avx2<T: Element>(
+fn decoded_in_registers<T: Element>(
     level: Level,
     dtype: Mxfp8Dtype,
     q: &[u8],
@@ -1111,7 +1111,7 @@ pub(crate) fn dequantize_rowwise<T: Element>(
                             }
                             let per_block = Codes::PerBlock(codes);
                             if decoded_bf16(level, dtype, qs, per_block, os, &mut js)
-                                || decoded_avx2(level, dtype, qs, per_block, os)
+                                || decoded_in_registers(level, dtype, qs, per_block, os)
                             {
                                 continue;
                             }
@@ -1214,7 +1214,7 @@ pub(crate) fn dequantize_columnwise<T: Element>(
                             {
                                 let codes = Codes::Each(ss);
                                 if !decoded_bf16(level, dtype, qs, codes, os, &mut js)
-                                    && !decoded_avx2(level, dtype, qs, codes, os)
+                                    && !decoded_in_registers(level, dtype, qs, codes, os)
                                 {
                                     narrowed(os, &mut w[..qs.len()], |w| {
                                         decode_cols(dtype, ss, qs, w)

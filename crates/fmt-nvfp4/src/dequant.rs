@@ -143,6 +143,25 @@ impl<'a> Operand<'a> {
         }
     }
 
+    /// The factors of 16-row group `g0 + g` at stored rows `c0 .. c0 + f.len()`, into
+    /// `f`: from the scale bytes [`Operand::transposed_scales`] left in `sb` where it
+    /// succeeded (`compact`), else one by one ([`Operand::factors_into`]). The one
+    /// choice both columnwise routes make per group.
+    #[inline(always)]
+    fn group_factors(
+        &self,
+        (compact, sb): (bool, &[u8]),
+        (c0, g0, g): (usize, usize, usize),
+        stride: usize,
+        f: &mut [f32],
+    ) {
+        if compact {
+            self.factors_of(&sb[g * CHUNK..][..f.len()], f);
+        } else {
+            self.factors_into(c0, g0 + g, stride, f);
+        }
+    }
+
     /// `out[c] = self.factor(r0 + c, block, stride)` for every `c`: one block column of
     /// consecutive stored rows, as the columnwise decoder needs per 16-row group where
     /// [`Operand::transposed_scales`] declines (swizzled scales, an amax per row).
@@ -276,11 +295,7 @@ pub(crate) fn columnwise<T: Element>(
                 let factors = |j0: usize, f: &mut [f32]| {
                     let compact = op.transposed_scales((j0, 64), (g0, groups), stride, sb);
                     for (g, f) in f.chunks_exact_mut(64).enumerate() {
-                        if compact {
-                            op.factors_of(&sb[g * CHUNK..][..64], f);
-                        } else {
-                            op.factors_into(j0, g0 + g, stride, f);
-                        }
+                        op.group_factors((compact, sb), (j0, g0, g), stride, f);
                     }
                 };
                 let task = (op.data, m, s * slab / 2);
@@ -313,13 +328,8 @@ pub(crate) fn columnwise<T: Element>(
                                 for r in next + g * ahead..(next + (g + 1) * ahead).min(span.end) {
                                     simd::prefetch_l2(&op.data[r * (m / 2) + p0..][..half]);
                                 }
-                                let mb = g0 + g;
                                 let mut f = [0f32; CHUNK];
-                                if compact {
-                                    op.factors_of(&sb[g * CHUNK..][..cw], &mut f[..cw]);
-                                } else {
-                                    op.factors_into(c0, mb, stride, &mut f[..cw]);
-                                }
+                                op.group_factors((compact, sb), (c0, g0, g), stride, &mut f[..cw]);
                                 if inv.is_none()
                                     && decode_group(
                                         (level, mode, &fence),

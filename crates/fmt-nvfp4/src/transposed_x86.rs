@@ -14,9 +14,8 @@
 //! output row's run from there.
 
 use std::arch::x86_64::{
-    __m128i, __m512, __m512i, _mm512_castsi512_si128, _mm512_cvtepu8_epi32,
-    _mm512_extracti32x4_epi32, _mm512_mul_ps, _mm512_permutexvar_ps, _mm512_srli_epi32,
-    _mm512_store_si512, _mm512_stream_si512,
+    __m512, __m512i, _mm512_mul_ps, _mm512_permutexvar_ps, _mm512_srli_epi32, _mm512_store_si512,
+    _mm512_stream_si512,
 };
 use std::ops::Range;
 
@@ -24,7 +23,9 @@ use quant_core::Element;
 use quant_core::dtype::FloatsMut;
 use quant_core::simd::{self, Level};
 use quant_core::stream::StoreMode;
-use quant_core::stream::x86::{bf16_lines, f16_lines, f32_lines, load_f32x64, transposed_blocks};
+use quant_core::stream::x86::{
+    bf16_lines, f16_lines, f32_lines, load_f32x64, transposed_blocks, widen_u8x64,
+};
 
 use crate::rht::DIM;
 use crate::rht_x86::{Narrow, inverse_nibbles};
@@ -88,7 +89,7 @@ pub(crate) fn decode_lines<T: Element>(
         k,
         inverse,
     };
-    let ran = match FloatsMut::of(out) {
+    match FloatsMut::of(out) {
         // SAFETY: the CPU has AVX-512 F, BW and DQ (`Level::Avx512` is only active where
         // it does).
         Some(FloatsMut::F32(o)) => unsafe { into_f32(&walk, factors, o) },
@@ -98,9 +99,9 @@ pub(crate) fn decode_lines<T: Element>(
         },
         // SAFETY: as for f32.
         Some(FloatsMut::F16(o)) => unsafe { into_f16(&walk, factors, o) },
-        _ => false,
-    };
-    if ran { cols } else { 0..0 }
+        _ => return 0..0,
+    }
+    cols
 }
 
 /// What [`decode_lines`] walks: the stored codes (`[k, m / 2]`), the task's first byte
@@ -119,7 +120,8 @@ struct Walk<'a> {
 /// [`transposed_blocks`] over the task's bytes of the stored rows `w.cols`; each vector
 /// (byte `p` of 64 stored rows) is output rows `2p` (low nibbles) and `2p + 1` (high),
 /// decoded with their group's factors and narrowed by `lines`, then streamed. The
-/// factors of a block of 64 columns are filled when its first vector comes.
+/// factors of a block of 64 columns are filled when its first vectors come (the walk's
+/// blocks come in order of columns, then rows).
 ///
 /// # Safety
 /// The CPU must have AVX-512 F and BW; `out` must start `w.cols.start` elements before
@@ -139,13 +141,12 @@ unsafe fn walk<O: Copy, const LINES: usize>(
     let table = decode_table();
     let mut f = [0f32; COLS * MAX_ROWS / BLOCK];
     let f = &mut f[..rows / BLOCK * COLS];
-    let mut filled = None;
     let (mut pairs, mut wide) = (Pairs([0; 8 * COLS]), [[0f32; COLS]; DIM]);
     let bytes = p0..p0 + rows / 2;
     transposed_blocks(data, m / 2, w.cols.clone(), bytes, |j0, at, v| {
-        if filled != Some(j0) {
+        // A block of 64 columns starts with its first rows' vectors: its factors then.
+        if at == p0 {
             factors(j0, f);
-            filled = Some(j0);
         }
         // Bytes `at..at + 16` are output rows `r0..r0 + 32`: two 16-row groups.
         let r0 = 2 * (at - p0);
@@ -216,48 +217,40 @@ fn inverse16(
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn decode64(c: __m512i, high: bool, s: &[__m512; 4], table: __m512) -> [__m512; 4] {
-    let one = |lane: __m128i, s: __m512| {
-        let codes = _mm512_cvtepu8_epi32(lane);
+    let c = widen_u8x64(c);
+    let one = |l: usize| {
         let codes = if high {
-            _mm512_srli_epi32::<4>(codes)
+            _mm512_srli_epi32::<4>(c[l])
         } else {
-            codes
+            c[l]
         };
-        _mm512_mul_ps(s, _mm512_permutexvar_ps(codes, table))
+        _mm512_mul_ps(s[l], _mm512_permutexvar_ps(codes, table))
     };
-    [
-        one(_mm512_castsi512_si128(c), s[0]),
-        one(_mm512_extracti32x4_epi32::<1>(c), s[1]),
-        one(_mm512_extracti32x4_epi32::<2>(c), s[2]),
-        one(_mm512_extracti32x4_epi32::<3>(c), s[3]),
-    ]
+    [one(0), one(1), one(2), one(3)]
 }
 
-/// [`decode_lines`] into f32; `true` (it ran).
+/// [`decode_lines`] into f32.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq")]
-fn into_f32(w: &Walk<'_>, factors: impl FnMut(usize, &mut [f32]), out: &mut [f32]) -> bool {
+fn into_f32(w: &Walk<'_>, factors: impl FnMut(usize, &mut [f32]), out: &mut [f32]) {
     // SAFETY: the CPU has AVX-512 F and BW (this function's features); `decode_lines`
     // checked the layout; four lines are 64 f32.
-    unsafe { walk(w, factors, out, |v| f32_lines(v)) };
-    true
+    unsafe { walk(w, factors, out, |v| f32_lines(v)) }
 }
 
-/// [`decode_lines`] into bf16 bits; `true` (it ran).
+/// [`decode_lines`] into bf16 bits.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
-fn into_bf16(w: &Walk<'_>, factors: impl FnMut(usize, &mut [f32]), out: &mut [u16]) -> bool {
+fn into_bf16(w: &Walk<'_>, factors: impl FnMut(usize, &mut [f32]), out: &mut [u16]) {
     // SAFETY: the CPU has AVX-512 F and BW (this function's features); `decode_lines`
     // checked the layout; two lines are 64 bf16.
-    unsafe { walk(w, factors, out, |v| bf16_lines(v)) };
-    true
+    unsafe { walk(w, factors, out, |v| bf16_lines(v)) }
 }
 
-/// [`decode_lines`] into f16 bits; `true` (it ran).
+/// [`decode_lines`] into f16 bits.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq")]
-fn into_f16(w: &Walk<'_>, factors: impl FnMut(usize, &mut [f32]), out: &mut [u16]) -> bool {
+fn into_f16(w: &Walk<'_>, factors: impl FnMut(usize, &mut [f32]), out: &mut [u16]) {
     // SAFETY: the CPU has AVX-512 F and BW (this function's features); `decode_lines`
     // checked the layout; two lines are 64 f16.
-    unsafe { walk(w, factors, out, |v| f16_lines(v)) };
-    true
+    unsafe { walk(w, factors, out, |v| f16_lines(v)) }
 }
 
 #[cfg(test)]

@@ -853,9 +853,10 @@ pub mod x86 {
     use std::arch::x86_64::{
         __m128i, __m512, __m512i, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT, _mm_loadu_si128,
         _mm_sfence, _mm512_castps_si512, _mm512_castsi128_si512, _mm512_castsi256_si512,
-        _mm512_cvtps_ph, _mm512_inserti32x4, _mm512_inserti64x4, _mm512_loadu_ps,
-        _mm512_loadu_si512, _mm512_permutex2var_epi16, _mm512_setzero_si512, _mm512_store_si512,
-        _mm512_storeu_si512, _mm512_stream_si512, _mm512_unpackhi_epi8, _mm512_unpacklo_epi8,
+        _mm512_castsi512_si128, _mm512_cvtepu8_epi32, _mm512_cvtps_ph, _mm512_extracti32x4_epi32,
+        _mm512_inserti32x4, _mm512_inserti64x4, _mm512_loadu_ps, _mm512_loadu_si512,
+        _mm512_permutex2var_epi16, _mm512_setzero_si512, _mm512_store_si512, _mm512_storeu_si512,
+        _mm512_stream_si512, _mm512_unpackhi_epi8, _mm512_unpacklo_epi8,
     };
 
     use super::{Fence, StoreMode};
@@ -965,6 +966,22 @@ pub mod x86 {
                 }
             }
         }
+    }
+
+    /// The 64 bytes of `v` zero-extended to u32 lanes, 16 per vector in order: the codes
+    /// of a [`transposed_blocks`] vector as its decoder's four steps take them.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F (code compiled with it calls it safely).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub fn widen_u8x64(v: __m512i) -> [__m512i; 4] {
+        [
+            _mm512_cvtepu8_epi32(_mm512_castsi512_si128(v)),
+            _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32::<1>(v)),
+            _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32::<2>(v)),
+            _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32::<3>(v)),
+        ]
     }
 
     /// `src[..64]` in four vectors, in order: a run of 64 scales or factors, or a row
