@@ -1667,6 +1667,14 @@ fn columnwise_chunk(
     let mut buf = [[0f32; CHUNK]; BLOCK];
     let mut scales = [[0u8; SLAB / BLOCK]; CHUNK];
     for g in 0..groups {
+        // RHT summed from the bits reads each group's runs straight from the input,
+        // with nothing fetched ahead: fetch the next group's (the next chunk's first
+        // group after the last) into L2 before summing this one, as
+        // [`columnwise_chunk_direct`] does for f32 (x1.08 on two Zen 4 cores at
+        // 8192x8192; into L1 x0.97).
+        if let Src::Bits(bits, k) = src {
+            next_group_to_l2(bits, k, (g, rows), (c0, cw));
+        }
         let mut amax = [0f32; CHUNK];
         let (vals, have_amax) = group_values(p, src, &s.wide, g, c0, cw, &mut buf, &mut amax);
         let mb = (i0 / BLOCK + g) as u32;
@@ -1827,21 +1835,12 @@ fn columnwise_chunk_direct(
             &mut sdb[..cw],
             &mut enc[..cw],
         );
-        // f32: the next group's runs (the next chunk's first group after the last)
-        // fetched into L2 before this group encodes, so that its maxima pass reads them
-        // from there; a few rows ahead (`ahead`) was too short for 1 KiB runs a row apart
-        // (x1.11 on two Zen 4 cores at 8192x8192, SR x1.06). 16-bit runs, half as long,
-        // ran x0.97-0.98 with it and go without.
+        // f32: the next group's runs fetched into L2 before this group encodes, so that
+        // its maxima pass reads them from there; a few rows ahead (`ahead`) was too
+        // short for 1 KiB runs a row apart (x1.11 on two Zen 4 cores at 8192x8192, SR
+        // x1.06). 16-bit runs, half as long, ran x0.97-0.98 with it and go without.
         if let Slab::F32(w) = slab {
-            let (ng, nc) = if (g + 1) * BLOCK < rows {
-                (g + 1, c0)
-            } else {
-                (0, c0 + cw)
-            };
-            let nw = CHUNK.min(k.saturating_sub(nc));
-            for r in (ng * BLOCK..(ng + 1) * BLOCK).filter(|_| nw > 0) {
-                simd::prefetch_l2(&w[r * k + nc..r * k + nc + nw]);
-            }
+            next_group_to_l2(w, k, (g, rows), (c0, cw));
         }
         let rows = GroupRows::Slab {
             slab,
@@ -1856,6 +1855,23 @@ fn columnwise_chunk_direct(
         }
     }
     store_columnwise(p, c0, cw, rows, &scales, col, s);
+}
+
+/// Fetches into L2 the runs that the columnwise walk over the slab `x` (`rows` rows of
+/// `k`, chunks of [`CHUNK`] columns, 16-row groups within each) reads after group `g`
+/// of the chunk at `c0` (`cw` wide): the next group's, or after the last group the next
+/// chunk's first group's; nothing after the slab's last chunk.
+#[inline(always)]
+fn next_group_to_l2<E>(x: &[E], k: usize, (g, rows): (usize, usize), (c0, cw): (usize, usize)) {
+    let (ng, nc) = if (g + 1) * BLOCK < rows {
+        (g + 1, c0)
+    } else {
+        (0, c0 + cw)
+    };
+    let nw = CHUNK.min(k.saturating_sub(nc));
+    for r in (ng * BLOCK..(ng + 1) * BLOCK).filter(|_| nw > 0) {
+        simd::prefetch_l2(&x[r * k + nc..r * k + nc + nw]);
+    }
 }
 
 /// The end of a columnwise chunk: the block scales (`scales[c][g]`: column `c`, 16-row
