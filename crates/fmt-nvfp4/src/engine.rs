@@ -1860,7 +1860,8 @@ fn columnwise_chunk_direct(
 /// Fetches into L2 the runs that the columnwise walk over the slab `x` (`rows` rows of
 /// `k`, chunks of [`CHUNK`] columns, 16-row groups within each) reads after group `g`
 /// of the chunk at `c0` (`cw` wide): the next group's, or after the last group the next
-/// chunk's first group's; nothing after the slab's last chunk.
+/// chunk's first group's; nothing after the slab's last chunk (nor past `x`'s end: a
+/// hint, never a bounds panic).
 #[inline(always)]
 fn next_group_to_l2<E>(x: &[E], k: usize, (g, rows): (usize, usize), (c0, cw): (usize, usize)) {
     let (ng, nc) = if (g + 1) * BLOCK < rows {
@@ -1870,7 +1871,7 @@ fn next_group_to_l2<E>(x: &[E], k: usize, (g, rows): (usize, usize), (c0, cw): (
     };
     let nw = CHUNK.min(k.saturating_sub(nc));
     for r in (ng * BLOCK..(ng + 1) * BLOCK).filter(|_| nw > 0) {
-        simd::prefetch_l2(&x[r * k + nc..r * k + nc + nw]);
+        simd::prefetch_l2(x.get(r * k + nc..r * k + nc + nw).unwrap_or(&[]));
     }
 }
 
