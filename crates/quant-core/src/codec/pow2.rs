@@ -777,12 +777,12 @@ mod x86 {
         _mm512_add_epi16, _mm512_and_si512, _mm512_cmpeq_epu16_mask, _mm512_cmpge_epu16_mask,
         _mm512_cmpgt_epu16_mask, _mm512_cmplt_epu16_mask, _mm512_cvtepi16_epi8,
         _mm512_cvtepu8_epi16, _mm512_loadu_si512, _mm512_mask_add_epi16, _mm512_mask_blend_epi16,
-        _mm512_mask_cmpge_epu16_mask, _mm512_mask_mov_epi16, _mm512_maskz_mov_epi16,
-        _mm512_max_epi16, _mm512_min_epi16, _mm512_packus_epi16, _mm512_permutexvar_epi16,
-        _mm512_permutexvar_epi64, _mm512_set1_epi16, _mm512_setr_epi64, _mm512_slli_epi16,
-        _mm512_sllv_epi16, _mm512_srl_epi16, _mm512_srli_epi16, _mm512_srlv_epi16,
-        _mm512_storeu_si512, _mm512_sub_epi16, _mm512_subs_epu16, _mm512_ternarylogic_epi32,
-        _mm512_test_epi16_mask,
+        _mm512_mask_cmpge_epu16_mask, _mm512_mask_mov_epi16, _mm512_maskz_loadu_epi32,
+        _mm512_maskz_mov_epi16, _mm512_max_epi16, _mm512_min_epi16, _mm512_packus_epi16,
+        _mm512_permutexvar_epi16, _mm512_permutexvar_epi64, _mm512_set1_epi16, _mm512_set1_epi32,
+        _mm512_setr_epi64, _mm512_slli_epi16, _mm512_sllv_epi16, _mm512_srl_epi16,
+        _mm512_srli_epi16, _mm512_srlv_epi16, _mm512_storeu_si512, _mm512_sub_epi16,
+        _mm512_subs_epu16, _mm512_ternarylogic_epi32, _mm512_test_epi16_mask,
     };
 
     use super::Fp8;
@@ -814,11 +814,11 @@ mod x86 {
         dst: &mut [u8],
     ) {
         let c = Consts::new(fp8);
-        let mut blocks = Blocks::new(ks, block / 32, |k| Block::new(fp8, k));
-        store_codes(src.len() / 32, dst, |j| {
-            let blk = blocks.next();
-            // SAFETY: `32 * j + 32 <= src.len()` (`store_codes` asks for chunks below
-            // `src.len() / 32`); one unaligned 512-bit load.
+        let consts = |k| fp8.block_consts16(k).map(|v| v as i16);
+        store_blocks(ks, block, dst, consts, Block::of, |blk, j| {
+            // SAFETY: `32 * j + 32 <= src.len()` (`store_blocks` asks for chunks below
+            // `ks.len() * block / 32`, which is `src.len() / 32`); one unaligned 512-bit
+            // load.
             let x = unsafe { _mm512_loadu_si512(src.as_ptr().add(32 * j).cast()) };
             encode32(&c, blk, x, plus_zero)
         });
@@ -1014,16 +1014,71 @@ mod x86 {
     }
 
     impl Block {
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw")]
-        pub(super) fn new(fp8: Fp8, k: i32) -> Block {
-            let [normal_from, normal_span, rebias, k] = fp8.block_consts(k).map(|v| v as i16);
+        /// The block whose [`Fp8::block_consts`] are broadcast in `v` ([`store_blocks`]).
+        #[inline(always)]
+        pub(super) fn of(v: [__m512i; 4], _k: i32) -> Block {
+            let [normal_from, normal_span, rebias, k] = v;
             Block {
-                normal_from: _mm512_set1_epi16(normal_from),
-                normal_span: _mm512_set1_epi16(normal_span),
-                rebias: _mm512_set1_epi16(rebias),
-                k: _mm512_set1_epi16(k),
+                normal_from,
+                normal_span,
+                rebias,
+                k,
             }
+        }
+    }
+
+    /// Blocks per table of [`store_blocks`].
+    const TABLE: usize = 16;
+
+    /// [`store_codes`] over the chunks of `ks.len()` blocks of `block` values (a multiple
+    /// of 32), `code(blk, j)` giving chunk `j`'s codes under its block's constants: `blk`
+    /// is `make(v, k)`, `v` the block's 16-bit constants `consts(k)` broadcast, `k` its
+    /// exponent.
+    ///
+    /// Blocks of one chunk (MXFP8's 32 values) read their constants from a table, made
+    /// [`TABLE`] blocks at a time in one vectorized loop with each value doubled into a
+    /// 32-bit lane, so that a block's vector is one `vpbroadcastd` from memory (a load).
+    /// Made from the exponent chunk by chunk, they took a dozen scalar operations and a
+    /// broadcast from a general register each: a third of the encode's instructions in
+    /// the rowwise MXFP8 quantize from f16. Longer blocks are found by a countdown
+    /// ([`Blocks`]), their constants made once per block.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) fn store_blocks<B, const R: usize>(
+        ks: &[i32],
+        block: usize,
+        dst: &mut [u8],
+        consts: impl Fn(i16) -> [i16; R],
+        make: impl Fn([__m512i; R], i32) -> B,
+        mut code: impl FnMut(&B, usize) -> __m512i,
+    ) {
+        if block != 32 {
+            let mut blocks = Blocks::new(ks, block / 32, |k| {
+                make(consts(k as i16).map(|v| _mm512_set1_epi16(v)), k)
+            });
+            store_codes(ks.len() * (block / 32), dst, |j| code(blocks.next(), j));
+            return;
+        }
+        for (t, (ks, dst)) in ks.chunks(TABLE).zip(dst.chunks_mut(32 * TABLE)).enumerate() {
+            // One masked load and one store: the exponents stored one by one and read
+            // back as a vector by the table's loop stalled its loads on store
+            // forwarding (an eighth of the f32 encode's samples).
+            let mut k32 = [0i32; TABLE];
+            let mask = ((1u32 << ks.len()) - 1) as u16;
+            // SAFETY: the masked load reads lanes `..ks.len()` of `ks` only (at most
+            // `TABLE` = 16, one 512-bit vector; a chunk of `ks.chunks(TABLE)`), the store
+            // writes the 64 bytes of `k32`; both unaligned.
+            unsafe {
+                let v = _mm512_maskz_loadu_epi32(mask, ks.as_ptr());
+                _mm512_storeu_si512(k32.as_mut_ptr().cast(), v);
+            }
+            let rows: [[u32; TABLE]; R] = std::array::from_fn(|r| {
+                k32.map(|k| u32::from(consts(k as i16)[r] as u16) * 0x1_0001)
+            });
+            store_codes(ks.len(), dst, |j| {
+                let v = std::array::from_fn(|r| _mm512_set1_epi32(rows[r][j] as i32));
+                code(&make(v, ks[j]), TABLE * t + j)
+            });
         }
     }
 
@@ -1506,6 +1561,70 @@ mod tests {
             assert!(!some.decode(Level::Scalar, s, &mut dst[..32], cached));
             assert!(!some.decode(avx2, s, &mut [0f32; 32], cached));
             assert!(!some.decode(avx2, s, &mut [half::f16::ZERO; 32], cached));
+        }
+    }
+
+    /// Runs of every length around the block kernels' tables of 16 one-chunk blocks
+    /// (`x86::store_blocks`), and of longer blocks (found by a countdown): bf16, f16
+    /// and f32 input, each block under its own exponent, against the scalar codes, at
+    /// each vector level the CPU has.
+    #[test]
+    fn runs_of_any_number_of_blocks_take_their_own_exponents() {
+        use crate::codec::pow2::encode_blocks_f32;
+        use quantfmt_testkit::XorShift32;
+        let mut rng = XorShift32::new(0x7AB1_E516);
+        let n = 33 * 64;
+        let f32s: Vec<f32> = (0..n)
+            .map(|_| (rng.next_u32() as f32 / u32::MAX as f32 - 0.5) * 6.0)
+            .collect();
+        let bf16: Vec<u16> = f32s
+            .iter()
+            .map(|&x| half::bf16::from_f32(x).to_bits())
+            .collect();
+        let f16: Vec<u16> = f32s
+            .iter()
+            .map(|&x| half::f16::from_f32(x).to_bits())
+            .collect();
+        for level in [Level::Avx512, Level::Avx2] {
+            if !level.is_supported() {
+                eprintln!("skipped at {level}: this CPU does not have it");
+                continue;
+            }
+            for fp8 in [Fp8::E4M3, Fp8::E5M2] {
+                for block in [32, 64] {
+                    for blocks in [1, 2, 3, 15, 16, 17, 31, 32, 33] {
+                        let len = blocks * block;
+                        // Exponents around the data's (amax 3) and past it: the fast
+                        // route, saturation and subnormal codes in neighbouring blocks.
+                        let ks: Vec<i32> = (0..blocks as i32).map(|b| (b * 5) % 23 - 6).collect();
+                        let mut dst = vec![0u8; len];
+                        let run = Bits16::Bf16(&bf16[..len]);
+                        assert!(p2::encode_blocks(
+                            level, fp8, run, block, &ks, true, &mut dst
+                        ));
+                        for (i, (&s, &d)) in bf16.iter().zip(&dst).enumerate() {
+                            let want = fp8.encode(s, ks[i / block], true);
+                            assert_eq!(d, want, "bf16 {blocks} blocks of {block}, value {i}");
+                        }
+                        let run = Bits16::F16(&f16[..len]);
+                        assert!(p2::encode_blocks(
+                            level, fp8, run, block, &ks, true, &mut dst
+                        ));
+                        for (i, (&s, &d)) in f16.iter().zip(&dst).enumerate() {
+                            let want = fp8.encode_f16(s, ks[i / block], true);
+                            assert_eq!(d, want, "f16 {blocks} blocks of {block}, value {i}");
+                        }
+                        let run = &f32s[..len];
+                        assert!(encode_blocks_f32(
+                            level, fp8, run, block, &ks, true, &mut dst
+                        ));
+                        for (i, (&s, &d)) in f32s.iter().zip(&dst).enumerate() {
+                            let want = fp8.encode_f32(s, ks[i / block], true);
+                            assert_eq!(d, want, "f32 {blocks} blocks of {block}, value {i}");
+                        }
+                    }
+                }
+            }
         }
     }
 

@@ -146,7 +146,7 @@ pub(super) mod x86 {
         _mm512_testn_epi16_mask,
     };
 
-    use super::super::x86::{Blocks, store_codes};
+    use super::super::x86::{store_blocks, store_codes};
     use super::{Fp8, Lanes};
 
     /// [`super::super::encode_blocks`] for f16 bits, after its checks.
@@ -165,16 +165,20 @@ pub(super) mod x86 {
         dst: &mut [u8],
     ) {
         let c = Consts::new(fp8);
-        let mut blocks = Blocks::new(ks, block / 32, |k| Block::new(fp8, k));
-        store_codes(
-            src.len() / 32,
+        let consts = |k| fp8.block_consts_f16_16(k);
+        let make = |v, k| Block::of(fp8, v, k);
+        store_blocks(
+            ks,
+            block,
             dst,
+            consts,
+            make,
             // Inlined or not, by size: the call per chunk cost half the speed.
             #[inline(always)]
-            |j| {
-                let blk = blocks.next();
-                // SAFETY: `32 * j + 32 <= src.len()` (`store_codes` asks for chunks below
-                // `src.len() / 32`); one unaligned 512-bit load.
+            |blk, j| {
+                // SAFETY: `32 * j + 32 <= src.len()` (`store_blocks` asks for chunks below
+                // `ks.len() * block / 32`, which is `src.len() / 32`); one unaligned
+                // 512-bit load.
                 let x = unsafe { _mm512_loadu_si512(src.as_ptr().add(32 * j).cast()) };
                 encode32(&c, blk, x, plus_zero)
             },
@@ -293,14 +297,16 @@ pub(super) mod x86 {
     }
 
     impl Block {
+        /// The block of exponent `k` whose [`Fp8::block_consts_f16`] are broadcast in `v`
+        /// (`store_blocks`).
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw")]
-        fn new(fp8: Fp8, k: i32) -> Block {
-            let [normal_from, normal_span, rebias] = fp8.block_consts_f16(k);
+        fn of(fp8: Fp8, v: [__m512i; 3], k: i32) -> Block {
+            let [normal_from, normal_span, rebias] = v;
             Block {
-                normal_from: _mm512_set1_epi16(normal_from),
-                normal_span: _mm512_set1_epi16(normal_span),
-                rebias: _mm512_set1_epi16(rebias),
+                normal_from,
+                normal_span,
+                rebias,
                 // `k` is within -126..=127: a normal f32.
                 mult: [_mm512_set1_ps(f32::from_bits(((k + 127) as u32) << 23)); 2],
                 lift: fp8.lifts(k),

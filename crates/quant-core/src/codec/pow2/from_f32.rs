@@ -147,7 +147,7 @@ mod x86 {
         _mm512_set1_epi32, _mm512_test_epi32_mask,
     };
 
-    use super::super::x86::{Block, Blocks, Consts, encode32, store_codes};
+    use super::super::x86::{Block, Consts, encode32, store_blocks};
     use super::Fp8;
 
     /// [`super::encode_blocks_f32`] after its checks.
@@ -168,15 +168,18 @@ mod x86 {
         let c = Consts::new(fp8);
         // SAFETY: `HIGH_HALVES` is 32 u16 = 64 bytes (one unaligned 512-bit load).
         let high = unsafe { _mm512_loadu_si512(HIGH_HALVES.as_ptr().cast()) };
-        let mut blocks = Blocks::new(ks, block / 32, |k| Block::new(fp8, k));
-        store_codes(
-            src.len() / 32,
+        let consts = |k| fp8.block_consts16(k).map(|v| v as i16);
+        store_blocks(
+            ks,
+            block,
             dst,
+            consts,
+            Block::of,
             #[inline(always)]
-            |j| {
-                let blk = blocks.next();
-                // SAFETY: `32 * j + 32 <= src.len()` (`store_codes` asks for chunks below
-                // `src.len() / 32`); two unaligned 512-bit loads.
+            |blk, j| {
+                // SAFETY: `32 * j + 32 <= src.len()` (`store_blocks` asks for chunks below
+                // `ks.len() * block / 32`, which is `src.len() / 32`); two unaligned
+                // 512-bit loads.
                 let (lo, hi) = unsafe {
                     let p = src.as_ptr().add(32 * j);
                     (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
