@@ -3,8 +3,8 @@
 //! ([`e4m3::decode_fast`]), not a table gather. f32 input is read in place. The encoders
 //! read bf16 input from its bits, widened in the register (a shift), except
 //! [`amax_encode_block`], which widens a block once for its amax and its codes; f16 input
-//! is widened once into a span ([`quant_core::widened`]), except at AVX2, whose encoder
-//! widens it in the register (`vcvtph2ps`). (Under power-of-two scales at AVX-512 and
+//! is widened once into a span ([`quant_core::widened`]), except at AVX2 and AVX-512,
+//! whose encoders widen it in the register (`vcvtph2ps`). (Under power-of-two scales at AVX-512 and
 //! AVX2 the slab engine encodes both in 16-bit lanes instead, [`quant_core::codec::pow2`].)
 //!
 //! Widened spans and 16-bit output pass through a caller-lent [`Wide`] scratch made once per
@@ -42,9 +42,10 @@ pub(crate) fn encode_f32(dt: Fp8Dtype, src: &[f32], scale: f32, dst: &mut [u8]) 
 /// At [`Level::Avx2`] through the AVX2 encoder ([`quant_core::codec::scaled_avx2`], the
 /// same codes), which LLVM's vectorization of the portable loop does not match there
 /// (that loop of per-column products was about half of the columnwise 1x128 quantize
-/// from f32). bf16 input is read as bits at every level, f16 at AVX2 (elsewhere it is
-/// widened into `buf` first, as at AVX2 before, where that was a sixth of the
-/// per-tensor FP8 quantize from f16: x1.15 in process without it).
+/// from f32). bf16 input is read as bits at every level, f16 at AVX2 and AVX-512
+/// ([`quant_core::codec::scaled_avx512`]; elsewhere it is widened into `buf` first, as
+/// at both before, where that was a sixth of the per-tensor FP8 quantize from f16 at
+/// AVX2 and a tenth at AVX-512: x1.15 and x1.11 in process without it).
 #[inline(always)]
 pub(crate) fn encode_scaled<T: Element>(
     level: Level,
@@ -55,7 +56,7 @@ pub(crate) fn encode_scaled<T: Element>(
     buf: &mut Wide,
 ) {
     match Bits16::of(src) {
-        Some(bits) if avx2_bits(level, dt, bits, scales, dst) => return,
+        Some(bits) if vector_bits(level, dt, bits, scales, dst) => return,
         Some(Bits16::Bf16(bits)) => return encode_bf16_bits(dt, bits, scales, dst),
         _ => {}
     }
@@ -87,10 +88,16 @@ fn avx2_f32(level: Level, dt: Fp8Dtype, src: &[f32], scales: Scales<'_>, dst: &m
     }
 }
 
-/// [`avx2_f32`] of bf16 or f16 bits ([`quant_core::codec::scaled_avx2::encode_bf16`],
-/// [`quant_core::codec::scaled_avx2::encode_f16`]: each value widened in the register).
+/// The encoders of bf16 or f16 bits that widen each value in the register: at
+/// [`Level::Avx2`] [`quant_core::codec::scaled_avx2::encode_bf16`] and
+/// [`quant_core::codec::scaled_avx2::encode_f16`] (`vcvtph2ps`), at [`Level::Avx512`]
+/// [`quant_core::codec::scaled_avx512::encode_f16`] for f16 (x1.11 on the per-tensor
+/// quantize from f16, which widened into `buf` first). bf16 and f32 there take the
+/// portable loop, which LLVM vectorizes as well as that kernel (its bf16 and f32 forms
+/// measured x0.96-1.00). `false`, with nothing written, at other levels or where they
+/// decline.
 #[inline(always)]
-fn avx2_bits(
+fn vector_bits(
     level: Level,
     dt: Fp8Dtype,
     src: Bits16<'_>,
@@ -99,13 +106,16 @@ fn avx2_bits(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        use quant_core::codec::scaled_avx2::{encode_bf16, encode_f16};
+        use quant_core::codec::{scaled_avx2, scaled_avx512};
         let fp8 = dt.pow2_codec();
-        level == Level::Avx2
-            && match src {
-                Bits16::Bf16(b) => encode_bf16(fp8, b, scales, false, dst),
-                Bits16::F16(b) => encode_f16(fp8, b, scales, false, dst),
+        match (level, src) {
+            (Level::Avx2, Bits16::Bf16(b)) => scaled_avx2::encode_bf16(fp8, b, scales, false, dst),
+            (Level::Avx2, Bits16::F16(b)) => scaled_avx2::encode_f16(fp8, b, scales, false, dst),
+            (Level::Avx512, Bits16::F16(b)) => {
+                scaled_avx512::encode_f16(fp8, b, scales, false, dst)
             }
+            _ => false,
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -25,11 +25,13 @@ pub mod pow2;
 #[cfg(target_arch = "x86_64")]
 pub mod scaled_avx2;
 #[cfg(target_arch = "x86_64")]
+pub mod scaled_avx512;
+#[cfg(target_arch = "x86_64")]
 pub mod x86;
 
 /// The scale of each value of a run: one for the whole run (a tensor scale, a block's
 /// scale over its values) or one per value (per-column scales along a row). The FP8
-/// encoders ([`scaled_avx2`]) and the FP8 recipe's decoders take it.
+/// encoders ([`scaled_avx2`], [`scaled_avx512`]) and the FP8 recipe's decoders take it.
 ///
 /// ```
 /// use quant_core::codec::Scale;

@@ -159,7 +159,7 @@ fn fits(len: usize, scale: Scale<'_>, dst_len: usize) -> bool {
 
 /// The values `from..to` one at a time, as the portable loop encodes them.
 #[inline(always)]
-fn encode_tail(
+pub(super) fn encode_tail(
     fp8: Fp8,
     from: usize,
     to: usize,
@@ -370,8 +370,41 @@ fn encode8<const MBITS: u32, const BIAS: i32>(x: __m256, max_code: u8) -> __m256
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
+    //! The checks of both scaled encoders ([`super`] and its AVX-512 twin), each run
+    //! on a [`Kernels`] set.
     use super::*;
+
+    /// A level's three encoders, as the checks call them.
+    pub(in crate::codec) struct Kernels {
+        /// The level they need; a check on a CPU without it is skipped.
+        pub(in crate::codec) level: Level,
+        pub(in crate::codec) f32: fn(Fp8, &[f32], Scale<'_>, bool, &mut [u8]) -> bool,
+        pub(in crate::codec) bf16: fn(Fp8, &[u16], Scale<'_>, bool, &mut [u8]) -> bool,
+        pub(in crate::codec) f16: fn(Fp8, &[u16], Scale<'_>, bool, &mut [u8]) -> bool,
+    }
+
+    /// This module's encoders.
+    const AVX2: Kernels = Kernels {
+        level: Level::Avx2,
+        f32: encode_f32,
+        bf16: encode_bf16,
+        f16: encode_f16,
+    };
+
+    /// Whether the CPU has `k`'s level (saying so where it does not).
+    fn runs(k: &Kernels) -> bool {
+        let has = k.level.is_supported();
+        if !has {
+            eprintln!("skipped: this CPU has no {}", k.level);
+        }
+        has
+    }
+
+    /// Run lengths with every kind of tail of both encoders' steps (32 and 64 values).
+    fn lengths(n: usize) -> [usize; 9] {
+        [n, n - 31, n - 63, 97, 65, 63, 33, 31, 0]
+    }
 
     /// The portable loop: the specification of both encoders.
     fn portable(fp8: Fp8, xs: &[f32], scale: Scale<'_>, plus_zero: bool) -> Vec<u8> {
@@ -428,8 +461,12 @@ mod tests {
     /// portable loop; lengths with every tail.
     #[test]
     fn every_bf16_pattern_encodes_as_the_portable_encoder() {
-        if !Level::Avx2.is_supported() {
-            eprintln!("skipped: this CPU has no AVX2");
+        bf16_patterns(&AVX2);
+    }
+
+    /// [`every_bf16_pattern_encodes_as_the_portable_encoder`] on `k`.
+    pub(in crate::codec) fn bf16_patterns(k: &Kernels) {
+        if !runs(k) {
             return;
         }
         let bits: Vec<u16> = (0..=u16::MAX).collect();
@@ -443,15 +480,15 @@ mod tests {
             for &scale in &scales {
                 for plus_zero in [false, true] {
                     let want = portable(fp8, &wide, scale, plus_zero);
-                    for len in [bits.len(), bits.len() - 31, 33, 31, 0] {
+                    for len in lengths(bits.len()) {
                         let cut = scale.cut(0..len);
                         let what = format!("{fp8:?} {scale:?} plus_zero {plus_zero} len {len}");
                         let what = &what[..what.len().min(120)];
                         let mut got = vec![0u8; len];
-                        assert!(encode_bf16(fp8, &bits[..len], cut, plus_zero, &mut got));
+                        assert!((k.bf16)(fp8, &bits[..len], cut, plus_zero, &mut got));
                         assert_eq!(got[..], want[..len], "bf16 {what}");
                         let mut got = vec![0u8; len];
-                        assert!(encode_f32(fp8, &wide[..len], cut, plus_zero, &mut got));
+                        assert!((k.f32)(fp8, &wide[..len], cut, plus_zero, &mut got));
                         assert_eq!(got[..], want[..len], "f32 {what}");
                     }
                 }
@@ -464,8 +501,12 @@ mod tests {
     /// exactly widened value.
     #[test]
     fn every_f16_pattern_encodes_as_the_portable_encoder() {
-        if !Level::Avx2.is_supported() {
-            eprintln!("skipped: this CPU has no AVX2");
+        f16_patterns(&AVX2);
+    }
+
+    /// [`every_f16_pattern_encodes_as_the_portable_encoder`] on `k`.
+    pub(in crate::codec) fn f16_patterns(k: &Kernels) {
+        if !runs(k) {
             return;
         }
         let bits: Vec<u16> = (0..=u16::MAX).collect();
@@ -479,10 +520,10 @@ mod tests {
             for &scale in &scales {
                 for plus_zero in [false, true] {
                     let want = portable(fp8, &wide, scale, plus_zero);
-                    for len in [bits.len(), bits.len() - 31, 33, 31, 0] {
+                    for len in lengths(bits.len()) {
                         let cut = scale.cut(0..len);
                         let mut got = vec![0u8; len];
-                        assert!(encode_f16(fp8, &bits[..len], cut, plus_zero, &mut got));
+                        assert!((k.f16)(fp8, &bits[..len], cut, plus_zero, &mut got));
                         assert_eq!(
                             got[..],
                             want[..len],
@@ -497,7 +538,7 @@ mod tests {
             }
         }
         let mut dst = [9u8; 8];
-        assert!(!encode_f16(
+        assert!(!(k.f16)(
             Fp8::E4M3,
             &[0u16; 8],
             Scale::One(1.0),
@@ -512,8 +553,12 @@ mod tests {
     /// scales.
     #[test]
     fn f32_patterns_encode_as_the_portable_encoder() {
-        if !Level::Avx2.is_supported() {
-            eprintln!("skipped: this CPU has no AVX2");
+        f32_patterns(&AVX2);
+    }
+
+    /// [`f32_patterns_encode_as_the_portable_encoder`] on `k`.
+    pub(in crate::codec) fn f32_patterns(k: &Kernels) {
+        if !runs(k) {
             return;
         }
         let xs: Vec<f32> = (0..(1u64 << 32))
@@ -526,7 +571,7 @@ mod tests {
                 for plus_zero in [false, true] {
                     let want = portable(fp8, &xs, scale, plus_zero);
                     let mut got = vec![0u8; xs.len()];
-                    assert!(encode_f32(fp8, &xs, scale, plus_zero, &mut got));
+                    assert!((k.f32)(fp8, &xs, scale, plus_zero, &mut got));
                     assert_eq!(got, want, "{fp8:?} plus_zero {plus_zero}");
                 }
             }
@@ -537,40 +582,49 @@ mod tests {
     /// keeps its sign.
     #[test]
     fn plus_zero_flushes_zero_inputs_only() {
-        if !Level::Avx2.is_supported() {
-            eprintln!("skipped: this CPU has no AVX2");
+        plus_zero_flushes(&AVX2);
+    }
+
+    /// [`plus_zero_flushes_zero_inputs_only`] on `k`.
+    pub(in crate::codec) fn plus_zero_flushes(k: &Kernels) {
+        if !runs(k) {
             return;
         }
         let mut xs = vec![-0.0f32; 64];
         xs[5] = -1.0e-30;
         let mut got = [0u8; 64];
-        assert!(encode_f32(Fp8::E4M3, &xs, Scale::One(1.0), true, &mut got));
+        assert!((k.f32)(Fp8::E4M3, &xs, Scale::One(1.0), true, &mut got));
         assert_eq!(got[0], 0x00);
         assert_eq!(got[5], 0x80);
-        assert!(encode_f32(Fp8::E4M3, &xs, Scale::One(1.0), false, &mut got));
+        assert!((k.f32)(Fp8::E4M3, &xs, Scale::One(1.0), false, &mut got));
         assert_eq!(got[0], 0x80);
     }
 
     /// Lengths that disagree are declined, with nothing written.
     #[test]
     fn mismatched_lengths_are_declined() {
+        lengths_that_disagree(&AVX2);
+    }
+
+    /// [`mismatched_lengths_are_declined`] on `k`.
+    pub(in crate::codec) fn lengths_that_disagree(k: &Kernels) {
         let mut dst = [9u8; 8];
         let xs = [1.0f32; 8];
-        assert!(!encode_f32(
+        assert!(!(k.f32)(
             Fp8::E4M3,
             &xs,
             Scale::One(1.0),
             false,
             &mut dst[..7]
         ));
-        assert!(!encode_f32(
+        assert!(!(k.f32)(
             Fp8::E4M3,
             &xs,
             Scale::Each(&[1.0; 7]),
             false,
             &mut dst
         ));
-        assert!(!encode_bf16(
+        assert!(!(k.bf16)(
             Fp8::E5M2,
             &[0u16; 8],
             Scale::One(1.0),

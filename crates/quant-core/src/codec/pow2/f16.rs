@@ -132,22 +132,21 @@ impl Fp8 {
 #[cfg(target_arch = "x86_64")]
 pub(super) mod x86 {
     use std::arch::x86_64::{
-        __m128i, __m512, __m512i, _mm_cvtsi32_si128, _mm512_add_epi16, _mm512_add_epi32,
-        _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512, _mm512_castsi256_si512,
-        _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmpgt_epu32_mask,
-        _mm512_cmplt_epu16_mask, _mm512_cmplt_epu32_mask, _mm512_cvtepi32_epi16, _mm512_cvtph_ps,
-        _mm512_extracti64x4_epi64, _mm512_inserti64x4, _mm512_loadu_ps, _mm512_loadu_si512,
-        _mm512_mask_blend_epi32, _mm512_mask_cmpge_epu16_mask, _mm512_mask_mov_epi32,
+        __m128i, __m512, __m512i, _mm_cvtsi32_si128, _mm512_add_epi16, _mm512_and_si512,
+        _mm512_castsi256_si512, _mm512_castsi512_si256, _mm512_cmplt_epu16_mask,
+        _mm512_cvtepi32_epi16, _mm512_cvtph_ps, _mm512_extracti64x4_epi64, _mm512_inserti64x4,
+        _mm512_loadu_ps, _mm512_loadu_si512, _mm512_mask_cmpge_epu16_mask,
         _mm512_mask_permutexvar_epi16, _mm512_maskz_mov_epi16, _mm512_maskz_permutexvar_epi16,
-        _mm512_maskz_sub_epi16, _mm512_min_epi16, _mm512_min_epu32, _mm512_mul_ps,
-        _mm512_set1_epi16, _mm512_set1_epi32, _mm512_set1_ps, _mm512_slli_epi16, _mm512_sllv_epi16,
-        _mm512_sra_epi16, _mm512_srl_epi16, _mm512_srl_epi32, _mm512_srli_epi16, _mm512_srli_epi32,
-        _mm512_sub_epi16, _mm512_sub_epi32, _mm512_ternarylogic_epi32, _mm512_test_epi16_mask,
+        _mm512_maskz_sub_epi16, _mm512_min_epi16, _mm512_mul_ps, _mm512_set1_epi16, _mm512_set1_ps,
+        _mm512_slli_epi16, _mm512_sllv_epi16, _mm512_sra_epi16, _mm512_srl_epi16,
+        _mm512_srli_epi16, _mm512_sub_epi16, _mm512_ternarylogic_epi32, _mm512_test_epi16_mask,
         _mm512_testn_epi16_mask,
     };
 
     use super::super::x86::{store_blocks, store_codes};
     use super::{Fp8, Lanes};
+    use crate::codec::x86::fp8_16;
+    use crate::codec::{e4m3, e5m2};
 
     /// [`super::super::encode_blocks`] for f16 bits, after its checks.
     ///
@@ -241,15 +240,8 @@ pub(super) mod x86 {
         /// [`SHIFT_HI`] and [`SHIFT_LO`], for [`normalized`].
         shift_hi: __m512i,
         shift_lo: __m512i,
-        /// The f32 route: `23 - MBITS` as a shift count, its rounding addend, the rebias
-        /// `(127 - BIAS) << 23`, the subnormal multiplier `2^(BIAS - 1 + MBITS)`, the
-        /// bits of the smallest normal target `(128 - BIAS) << 23`.
-        sh32: __m128i,
-        round32: __m512i,
-        rebias32: __m512i,
-        sub_scale: __m512,
-        min_normal32: __m512i,
-        max_code32: __m512i,
+        /// The f32 route's format: E4M3, or else E5M2 ([`encode16`]).
+        e4m3: bool,
     }
 
     impl Consts {
@@ -257,7 +249,6 @@ pub(super) mod x86 {
         #[target_feature(enable = "avx512f,avx512bw")]
         fn new(fp8: Fp8) -> Consts {
             let sh = 10 - fp8.mbits as i32;
-            let sh32 = 23 - fp8.mbits as i32;
             Consts {
                 abs: _mm512_set1_epi16(0x7FFF),
                 one: _mm512_set1_epi16(1),
@@ -269,14 +260,7 @@ pub(super) mod x86 {
                 shift_hi: unsafe { _mm512_loadu_si512(SHIFT_HI.as_ptr().cast()) },
                 // SAFETY: as above.
                 shift_lo: unsafe { _mm512_loadu_si512(SHIFT_LO.as_ptr().cast()) },
-                sh32: _mm_cvtsi32_si128(sh32),
-                round32: _mm512_set1_epi32((1 << (sh32 - 1)) - 1),
-                rebias32: _mm512_set1_epi32((127 - fp8.bias) << 23),
-                sub_scale: _mm512_set1_ps(f32::from_bits(
-                    ((127 + fp8.bias - 1 + fp8.mbits as i32) as u32) << 23,
-                )),
-                min_normal32: _mm512_set1_epi32((128 - fp8.bias) << 23),
-                max_code32: _mm512_set1_epi32(i32::from(fp8.max_code)),
+                e4m3: fp8 == Fp8::E4M3,
             }
         }
     }
@@ -402,37 +386,16 @@ pub(super) mod x86 {
         _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
     }
 
-    /// `codec::fp8::encode_fast` on 16 f32 lanes, codes in u32 lanes: the same steps.
+    /// `codec::fp8::encode_fast` on 16 f32 lanes, codes in u32 lanes: the codec's
+    /// AVX-512 encoder ([`crate::codec::x86::fp8_16`]) of `c`'s format.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     fn encode16(c: &Consts, y: __m512) -> __m512i {
-        let bits = _mm512_castps_si512(y);
-        let abits = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFF_FFFF));
-        // Normal targets: rebase the exponent, round to nearest even on the integer.
-        let n = _mm512_sub_epi32(abits, c.rebias32);
-        let lsb = _mm512_and_si512(_mm512_srl_epi32(n, c.sh32), _mm512_set1_epi32(1));
-        let norm = _mm512_srl_epi32(
-            _mm512_add_epi32(_mm512_add_epi32(n, c.round32), lsb),
-            c.sh32,
-        );
-        // Subnormal targets: the exact product plus 2^23 rounds in the float unit.
-        let a = _mm512_castsi512_ps(abits);
-        let sub = _mm512_add_ps(_mm512_mul_ps(a, c.sub_scale), _mm512_set1_ps(8_388_608.0));
-        let sub = _mm512_sub_epi32(_mm512_castps_si512(sub), _mm512_set1_epi32(0x4B00_0000));
-        let code =
-            _mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(abits, c.min_normal32), norm, sub);
-        let code = _mm512_min_epu32(code, c.max_code32);
-        // code | ((bits >> 24) & 0x80), then NaN -> 0x7F.
-        let code = _mm512_ternarylogic_epi32::<0xF8>(
-            code,
-            _mm512_srli_epi32::<24>(bits),
-            _mm512_set1_epi32(0x80),
-        );
-        _mm512_mask_mov_epi32(
-            code,
-            _mm512_cmpgt_epu32_mask(abits, _mm512_set1_epi32(0x7F80_0000)),
-            _mm512_set1_epi32(0x7F),
-        )
+        if c.e4m3 {
+            fp8_16::<3, 7>(y, e4m3::MAX_CODE)
+        } else {
+            fp8_16::<2, 15>(y, e5m2::MAX_CODE)
+        }
     }
 }
 
