@@ -1035,8 +1035,44 @@ mod x86 {
         }
     }
 
-    /// Blocks per table of [`store_blocks`].
-    const TABLE: usize = 16;
+    /// Blocks per table of [`store_blocks`] (and of the AVX2 kernels' tables).
+    pub(super) const TABLE: usize = 16;
+
+    /// The 16-bit constants `consts(k)` of [`TABLE`] blocks' exponents `k32`, row `r` of
+    /// the result holding constant `r` of each block doubled into a u32 (both halves),
+    /// so that a block's vector of it is one broadcast from memory (`vpbroadcastd`, a
+    /// load). One loop over fixed-size arrays, which vectorizes.
+    ///
+    /// The callers read the exponents into `k32` with masked loads and store them whole,
+    /// each in its level's vector width: stored one by one (or in halves) and read back
+    /// as a wider vector by this loop, they stalled its loads on store forwarding (an
+    /// eighth of the f32 encode's samples at AVX-512, x0.90; two 256-bit halves there,
+    /// x0.94-0.97).
+    #[inline(always)]
+    pub(super) fn block_table<const R: usize>(
+        k32: &[i32; TABLE],
+        consts: &impl Fn(i16) -> [i16; R],
+    ) -> [[u32; TABLE]; R] {
+        std::array::from_fn(|r| k32.map(|k| u32::from(consts(k as i16)[r] as u16) * 0x1_0001))
+    }
+
+    /// Up to [`TABLE`] exponents `ks` as a full table row, zeros past `ks.len()`: one
+    /// masked 512-bit load and one store ([`block_table`]).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn exponents(ks: &[i32]) -> [i32; TABLE] {
+        let ks = &ks[..ks.len().min(TABLE)];
+        let mask = ((1u32 << ks.len()) - 1) as u16;
+        let mut k32 = [0i32; TABLE];
+        // SAFETY: the masked load reads lanes `..ks.len()` of `ks` only (at most `TABLE`
+        // = 16, one 512-bit vector); the store writes the 64 bytes of `k32`; both
+        // unaligned.
+        unsafe {
+            let v = _mm512_maskz_loadu_epi32(mask, ks.as_ptr());
+            _mm512_storeu_si512(k32.as_mut_ptr().cast(), v);
+        }
+        k32
+    }
 
     /// [`store_codes`] over the chunks of `ks.len()` blocks of `block` values (a multiple
     /// of 32), `code(blk, j)` giving chunk `j`'s codes under its block's constants: `blk`
@@ -1079,21 +1115,7 @@ mod x86 {
             return;
         }
         for (t, (ks, dst)) in ks.chunks(TABLE).zip(dst.chunks_mut(32 * TABLE)).enumerate() {
-            // One masked load and one store: the exponents stored one by one and read
-            // back as a vector by the table's loop stalled its loads on store
-            // forwarding (an eighth of the f32 encode's samples).
-            let mut k32 = [0i32; TABLE];
-            let mask = ((1u32 << ks.len()) - 1) as u16;
-            // SAFETY: the masked load reads lanes `..ks.len()` of `ks` only (at most
-            // `TABLE` = 16, one 512-bit vector; a chunk of `ks.chunks(TABLE)`), the store
-            // writes the 64 bytes of `k32`; both unaligned.
-            unsafe {
-                let v = _mm512_maskz_loadu_epi32(mask, ks.as_ptr());
-                _mm512_storeu_si512(k32.as_mut_ptr().cast(), v);
-            }
-            let rows: [[u32; TABLE]; R] = std::array::from_fn(|r| {
-                k32.map(|k| u32::from(consts(k as i16)[r] as u16) * 0x1_0001)
-            });
+            let rows = block_table(&exponents(ks), &consts);
             store_codes(
                 ks.len(),
                 dst,

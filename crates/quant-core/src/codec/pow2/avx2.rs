@@ -17,15 +17,16 @@
 use std::arch::x86_64::{
     __m128i, __m256, __m256i, _mm_cvtsi32_si128, _mm_loadu_si128, _mm256_add_epi16,
     _mm256_and_si256, _mm256_andnot_si256, _mm256_castps_si256, _mm256_cmpeq_epi16,
-    _mm256_cmpeq_epi32, _mm256_cvtph_ps, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_max_epi16,
-    _mm256_max_epu16, _mm256_min_epi16, _mm256_or_si256, _mm256_packus_epi16, _mm256_packus_epi32,
-    _mm256_permute4x64_epi64, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_setzero_si256,
-    _mm256_srl_epi16, _mm256_srli_epi16, _mm256_srli_epi32, _mm256_storeu_si256, _mm256_sub_epi16,
-    _mm256_subs_epu16, _mm256_testz_si256,
+    _mm256_cmpeq_epi32, _mm256_cmpgt_epi32, _mm256_cvtph_ps, _mm256_loadu_ps, _mm256_loadu_si256,
+    _mm256_maskload_epi32, _mm256_max_epi16, _mm256_max_epu16, _mm256_min_epi16, _mm256_or_si256,
+    _mm256_packus_epi16, _mm256_packus_epi32, _mm256_permute4x64_epi64, _mm256_set1_epi16,
+    _mm256_set1_epi32, _mm256_setr_epi32, _mm256_setzero_si256, _mm256_srl_epi16,
+    _mm256_srli_epi16, _mm256_srli_epi32, _mm256_storeu_si256, _mm256_sub_epi16, _mm256_subs_epu16,
+    _mm256_testz_si256,
 };
 
 use super::Fp8;
-use super::x86::Blocks;
+use super::x86::{Blocks, TABLE, block_table};
 
 /// The call's constant vectors, for input with `mantissa` bits (7 for bf16, 10 for the
 /// f16 fast route).
@@ -192,15 +193,82 @@ fn encode_chunks(
     load: impl Fn(usize) -> [__m256i; 2],
 ) {
     let c = Consts::new(fp8);
-    let mut blocks = Blocks::new(ks, block / 32, |k| Block::new(fp8, k));
-    store_codes(chunks, dst, |j| {
-        let blk = blocks.next();
+    let chunk = |blk: &Block<'_>, j: usize| {
         let [lo, hi] = load(j);
         (
             encode16(&c, blk, lo, plus_zero),
             encode16(&c, blk, hi, plus_zero),
         )
-    });
+    };
+    if block == 32 {
+        // One-chunk blocks (MXFP8): constants from a table (`super::x86::store_blocks`).
+        let consts = |k| {
+            let [from, span, rebias, _] = fp8.block_consts16(k);
+            [from, span, rebias].map(|v| v as i16)
+        };
+        for (t, (ks, dst)) in ks.chunks(TABLE).zip(dst.chunks_mut(32 * TABLE)).enumerate() {
+            let rows = block_table(&exponents(ks), &consts);
+            store_codes(
+                ks.len(),
+                dst,
+                #[inline(always)]
+                |j| {
+                    let [normal_from, normal_span, rebias] = broadcast(&rows, j);
+                    let k = Exps::One(ks[j]);
+                    let blk = Block {
+                        normal_from,
+                        normal_span,
+                        rebias,
+                        k,
+                    };
+                    chunk(&blk, TABLE * t + j)
+                },
+            );
+        }
+        return;
+    }
+    let mut blocks = Blocks::new(ks, block / 32, |k| Block::new(fp8, k));
+    store_codes(
+        chunks,
+        dst,
+        #[inline(always)]
+        |j| chunk(blocks.next(), j),
+    );
+}
+
+/// Up to [`TABLE`] exponents `ks` as a full row of [`block_table`], zeros past
+/// `ks.len()`: two masked loads and two 256-bit stores (which the table's 256-bit loads
+/// read back).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn exponents(ks: &[i32]) -> [i32; TABLE] {
+    let ks = &ks[..ks.len().min(TABLE)];
+    let n = _mm256_set1_epi32(ks.len() as i32);
+    let lanes = |a: i32| _mm256_setr_epi32(a, a + 1, a + 2, a + 3, a + 4, a + 5, a + 6, a + 7);
+    // All ones in the lanes below `ks.len()`.
+    let (lo, hi) = (
+        _mm256_cmpgt_epi32(n, lanes(0)),
+        _mm256_cmpgt_epi32(n, lanes(8)),
+    );
+    let mut k32 = [0i32; TABLE];
+    // SAFETY: a masked load reads only the lanes its mask sets, here lanes below
+    // `ks.len()`, which lie in `ks` (a masked-off lane is 0 and reads nothing, so the
+    // second load's address may lie past `ks`); the stores write the 64 bytes of `k32`
+    // (two unaligned 256-bit stores).
+    unsafe {
+        let a = _mm256_maskload_epi32(ks.as_ptr(), lo);
+        let b = _mm256_maskload_epi32(ks.as_ptr().wrapping_add(8), hi);
+        _mm256_storeu_si256(k32.as_mut_ptr().cast(), a);
+        _mm256_storeu_si256(k32.as_mut_ptr().add(8).cast(), b);
+    }
+    k32
+}
+
+/// Block `j`'s three constants of a [`block_table`], each broadcast from memory.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn broadcast(rows: &[[u32; TABLE]; 3], j: usize) -> [__m256i; 3] {
+    rows.map(|row| _mm256_set1_epi32(row[j] as i32))
 }
 
 /// [`super::encode_blocks`] for bf16 bits at AVX2, after its checks.
@@ -347,9 +415,7 @@ pub(super) unsafe fn encode_blocks_f16(
     let h = Consts::for_mantissa(fp8, 10);
     // The widening route's constants are made only for the chunks that take it: with
     // 32-value blocks (MXFP8) a block's set-up is a chunk's.
-    let mut blocks = Blocks::new(ks, block / 32, |k| (k, HalfBlock::new(fp8, k)));
-    store_codes(src.len() / 32, dst, |j| {
-        let &(k, ref half) = blocks.next();
+    let chunk = |k: i32, half: &HalfBlock, j: usize| {
         let s = &src[32 * j..];
         let [a, b] = load_bits(s);
         if let Some(codes) = encode32_f16(&h, [*half; 2], [a, b], plus_zero) {
@@ -361,7 +427,39 @@ pub(super) unsafe fn encode_blocks_f16(
             encode16(&c, &blk, lo, plus_zero),
             encode16(&c, &blk, hi, plus_zero),
         )
-    });
+    };
+    if block == 32 {
+        // One-chunk blocks (MXFP8): constants from a table, as in `encode_chunks`.
+        let consts = |k: i16| HalfBlock::consts(fp8, i32::from(k));
+        for (t, (ks, dst)) in ks.chunks(TABLE).zip(dst.chunks_mut(32 * TABLE)).enumerate() {
+            let rows = block_table(&exponents(ks), &consts);
+            store_codes(
+                ks.len(),
+                dst,
+                #[inline(always)]
+                |j| {
+                    let [normal_from, normal_span, rebias] = broadcast(&rows, j);
+                    let half = HalfBlock {
+                        normal_from,
+                        normal_span,
+                        rebias,
+                    };
+                    chunk(ks[j], &half, TABLE * t + j)
+                },
+            );
+        }
+        return;
+    }
+    let mut blocks = Blocks::new(ks, block / 32, |k| (k, HalfBlock::new(fp8, k)));
+    store_codes(
+        src.len() / 32,
+        dst,
+        #[inline(always)]
+        |j| {
+            let &(k, ref half) = blocks.next();
+            chunk(k, half, j)
+        },
+    );
 }
 
 /// One block's f16 fast-route constants ([`Fp8::block_consts_f16`]), with every f16
@@ -381,15 +479,24 @@ impl HalfBlock {
     #[inline]
     #[target_feature(enable = "avx2")]
     fn new(fp8: Fp8, k: i32) -> HalfBlock {
+        let [normal_from, normal_span, rebias] =
+            HalfBlock::consts(fp8, k).map(|v| _mm256_set1_epi16(v));
+        HalfBlock {
+            normal_from,
+            normal_span,
+            rebias,
+        }
+    }
+
+    /// The 16-bit lane values of [`HalfBlock::new`]'s vectors: `normal_from`,
+    /// `normal_span`, `rebias`.
+    #[inline(always)]
+    fn consts(fp8: Fp8, k: i32) -> [i16; 3] {
         let [from, _, rebias] = fp8.block_consts_f16(k);
         // At least the smallest normal f16 (`from` is negative where a subnormal input
         // could reach a normal code), at most infinity's bits (no lane taken).
         let from = from.max(0x400);
-        HalfBlock {
-            normal_from: _mm256_set1_epi16(from),
-            normal_span: _mm256_set1_epi16(0x7C00 - from),
-            rebias: _mm256_set1_epi16(rebias),
-        }
+        [from, 0x7C00 - from, rebias]
     }
 
     /// Lanes `16 * half .. 16 * half + 16` of an f16 lane set's constants (rows
