@@ -4,8 +4,9 @@
 //! read bf16 input from its bits, widened in the register (a shift), except
 //! [`amax_encode_block`], which widens a block once for its amax and its codes; f16 input
 //! is widened once into a span ([`quant_core::widened`]), except at AVX2 and AVX-512,
-//! whose encoders widen it in the register (`vcvtph2ps`). (Under power-of-two scales at AVX-512 and
-//! AVX2 the slab engine encodes both in 16-bit lanes instead, [`quant_core::codec::pow2`].)
+//! whose encoders widen it in the register (`vcvtph2ps`). (Under power-of-two scales at
+//! AVX-512 and AVX2 the slab engine encodes both in 16-bit lanes instead,
+//! [`quant_core::codec::pow2`].)
 //!
 //! Widened spans and 16-bit output pass through a caller-lent [`Wide`] scratch made once per
 //! task: a fresh stack array per call is zeroed per call, which for 128-element blocks
