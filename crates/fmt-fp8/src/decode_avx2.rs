@@ -33,7 +33,7 @@
 //! [`bf16_bits`]: quant_core::dtype::bf16_bits
 
 use std::arch::x86_64::{
-    __m256, __m256i, _MM_FROUND_TO_NEAREST_INT, _mm_loadl_epi64, _mm256_and_si256,
+    __m128i, __m256, __m256i, _MM_FROUND_TO_NEAREST_INT, _mm_loadl_epi64, _mm256_and_si256,
     _mm256_blendv_ps, _mm256_castps_si256, _mm256_castsi256_ps, _mm256_cmpeq_epi32,
     _mm256_cmpgt_epi32, _mm256_cvtepu8_epi32, _mm256_cvtps_ph, _mm256_loadu_ps, _mm256_mul_ps,
     _mm256_or_si256, _mm256_set_m128i, _mm256_set1_epi32, _mm256_set1_ps, _mm256_slli_epi32,
@@ -170,6 +170,26 @@ fn step<const FAST: bool>(dt: Fp8Dtype, codes: &[u8], scale: Scales<'_>, j: usiz
     let c = &codes[j..j + 8];
     // SAFETY: `c` is 8 bytes (one unaligned 64-bit load).
     let c = unsafe { _mm_loadl_epi64(c.as_ptr().cast()) };
+    let s = match scale {
+        Scales::One(s) => _mm256_set1_ps(s),
+        Scales::Each(s) => {
+            let s = &s[j..j + 8];
+            // SAFETY: `s` is 8 f32 (one unaligned 256-bit load).
+            unsafe { _mm256_loadu_ps(s.as_ptr()) }
+        }
+    };
+    decode8::<FAST>(dt, c, s)
+}
+
+/// The 8 codes in the low bytes of `c` decoded, times the scales `s`: with `FAST`,
+/// [`unbiased_8`] times folded scales ([`Folded`]; no code may be special), else the
+/// full decode times the scales. The step of every AVX2 decoder of a run, and of the
+/// register route of [`crate::transposed_avx2`].
+///
+/// [`unbiased_8`]: folded::avx2::unbiased_8
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn decode8<const FAST: bool>(dt: Fp8Dtype, c: __m128i, s: __m256) -> __m256 {
     let v = if FAST {
         folded::avx2::unbiased_8(dt.pow2_codec(), c)
     } else {
@@ -177,14 +197,6 @@ fn step<const FAST: bool>(dt: Fp8Dtype, codes: &[u8], scale: Scales<'_>, j: usiz
         match dt {
             Fp8Dtype::E4M3 => e4m3_8(c),
             Fp8Dtype::E5M2 => e5m2_8(c),
-        }
-    };
-    let s = match scale {
-        Scales::One(s) => _mm256_set1_ps(s),
-        Scales::Each(s) => {
-            let s = &s[j..j + 8];
-            // SAFETY: `s` is 8 f32 (one unaligned 256-bit load).
-            unsafe { _mm256_loadu_ps(s.as_ptr()) }
         }
     };
     _mm256_mul_ps(v, s)

@@ -40,6 +40,9 @@ mod per_tensor;
 mod scale;
 mod transpose;
 #[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // the AVX2 transposed decode; every block has a SAFETY comment
+mod transposed_avx2;
+#[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)] // the AVX-512 transposed decode; every block has a SAFETY comment
 mod transposed_x86;
 #[cfg(target_arch = "x86_64")]

@@ -72,7 +72,8 @@ pub fn transpose_bytes(src: &[u8], dst: &mut [u8], rows: usize, cols: usize) {
 ///
 /// A task takes [`task_rows`] output rows. At AVX-512, streaming, the whole 64-column
 /// blocks of its rows go the register route of [`crate::transposed_x86`] (x1.4-1.8 on a
-/// 2-vCPU Zen 4 at 8192x8192, per-tensor into bf16, f16 and f32), and the tile route
+/// 2-vCPU Zen 4 at 8192x8192, per-tensor into bf16, f16 and f32; at AVX2 its twin in
+/// [`crate::transposed_avx2`], x1.07-1.56 there), and the tile route
 /// below takes the columns before and after them (and every task elsewhere). The tile
 /// route walks the task's columns in chunks of [`DECODE_COLS`]
 /// stored rows (the first cut short so that the rest start on output lines): their runs

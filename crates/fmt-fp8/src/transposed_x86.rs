@@ -8,6 +8,9 @@
 //! f32). The route of [`crate::transpose::decode_transposed`] before this one (and
 //! still for what this one does not take) transposes every run into a tile in L2 and
 //! decodes each output row's run from there: a store and a reload of every code.
+//!
+//! [`decode_lines`] also serves [`Level::Avx2`]: the same checks, then the AVX2 twin
+//! of the walk in [`crate::transposed_avx2`].
 
 use std::arch::x86_64::{__m512, __m512i, _mm512_stream_si512};
 use std::ops::Range;
@@ -34,8 +37,9 @@ pub(crate) const MAX_ROWS: usize = 8 * SLAB;
 /// (`rows = out.len() / k`), and `scale_inv` is
 /// [`crate::transpose::decode_transposed`]'s. The route takes whole 64-column blocks
 /// that start on 64-byte lines, in a task of whole 64-row blocks (at most
-/// [`MAX_ROWS`]) at [`Level::Avx512`] in [`StoreMode::Streaming`] (bf16 output also
-/// needs AVX-512 BF16), where each output row is a whole number of lines; otherwise it
+/// [`MAX_ROWS`]) at [`Level::Avx512`] (bf16 output also needs AVX-512 BF16) or
+/// [`Level::Avx2`] ([`crate::transposed_avx2`]) in [`StoreMode::Streaming`], where
+/// each output row is a whole number of lines; otherwise it
 /// returns an empty range and writes nothing. The caller decodes the columns before
 /// and after the range by the tile route, and fences the streamed stores (one
 /// [`quant_core::stream::Fence`] per task). The bits are those of the tile route.
@@ -50,7 +54,7 @@ pub(crate) fn decode_lines<T: Element>(
     let rows = out.len().checked_div(k).unwrap_or(0);
     let lead = out.as_ptr().align_offset(64);
     let whole = k.saturating_sub(lead) / BLOCK * BLOCK;
-    let fits = level == Level::Avx512
+    let fits = matches!(level, Level::Avx512 | Level::Avx2)
         && mode == StoreMode::Streaming
         && rows > 0
         && rows.is_multiple_of(BLOCK)
@@ -70,9 +74,15 @@ pub(crate) fn decode_lines<T: Element>(
         cols: cols.clone(),
         k,
     };
-    let ran = match dt {
-        Fp8Dtype::E4M3 => into::<false, T>(&walk, scale_inv, out),
-        Fp8Dtype::E5M2 => into::<true, T>(&walk, scale_inv, out),
+    let ran = match (level, dt) {
+        (Level::Avx2, Fp8Dtype::E4M3) => {
+            crate::transposed_avx2::into::<false, T>(&walk, scale_inv, out)
+        }
+        (Level::Avx2, Fp8Dtype::E5M2) => {
+            crate::transposed_avx2::into::<true, T>(&walk, scale_inv, out)
+        }
+        (_, Fp8Dtype::E4M3) => into::<false, T>(&walk, scale_inv, out),
+        (_, Fp8Dtype::E5M2) => into::<true, T>(&walk, scale_inv, out),
     };
     if !ran {
         return 0..0;
@@ -80,8 +90,8 @@ pub(crate) fn decode_lines<T: Element>(
     cols
 }
 
-/// [`decode_lines`] after its checks, for one element type: `false` where the output
-/// type has no kernel here (bf16 without AVX-512 BF16).
+/// [`decode_lines`] after its checks at AVX-512, for one element type: `false` where
+/// the output type has no kernel here (bf16 without AVX-512 BF16).
 fn into<const E5M2: bool, T: Element>(
     walk: &Walk<'_>,
     scale_inv: &impl Fn(usize, usize, &mut [f32]),
@@ -104,12 +114,12 @@ fn into<const E5M2: bool, T: Element>(
 
 /// What [`decode_lines`] walks: the stored codes `q` (`[k, m]`), the task's first output
 /// row `i0`, and the output columns `cols` of rows `k` long.
-struct Walk<'a> {
-    q: &'a [u8],
-    m: usize,
-    i0: usize,
-    cols: Range<usize>,
-    k: usize,
+pub(crate) struct Walk<'a> {
+    pub(crate) q: &'a [u8],
+    pub(crate) m: usize,
+    pub(crate) i0: usize,
+    pub(crate) cols: Range<usize>,
+    pub(crate) k: usize,
 }
 
 /// The walk of one output type, whose 64 values are `LINES` lines:
@@ -219,16 +229,27 @@ mod tests {
     use half::{bf16, f16};
 
     /// The route's columns against `table[code] * scale`, narrowed as `Element` narrows
-    /// (NaN bits kept as they come), and nothing written outside them: 192 rows (one
-    /// whole 128-row slab and half of one, three 64-row blocks) of 320 columns, the
-    /// output on a line and 7 elements past one, every code of both element types,
-    /// scales per slab and column whose products overflow and underflow f16 and bf16.
+    /// (NaN bits kept as they come), and nothing written outside them, at AVX-512 and
+    /// AVX2: 192 rows (one whole 128-row slab and half of one, three 64-row blocks) of
+    /// 320 columns, the output on a line and 7 elements past one, every code of both
+    /// element types, scales per slab and column whose products overflow and underflow
+    /// f16 and bf16. For the AVX2 route's folded decode, one 32-column run in three
+    /// holds no NaN or infinity codes, and the second slab has scales that do not fold
+    /// (`3e38` times the rebias is infinite).
     #[test]
     fn decodes_its_columns_exactly() {
-        fn check<T: Element>(dt: Fp8Dtype, at: usize) {
+        fn check<T: Element>(level: Level, dt: Fp8Dtype, at: usize) {
             let (m, k) = (192, 320);
-            let q: Vec<u8> = (0..m * k).map(|e| (e * 131 % 256) as u8).collect();
+            let q: Vec<u8> = (0..m * k)
+                .map(|e| {
+                    let c = (e * 131 % 256) as u8;
+                    // Stored row `e / m` is output column `j`: `& 0xFB` leaves magnitudes
+                    // of at most 0x7B, finite in both types.
+                    if (e / m / 32) % 3 == 1 { c & 0xFB } else { c }
+                })
+                .collect();
             let scale = |slab: usize, j: usize| match (slab * 5 + j) % 7 {
+                _ if slab == 1 && j.is_multiple_of(5) => 3.0e38,
                 0 => 1e-40,
                 1 => 3.0e-39,
                 2 => 1e-6,
@@ -240,7 +261,7 @@ mod tests {
             let lead = buf.as_ptr().align_offset(64) + at;
             let out = &mut buf[lead..lead + m * k];
             let cols = decode_lines(
-                (Level::Avx512, StoreMode::Streaming),
+                (level, StoreMode::Streaming),
                 dt,
                 (&q, m, 0),
                 out,
@@ -252,7 +273,11 @@ mod tests {
                 },
             );
             let first = (64 / size_of::<T>() - at) % (64 / size_of::<T>());
-            assert_eq!(cols, first..first + (k - first) / 64 * 64, "{dt} +{at}");
+            assert_eq!(
+                cols,
+                first..first + (k - first) / 64 * 64,
+                "{level} {dt} +{at}"
+            );
             for i in 0..m {
                 for j in 0..k {
                     let got = out[i * k + j].to_f32().to_bits();
@@ -262,23 +287,25 @@ mod tests {
                     } else {
                         fill.to_f32().to_bits()
                     };
-                    assert_eq!(got, want, "{dt} +{at}: ({i}, {j})");
+                    assert_eq!(got, want, "{level} {dt} +{at}: ({i}, {j})");
                 }
             }
         }
-        let ran = quant_core::simd::with_level(Level::Avx512, || {
-            for dt in [Fp8Dtype::E4M3, Fp8Dtype::E5M2] {
-                for at in [0, 7] {
-                    check::<f32>(dt, at);
-                    check::<f16>(dt, at);
-                    if simd::has(simd::Ext::Bf16) {
-                        check::<bf16>(dt, at);
+        for level in [Level::Avx512, Level::Avx2] {
+            let ran = quant_core::simd::with_level(level, || {
+                for dt in [Fp8Dtype::E4M3, Fp8Dtype::E5M2] {
+                    for at in [0, 7] {
+                        check::<f32>(level, dt, at);
+                        check::<f16>(level, dt, at);
+                        if level == Level::Avx2 || simd::has(simd::Ext::Bf16) {
+                            check::<bf16>(level, dt, at);
+                        }
                     }
                 }
+            });
+            if ran.is_none() {
+                eprintln!("skipped at {level}: this CPU does not have it");
             }
-        });
-        if ran.is_none() {
-            eprintln!("skipped: this CPU has no AVX-512");
         }
     }
 
@@ -305,13 +332,13 @@ mod tests {
             assert!(out.iter().all(|&v| v == f16::ONE));
         }
         let stream = StoreMode::Streaming;
-        for level in [Level::Scalar, Level::Avx2] {
-            declines(level, stream, (64, 64, 64));
+        declines(Level::Scalar, stream, (64, 64, 64));
+        for level in [Level::Avx512, Level::Avx2] {
+            declines(level, StoreMode::Cached, (64, 64, 64));
+            declines(level, stream, (100, 100, 64));
+            declines(level, stream, (2 * MAX_ROWS, 2 * MAX_ROWS, 64));
+            declines(level, stream, (64, 64, 32));
+            declines(level, stream, (64, 64, 40));
         }
-        declines(Level::Avx512, StoreMode::Cached, (64, 64, 64));
-        declines(Level::Avx512, stream, (100, 100, 64));
-        declines(Level::Avx512, stream, (2 * MAX_ROWS, 2 * MAX_ROWS, 64));
-        declines(Level::Avx512, stream, (64, 64, 32));
-        declines(Level::Avx512, stream, (64, 64, 40));
     }
 }

@@ -524,9 +524,11 @@ macro_rules! interleave {
 pub mod avx2 {
     use std::arch::x86_64::{
         __m128i, __m256, __m256i, _MM_FROUND_TO_NEAREST_INT, _mm_loadu_si128, _mm_stream_si128,
-        _mm256_castsi128_si256, _mm256_cvtps_ph, _mm256_inserti128_si256, _mm256_loadu_ps,
-        _mm256_loadu_si256, _mm256_setzero_si256, _mm256_storeu_ps, _mm256_storeu_si256,
-        _mm256_stream_ps, _mm256_stream_si256, _mm256_unpackhi_epi8, _mm256_unpacklo_epi8,
+        _mm_unpackhi_epi64, _mm256_castsi128_si256, _mm256_castsi256_si128, _mm256_cvtepu8_epi32,
+        _mm256_cvtps_ph, _mm256_extracti128_si256, _mm256_inserti128_si256, _mm256_loadu_ps,
+        _mm256_loadu_si256, _mm256_set_m128i, _mm256_setzero_si256, _mm256_store_si256,
+        _mm256_storeu_ps, _mm256_storeu_si256, _mm256_stream_ps, _mm256_stream_si256,
+        _mm256_unpackhi_epi8, _mm256_unpacklo_epi8,
     };
 
     use super::StoreMode;
@@ -645,6 +647,209 @@ pub mod avx2 {
             for j in c0..c0 + 16 {
                 between(j);
             }
+        }
+    }
+
+    /// The AVX2 twin of [`super::x86::transposed_blocks`]: the same walk (stored rows
+    /// `rows` of `q`, row stride `stride`, bytes `bytes` of each, both whole blocks of 64;
+    /// the next row block's runs fetched into L2 a row's run at a time; each 64 x 64
+    /// block copied into a contiguous stage in L1), transposed 32 rows at a time, since
+    /// a 256-bit vector holds 32 bytes. `visit(j0, at, v)` gets, for every 32 stored
+    /// rows `j0..j0 + 32` and every 16 bytes `at..at + 16`, sixteen vectors: `v[t]`
+    /// holds byte `at + t` of those rows in order. The two halves of a 64-row block
+    /// come back to back for the same 16 bytes (`j0`, then `j0 + 32`), so each output
+    /// row a decoder writes gets its 64 values at once; blocks come in order of the
+    /// 64-row block, then of `at`.
+    ///
+    /// ```
+    /// use quant_core::simd::Level;
+    /// # #[cfg(target_arch = "x86_64")] {
+    /// if Level::Avx2.is_supported() {
+    ///     let (rows, stride) = (128, 192);
+    ///     let q: Vec<u8> = (0..rows * stride).map(|i| (i % 251) as u8).collect();
+    ///     let mut seen = 0;
+    ///     // SAFETY: the CPU has AVX2 (checked above).
+    ///     unsafe {
+    ///         quant_core::stream::avx2::transposed_blocks(&q, stride, 64..128, 64..192, |j0, at, v| {
+    ///             for (t, v) in v.into_iter().enumerate() {
+    ///                 // SAFETY: both types are 32 bytes of plain data.
+    ///                 let v: [u8; 32] = std::mem::transmute(v);
+    ///                 assert!((0..32).all(|j| v[j] == q[(j0 + j) * stride + at + t]));
+    ///                 seen += 1;
+    ///             }
+    ///         })
+    ///     };
+    ///     assert_eq!(seen, 256);
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    /// As [`super::x86::transposed_blocks`].
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 (code compiled with it calls it safely, and inlines it
+    /// there, `visit` too).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub fn transposed_blocks(
+        q: &[u8],
+        stride: usize,
+        rows: std::ops::Range<usize>,
+        bytes: std::ops::Range<usize>,
+        mut visit: impl FnMut(usize, usize, [__m256i; 16]),
+    ) {
+        const B: usize = 64;
+        assert!(
+            rows.len().is_multiple_of(B)
+                && bytes.len().is_multiple_of(B)
+                && bytes.end <= stride
+                && rows.end.checked_mul(stride).is_some_and(|n| n <= q.len()),
+            "transposed_blocks: rows {rows:?} and bytes {bytes:?} must be whole blocks of \
+             64 inside {} bytes of stride {stride}",
+            q.len()
+        );
+        #[repr(align(64))]
+        struct Stage([u8; B * B]);
+        let mut stage = Stage([0; B * B]);
+        let share = B.div_ceil((bytes.len() / B).max(1));
+        for j0 in rows.clone().step_by(B) {
+            let next = j0 + B;
+            for (b, at) in bytes.clone().step_by(B).enumerate() {
+                if next < rows.end {
+                    for j in b * share..((b + 1) * share).min(B) {
+                        let run = &q[(next + j) * stride + bytes.start..][..bytes.len()];
+                        crate::simd::prefetch_l2(run);
+                    }
+                }
+                for (j, line) in stage.0.chunks_exact_mut(B).enumerate() {
+                    let src = &q[(j0 + j) * stride + at..][..B];
+                    // SAFETY: `src` and `line` are 64 bytes, `line` on a line (two
+                    // unaligned loads, two aligned stores).
+                    unsafe {
+                        let (lo, hi) = (
+                            _mm256_loadu_si256(src.as_ptr().cast()),
+                            _mm256_loadu_si256(src.as_ptr().add(32).cast()),
+                        );
+                        _mm256_store_si256(line.as_mut_ptr().cast(), lo);
+                        _mm256_store_si256(line.as_mut_ptr().add(32).cast(), hi);
+                    }
+                }
+                for c in (0..B).step_by(16) {
+                    for half in 0..2 {
+                        // SAFETY: the stage holds 64 rows of 64 bytes, so columns `c..c +
+                        // 16` of its rows `32 * half..32 * half + 32` lie inside it; the
+                        // CPU has AVX2.
+                        let v =
+                            unsafe { transpose_32x16!(stage.0.as_ptr().add(32 * half * B + c), B) };
+                        visit(j0 + 32 * half, at + c, v);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The 32 bytes of `v` zero-extended to u32 lanes, 8 per vector in order: the codes
+    /// of a [`transposed_blocks`] vector as its decoder's four steps take them.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 (code compiled with it calls it safely).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub fn widen_u8x32(v: __m256i) -> [__m256i; 4] {
+        let [a, b, c, d] = eighths_u8x32(v);
+        [
+            _mm256_cvtepu8_epi32(a),
+            _mm256_cvtepu8_epi32(b),
+            _mm256_cvtepu8_epi32(c),
+            _mm256_cvtepu8_epi32(d),
+        ]
+    }
+
+    /// The 32 bytes of `v` as four 8-byte pieces, in order, each in the low half of a
+    /// 128-bit vector (the high half unspecified): for decoders that widen codes
+    /// themselves (sign-extending, say).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 (code compiled with it calls it safely).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub fn eighths_u8x32(v: __m256i) -> [__m128i; 4] {
+        let (lo, hi) = (_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        [
+            lo,
+            _mm_unpackhi_epi64(lo, lo),
+            hi,
+            _mm_unpackhi_epi64(hi, hi),
+        ]
+    }
+
+    /// `src[..32]` in four vectors, in order: a run of 32 scales or factors.
+    ///
+    /// # Panics
+    /// If `src` is shorter than 32.
+    ///
+    /// # Safety
+    /// The CPU must have AVX (code compiled with AVX2 calls it safely).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub fn load_f32x32(src: &[f32]) -> [__m256; 4] {
+        let s = &src[..32];
+        // SAFETY: `s` is 32 f32 (four unaligned 256-bit loads).
+        unsafe {
+            [
+                _mm256_loadu_ps(s.as_ptr()),
+                _mm256_loadu_ps(s.as_ptr().add(8)),
+                _mm256_loadu_ps(s.as_ptr().add(16)),
+                _mm256_loadu_ps(s.as_ptr().add(24)),
+            ]
+        }
+    }
+
+    /// 32 f32 values (four vectors, in order) narrowed to bf16 bits, two vectors of 16
+    /// (one 64-byte line): [`narrow16`], or [`crate::bf16_narrow::avx2::narrow16_no_nan`]
+    /// where `no_nan` (no lane is NaN; the caller knows). The bits of [`bf16_bits`].
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 (code compiled with it calls it safely).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub fn bf16_line(v: [__m256; 4], no_nan: bool) -> [__m256i; 2] {
+        use crate::bf16_narrow::avx2::narrow16_no_nan;
+        if no_nan {
+            [narrow16_no_nan(v[0], v[1]), narrow16_no_nan(v[2], v[3])]
+        } else {
+            [narrow16(v[0], v[1]), narrow16(v[2], v[3])]
+        }
+    }
+
+    /// 32 f32 values narrowed to f16 bits by `vcvtps2ph` (round to nearest even, as
+    /// [`write_u16_steps`]' f16 callers narrow), two vectors of 16 (one 64-byte line).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and F16C (both part of `Level::Avx2`).
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    pub fn f16_line(v: [__m256; 4]) -> [__m256i; 2] {
+        let half = |v| _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+        [
+            _mm256_set_m128i(half(v[1]), half(v[0])),
+            _mm256_set_m128i(half(v[3]), half(v[2])),
+        ]
+    }
+
+    /// Streams `v` (32-byte pieces) to `dst` back to back: the whole lines of one output
+    /// row's run that a [`transposed_blocks`] decoder computed.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `32 * N` bytes of writes and start on a 64-byte line; the
+    /// CPU must have AVX.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn stream_lines<const N: usize>(dst: *mut u8, v: [__m256i; N]) {
+        for (i, v) in v.into_iter().enumerate() {
+            // SAFETY: piece `i` lies inside the caller's `32 * N` bytes, 32-byte aligned.
+            unsafe { stream32(dst.add(32 * i), v) }
         }
     }
 

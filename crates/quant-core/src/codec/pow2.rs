@@ -113,8 +113,13 @@ impl Fp8 {
     }
 
     /// The largest finite magnitude code (E4M3 `0x7E`, E5M2 `0x7B`): every magnitude
-    /// above it is NaN or an infinity.
-    pub(crate) const fn max_code(self) -> u8 {
+    /// above it is NaN or an infinity (what a decoder that leaves those out checks).
+    ///
+    /// ```
+    /// use quant_core::codec::pow2::Fp8;
+    /// assert_eq!((Fp8::E4M3.max_code(), Fp8::E5M2.max_code()), (0x7E, 0x7B));
+    /// ```
+    pub const fn max_code(self) -> u8 {
         self.max_code
     }
 
