@@ -250,8 +250,10 @@ const CHUNK: usize = 256;
 /// A task takes [`task_rows`] output rows. At AVX-512 and streaming, the whole
 /// 64-column blocks of its rows go the register route of [`crate::transposed_x86`]
 /// (x1.6-1.9 on a 2-vCPU Zen 4 at 8192x8192 into bf16 and f32; RHT x1.29 into bf16,
-/// where the inverse transform's sums are most of the time), with the factors of a
-/// block's groups from the same transposed scale bytes as below; the tile route takes
+/// where the inverse transform's sums are most of the time), at AVX2 (without RHT) its
+/// twin in [`crate::transposed_avx2`], with the factors of a block's groups from the
+/// same transposed scale bytes as below, computed inside the walk (so at its vector
+/// width) while the next block's scale bytes are fetched into L2; the tile route takes
 /// the columns before and after them and every task elsewhere: each chunk of [`CHUNK`]
 /// stored rows transposed into `pairs`, then each 16-row group decoded (or inverted)
 /// from there.
@@ -290,17 +292,27 @@ pub(crate) fn columnwise<T: Element>(
             let rows = o.len() / k;
             let (g0, groups) = (s * slab / BLOCK, rows / BLOCK);
             #[cfg(target_arch = "x86_64")]
-            let fused = {
-                // The factors of every group of the task for columns `j0..j0 + 64`.
-                let factors = |j0: usize, f: &mut [f32]| {
+            let fused = crate::transposed_x86::decode_lines(
+                (level, mode),
+                (op.data, m, s * slab / 2),
+                (o, k),
+                rht_on,
+                // The factors of every group of the task for columns `j0..j0 + 64`,
+                // inlined into the walk so that `factors_of` vectorizes at its level (out
+                // of line it was an SSE2 loop, a quarter of the AVX-512 profile).
+                #[inline(always)]
+                |j0: usize, f: &mut [f32]| {
                     let compact = op.transposed_scales((j0, 64), (g0, groups), stride, sb);
                     for (g, f) in f.chunks_exact_mut(64).enumerate() {
                         op.group_factors((compact, sb), (j0, g0, g), stride, f);
                     }
-                };
-                let task = (op.data, m, s * slab / 2);
-                crate::transposed_x86::decode_lines((level, mode), task, (o, k), rht_on, factors)
-            };
+                    // The next block's scale bytes: 64 runs `stride` apart.
+                    for r in j0 + 64..(j0 + 128).min(k) {
+                        let run = r * stride + g0..r * stride + g0 + groups;
+                        simd::prefetch_l2(op.scales.get(run).unwrap_or(&[]));
+                    }
+                },
+            );
             #[cfg(not(target_arch = "x86_64"))]
             let fused = 0..0;
             for span in spans_around(fused, k) {

@@ -132,6 +132,9 @@ mod rht_x86;
 pub mod scale;
 pub mod sr;
 #[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // AVX2 intrinsics; every block has a SAFETY comment
+mod transposed_avx2;
+#[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)] // AVX-512 intrinsics; every block has a SAFETY comment
 mod transposed_x86;
 #[cfg(target_arch = "x86_64")]

@@ -11,7 +11,8 @@
 //! ([`inverse_nibbles`]) per 16-row group from 8 staged lines, and stream its rows the
 //! same way. The tile route of [`crate::dequant::columnwise`] (still taken for what
 //! this one does not take) transposes every run into a scratch tile and decodes each
-//! output row's run from there.
+//! output row's run from there. [`decode_lines`] also serves [`Level::Avx2`] (without
+//! RHT): the same checks, then the AVX2 twin of the walk in [`crate::transposed_avx2`].
 
 use std::arch::x86_64::{
     __m512, __m512i, _mm512_mul_ps, _mm512_permutexvar_ps, _mm512_srli_epi32, _mm512_store_si512,
@@ -43,8 +44,9 @@ pub(crate) const MAX_ROWS: usize = 1024;
 /// `2 * p0 .. 2 * p0 + rows` (`rows = out.len() / k`), and `factors(j0, f)` fills
 /// `f[g * 64 + c]` with the factor of the task's 16-row group `g` at column `j0 + c`,
 /// for every group. The route takes whole 64-column blocks that start on 64-byte lines,
-/// in a task of whole 128-row blocks (at most [`MAX_ROWS`]) at [`Level::Avx512`] in
-/// [`StoreMode::Streaming`] (bf16 output also needs AVX-512 BF16), where each output row
+/// in a task of whole 128-row blocks (at most [`MAX_ROWS`]) at [`Level::Avx512`] (bf16
+/// output also needs AVX-512 BF16) or, without `rht`, at [`Level::Avx2`]
+/// ([`crate::transposed_avx2`]), in [`StoreMode::Streaming`], where each output row
 /// is a whole number of lines; otherwise it returns an empty range and writes nothing.
 /// The caller decodes the columns before and after the range by the tile route and
 /// fences the streamed stores. The values are those of the tile route:
@@ -59,7 +61,8 @@ pub(crate) fn decode_lines<T: Element>(
     let rows = out.len().checked_div(k).unwrap_or(0);
     let lead = out.as_ptr().align_offset(64);
     let whole = k.saturating_sub(lead) / COLS * COLS;
-    let fits = level == Level::Avx512
+    // AVX2 has the walk but not the inverse transform.
+    let fits = (level == Level::Avx512 || level == Level::Avx2 && !rht)
         && mode == StoreMode::Streaming
         && rows > 0
         && rows.is_multiple_of(128)
@@ -89,6 +92,13 @@ pub(crate) fn decode_lines<T: Element>(
         k,
         inverse,
     };
+    if level == Level::Avx2 {
+        return if crate::transposed_avx2::into(&walk, factors, out) {
+            cols
+        } else {
+            0..0
+        };
+    }
     match FloatsMut::of(out) {
         // SAFETY: the CPU has AVX-512 F, BW and DQ (`Level::Avx512` is only active where
         // it does).
@@ -106,12 +116,12 @@ pub(crate) fn decode_lines<T: Element>(
 
 /// What [`decode_lines`] walks: the stored codes (`[k, m / 2]`), the task's first byte
 /// of each stored row `p0`, and the output columns `cols` of rows `k` long.
-struct Walk<'a> {
-    data: &'a [u8],
-    m: usize,
-    p0: usize,
-    cols: Range<usize>,
-    k: usize,
+pub(crate) struct Walk<'a> {
+    pub(crate) data: &'a [u8],
+    pub(crate) m: usize,
+    pub(crate) p0: usize,
+    pub(crate) cols: Range<usize>,
+    pub(crate) k: usize,
     /// For RHT operands, how the inverse transform rounds its sums.
     inverse: Option<Narrow>,
 }
@@ -260,8 +270,18 @@ mod tests {
     use quant_core::codec::e2m1;
 
     /// The factor of 16-row group `g` (of the whole tensor) at column `j`: the product's
-    /// corners (zero, subnormal, overflow, infinity, NaN) among ordinary ones.
+    /// corners (zero, subnormal, overflow, infinity, NaN) among ordinary ones, but every
+    /// factor finite in the second 64-column block of four (where the AVX2 route's bf16
+    /// narrows without the NaN select).
     fn factor(g: usize, j: usize) -> f32 {
+        if j / 64 % 4 == 1 {
+            return match (g * 7 + j) % 5 {
+                0 => 0.0,
+                1 => 3.5e-39,
+                2 => 1.0e38,
+                _ => 0.1 + j as f32 / 97.0,
+            };
+        }
         match (g * 7 + j) % 11 {
             0 => 0.0,
             1 => 3.5e-39,
@@ -279,7 +299,7 @@ mod tests {
     /// every byte value in both nibbles, the output on a line and 7 elements past one.
     #[test]
     fn decodes_its_columns_exactly() {
-        fn check<T: Element>(at: usize) {
+        fn check<T: Element>(level: Level, at: usize) {
             let (m, k, r0, rows) = (512, 320, 256, 256);
             let data: Vec<u8> = (0..k * m / 2).map(|e| (e * 131 % 256) as u8).collect();
             let fill = T::from_f32(-7.0);
@@ -293,11 +313,11 @@ mod tests {
                     }
                 }
             };
-            let how = (Level::Avx512, StoreMode::Streaming);
+            let how = (level, StoreMode::Streaming);
             let cols = decode_lines(how, (&data, m, r0 / 2), (out, k), false, factors);
             let line = 64 / size_of::<T>();
             let first = (line - at) % line;
-            assert_eq!(cols, first..first + (k - first) / 64 * 64, "+{at}");
+            assert_eq!(cols, first..first + (k - first) / 64 * 64, "{level} +{at}");
             for i in 0..rows {
                 for j in 0..k {
                     let got = out[i * k + j].to_f32().to_bits();
@@ -311,48 +331,61 @@ mod tests {
                     };
                     let same = got == want
                         || (f32::from_bits(got).is_nan() && f32::from_bits(want).is_nan());
-                    assert!(same, "+{at}: ({i}, {j}): {got:#x} != {want:#x}");
+                    assert!(same, "{level} +{at}: ({i}, {j}): {got:#x} != {want:#x}");
                 }
             }
         }
-        let ran = simd::with_level(Level::Avx512, || {
-            for at in [0, 7] {
-                check::<f32>(at);
-                check::<f16>(at);
-                if simd::has(simd::Ext::Bf16) {
-                    check::<bf16>(at);
+        for level in [Level::Avx512, Level::Avx2] {
+            let ran = simd::with_level(level, || {
+                for at in [0, 7] {
+                    check::<f32>(level, at);
+                    check::<f16>(level, at);
+                    if level == Level::Avx2 || simd::has(simd::Ext::Bf16) {
+                        check::<bf16>(level, at);
+                    }
                 }
+            });
+            if ran.is_none() {
+                eprintln!("skipped at {level}: this CPU does not have it");
             }
-        });
-        if ran.is_none() {
-            eprintln!("skipped: this CPU has no AVX-512");
         }
     }
 
     /// What the route does not take it leaves to the tile route, untouched: other levels,
     /// cached stores, tasks that are not whole 128-row blocks (or more than
-    /// [`MAX_ROWS`]), rows that are not whole lines, no 64 columns past the first line.
+    /// [`MAX_ROWS`]), rows that are not whole lines, no 64 columns past the first line,
+    /// RHT at AVX2.
     #[test]
     fn declines_what_it_does_not_take() {
         fn declines(level: Level, mode: StoreMode, (m, rows, k): (usize, usize, usize)) {
+            declines_rht(level, mode, (m, rows, k), false)
+        }
+        fn declines_rht(
+            level: Level,
+            mode: StoreMode,
+            (m, rows, k): (usize, usize, usize),
+            rht: bool,
+        ) {
             let data = vec![0x21u8; k * m / 2];
             let mut buf = vec![f16::ONE; rows * k + 32];
             let lead = buf.as_ptr().align_offset(64);
             let out = &mut buf[lead..lead + rows * k];
-            let got = decode_lines((level, mode), (&data, m, 0), (out, k), false, |_, f| {
+            let got = decode_lines((level, mode), (&data, m, 0), (out, k), rht, |_, f| {
                 f.fill(1.0)
             });
             assert_eq!(got, 0..0, "{level} {mode:?} {m} {rows} {k}");
             assert!(out.iter().all(|&v| v == f16::ONE));
         }
         let stream = StoreMode::Streaming;
-        for level in [Level::Scalar, Level::Avx2] {
-            declines(level, stream, (128, 128, 64));
+        declines(Level::Scalar, stream, (128, 128, 64));
+        for level in [Level::Avx512, Level::Avx2] {
+            declines(level, StoreMode::Cached, (128, 128, 64));
+            declines(level, stream, (192, 64, 64));
+            declines(level, stream, (2 * MAX_ROWS, 2 * MAX_ROWS, 64));
+            declines(level, stream, (128, 128, 40));
+            declines(level, stream, (128, 128, 32));
         }
-        declines(Level::Avx512, StoreMode::Cached, (128, 128, 64));
-        declines(Level::Avx512, stream, (192, 64, 64));
-        declines(Level::Avx512, stream, (2 * MAX_ROWS, 2 * MAX_ROWS, 64));
-        declines(Level::Avx512, stream, (128, 128, 40));
-        declines(Level::Avx512, stream, (128, 128, 32));
+        // The inverse transform has no AVX2 kernel here.
+        declines_rht(Level::Avx2, stream, (128, 128, 64), true);
     }
 }
