@@ -2,14 +2,15 @@
 //! [`crate::transposed_x86`] for CPUs without AVX-512.
 //!
 //! [`transposed_blocks`] (AVX2) stages 64 bytes of 64 stored rows in L1 and transposes
-//! them 32 rows at a time: vector `t` is then output row `i + t`'s next 32 codes, which
-//! are decoded 8 at a time ([`decode8`], the step of the AVX2 run decoder), scaled,
-//! narrowed in registers and streamed as whole lines into the output (one line of bf16
-//! or f16, two of f32). Where a slab's scales fold ([`Folded`]) and the 512 codes of a
-//! visit hold no NaN or infinity, they take the folded decode (4 operations per 8 codes
-//! instead of 10) and bf16 narrows without the NaN select, as the run decoder's fast
-//! loops do. [`crate::transposed_x86::decode_lines`] checks what this route takes (the
-//! same shapes as at AVX-512) and calls [`into`] at [`Level::Avx2`].
+//! them 32 rows at a time: vectors `t` of the two halves are then output row `i + t`'s
+//! next 64 codes, which are decoded 8 at a time ([`decode8`], the step of the AVX2 run
+//! decoder), scaled, narrowed in registers and streamed as whole lines into the output
+//! (two lines of bf16 or f16, four of f32). Where a slab's scales fold ([`Folded`])
+//! and the 1024 codes of a visit hold no NaN or infinity, they take the folded decode
+//! (4 operations per 8 codes instead of 10) and bf16 narrows without the NaN select, as
+//! the run decoder's fast loops do. [`crate::transposed_x86::decode_lines`] checks what
+//! this route takes (the same shapes as at AVX-512) and calls [`into`] at
+//! [`Level::Avx2`].
 //!
 //! Before this route, the AVX2 level transposed every run into a tile (SSE2 16x16
 //! blocks) and decoded each output row's run from there, as
@@ -34,10 +35,9 @@ use crate::scale::Fp8Dtype;
 use crate::transpose::SLAB;
 use crate::transposed_x86::{MAX_ROWS, Walk};
 
-/// Output columns whose scales are filled at once: a 64-row block of
-/// [`transposed_blocks`].
+/// Output columns per visit: a 64-row block of [`transposed_blocks`].
 const BLOCK: usize = 64;
-/// Output columns per visit: 32 stored rows.
+/// Output columns per vector: 32 stored rows.
 const HALF: usize = 32;
 
 /// [`crate::transposed_x86::decode_lines`] at AVX2, after its checks: `false` (nothing
@@ -60,13 +60,13 @@ pub(crate) fn into<const E5M2: bool, T: Element>(
     true
 }
 
-/// Whether one of the 512 codes of `v` decodes to NaN or an infinity (its magnitude
+/// Whether one of the 1024 codes of `v` decodes to NaN or an infinity (its magnitude
 /// above `dt`'s largest finite code, as [`quant_core::codec::folded::has_special`]).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn any_special(dt: Fp8Dtype, v: &[__m256i; 16]) -> bool {
+fn any_special(dt: Fp8Dtype, v: &[[__m256i; 2]; 16]) -> bool {
     let mag = _mm256_set1_epi8(0x7F);
-    let top = v.iter().fold(_mm256_setzero_si256(), |m, &c| {
+    let top = v.iter().flatten().fold(_mm256_setzero_si256(), |m, &c| {
         _mm256_max_epu8(m, _mm256_and_si256(c, mag))
     });
     // Magnitudes are at most 0x7F: the signed compare is the unsigned one.
@@ -89,11 +89,12 @@ fn decode32<const FAST: bool>(dt: Fp8Dtype, c: __m256i, s: &[__m256; 4]) -> [__m
 }
 
 /// The walk of one output type, whose 32 values are `N` 32-byte pieces:
-/// [`transposed_blocks`] over the task's bytes of the stored rows `w.cols`, each vector
-/// (an output row's next 32 codes) decoded with its slab's scales and narrowed by
-/// `lines(values, fast)` (`fast`: the folded route, no value NaN), then streamed into
-/// its output row. The scales of a block of 64 columns are filled and folded (for every
-/// slab of the task) when its first vectors come.
+/// [`transposed_blocks`] over the task's bytes of the stored rows `w.cols`, each pair
+/// of vectors (an output row's next 64 codes) decoded with its slab's scales and
+/// narrowed by `lines(values, fast)` (`fast`: the folded route, no value NaN), then
+/// streamed into its output row, two lines of bf16 or f16 back to back (four of f32).
+/// The scales of a block of 64 columns are filled and folded (for every slab of the
+/// task) when its first vectors come.
 ///
 /// # Safety
 /// The CPU must have the AVX2 level's features; `out` must start `w.cols.start`
@@ -110,16 +111,14 @@ unsafe fn walk<O: Copy, const N: usize>(
 ) {
     debug_assert_eq!(N * 32, HALF * size_of::<O>());
     let Walk { q, m, i0, k, .. } = *w;
-    let start = w.cols.start;
     let rows = out.len() / k;
     let slabs = rows.div_ceil(SLAB);
     let mut si = [0f32; BLOCK * MAX_ROWS / SLAB];
     let mut sf = [0f32; BLOCK * MAX_ROWS / SLAB];
     let mut folds = [false; MAX_ROWS / SLAB];
     transposed_blocks(q, m, w.cols.clone(), i0..i0 + rows, |j0, i, codes| {
-        let half = (j0 - start) % BLOCK;
         // A block of 64 columns starts with its first row's vectors: its scales then.
-        if i == i0 && half == 0 {
+        if i == i0 {
             let runs = si.chunks_exact_mut(BLOCK).zip(sf.chunks_exact_mut(BLOCK));
             for (s, ((run, folded), fold)) in runs.zip(&mut folds).take(slabs).enumerate() {
                 scale_inv(i0 + s * SLAB, j0, run);
@@ -127,21 +126,24 @@ unsafe fn walk<O: Copy, const N: usize>(
             }
         }
         let r0 = i - i0;
-        let at = r0 / SLAB * BLOCK + half;
         let fast = folds[r0 / SLAB] && !any_special(dt, &codes);
-        let s = load_f32x32(if fast { &sf[at..] } else { &si[at..] });
-        for (t, c) in codes.into_iter().enumerate() {
-            let values = if fast {
-                decode32::<true>(dt, c, &s)
-            } else {
-                decode32::<false>(dt, c, &s)
-            };
+        let at = r0 / SLAB * BLOCK;
+        let src = if fast { &sf[at..] } else { &si[at..] };
+        let s = [load_f32x32(src), load_f32x32(&src[HALF..])];
+        for (t, pair) in codes.into_iter().enumerate() {
             let r = r0 + t;
-            let dst = out[r * k + j0..r * k + j0 + HALF].as_mut_ptr().cast::<u8>();
-            // SAFETY: the 32 values at `dst` lie inside `out` and start on a line (`out`
-            // starts `cols.start` values before one, `j0 - cols.start` is a multiple of
-            // 32 values, 64 or 128 bytes, and rows are whole lines: contract).
-            unsafe { stream_lines(dst, lines(values, fast)) }
+            let dst = out[r * k + j0..r * k + j0 + BLOCK].as_mut_ptr();
+            for (h, c) in pair.into_iter().enumerate() {
+                let values = if fast {
+                    decode32::<true>(dt, c, &s[h])
+                } else {
+                    decode32::<false>(dt, c, &s[h])
+                };
+                // SAFETY: the 32 values at `dst + 32h` lie inside `out` and start on a
+                // line (`out` starts `cols.start` values before one, `j0 - cols.start`
+                // is a multiple of 64 values, and rows are whole lines: contract).
+                unsafe { stream_lines(dst.add(HALF * h).cast(), lines(values, fast)) }
+            }
         }
     });
 }

@@ -2,11 +2,12 @@
 //! [`crate::transposed_x86`] for CPUs without AVX-512.
 //!
 //! [`transposed_blocks`] (AVX2) stages 64 bytes of 64 stored rows in L1 and transposes
-//! them 32 rows at a time: vector `t` is then byte `p + t` of 32 stored rows, output
-//! rows `2(p + t)` (low nibbles) and `2(p + t) + 1` (high) at 32 columns. Each row's
-//! 32 codes are decoded 8 at a time by one `vpermps` and a sign `xor` ([`e2m1_8`], the
-//! AVX2 row decoder's step), scaled by their columns' factors, narrowed in registers
-//! and streamed as whole lines (one line of bf16 or f16, two of f32). Where a block's
+//! them 32 rows at a time: vectors `t` of the two halves are then byte `p + t` of 64
+//! stored rows, output rows `2(p + t)` (low nibbles) and `2(p + t) + 1` (high) at 64
+//! columns. Each row's codes are decoded 8 at a time by one `vpermps` and a sign `xor`
+//! ([`e2m1_8`], the AVX2 row decoder's step), scaled by their columns' factors,
+//! narrowed in registers and streamed as whole lines (two lines of bf16 or f16, four
+//! of f32, back to back). Where a block's
 //! factors are all finite no product is NaN, and bf16 narrows without the NaN select.
 //! [`crate::transposed_x86::decode_lines`] checks what this route takes (the shapes of
 //! the AVX-512 route, without RHT: the inverse transform has no AVX2 kernel here) and
@@ -27,10 +28,10 @@ use crate::scale::BLOCK;
 use crate::transposed_x86::{MAX_ROWS, Walk};
 use crate::x86_avx2::e2m1_8;
 
-/// Output columns whose factors are filled at once: a 64-row block of
-/// [`transposed_blocks`] (the factor closure's width at both levels).
+/// Output columns per visit: a 64-row block of [`transposed_blocks`] (the factor
+/// closure's width at both levels).
 const COLS: usize = 64;
-/// Output columns per visit: 32 stored rows.
+/// Output columns per vector: 32 stored rows.
 const HALF: usize = 32;
 
 /// [`crate::transposed_x86::decode_lines`] at AVX2, after its checks (and without RHT):
@@ -72,11 +73,11 @@ fn decode32(c: __m256i, high: bool, s: &[__m256; 4], table: __m256) -> [__m256; 
 }
 
 /// The walk of one output type, whose 32 values are `N` 32-byte pieces:
-/// [`transposed_blocks`] over the task's bytes of the stored rows `w.cols`; each vector
-/// (byte `p` of 32 stored rows) is output rows `2p` and `2p + 1`, decoded with their
-/// group's factors and narrowed by `lines(values, finite)` (`finite`: every factor of
-/// the block is, so no value is NaN), then streamed. The factors of a block of 64
-/// columns are filled when its first vectors come.
+/// [`transposed_blocks`] over the task's bytes of the stored rows `w.cols`; each pair
+/// of vectors (byte `p` of 64 stored rows) is output rows `2p` and `2p + 1`, decoded
+/// with their group's factors and narrowed by `lines(values, finite)` (`finite`: every
+/// factor of the block is, so no value is NaN), then streamed. The factors of a block
+/// of 64 columns are filled when its first vectors come.
 ///
 /// # Safety
 /// The CPU must have the AVX2 level's features; `out` must start `w.cols.start`
@@ -92,7 +93,6 @@ unsafe fn walk<O: Copy, const N: usize>(
 ) {
     debug_assert_eq!(N * 32, HALF * size_of::<O>());
     let Walk { data, m, p0, k, .. } = *w;
-    let start = w.cols.start;
     let rows = out.len() / k;
     // SAFETY: `DECODE` is 16 f32; its first 8 are one unaligned 256-bit load.
     let table = unsafe { std::arch::x86_64::_mm256_loadu_ps(e2m1::DECODE.as_ptr()) };
@@ -101,28 +101,30 @@ unsafe fn walk<O: Copy, const N: usize>(
     let mut finite = false;
     let bytes = p0..p0 + rows / 2;
     transposed_blocks(data, m / 2, w.cols.clone(), bytes, |j0, at, v| {
-        let half = (j0 - start) % COLS;
         // A block of 64 columns starts with its first rows' vectors: its factors then.
-        if at == p0 && half == 0 {
+        if at == p0 {
             factors(j0, f);
             // A fold without an early exit, so that it vectorizes.
             finite = f.iter().fold(true, |ok, x| ok & x.is_finite());
         }
         // Bytes `at..at + 16` are output rows `r0..r0 + 32`: two 16-row groups.
         let r0 = 2 * (at - p0);
-        let mut store = |r: usize, values: [__m256; 4]| {
-            let dst = out[r * k + j0..r * k + j0 + HALF].as_mut_ptr().cast::<u8>();
-            // SAFETY: the 32 values at `dst` lie inside `out` and start on a line (`out`
-            // starts `cols.start` values before one, `j0 - cols.start` is a multiple of
-            // 32 values, 64 or 128 bytes, and rows are whole lines: contract).
-            unsafe { stream_lines(dst, lines(values, finite)) }
-        };
         for (group, v) in v.chunks_exact(8).enumerate() {
-            let s = load_f32x32(&f[(r0 / BLOCK + group) * COLS + half..]);
+            let g = &f[(r0 / BLOCK + group) * COLS..][..COLS];
+            let s = [load_f32x32(g), load_f32x32(&g[HALF..])];
             let r = r0 + BLOCK * group;
-            for (t, &codes) in v.iter().enumerate() {
-                store(r + 2 * t, decode32(codes, false, &s, table));
-                store(r + 2 * t + 1, decode32(codes, true, &s, table));
+            for (t, pair) in v.iter().enumerate() {
+                for (row, high) in [(r + 2 * t, false), (r + 2 * t + 1, true)] {
+                    let dst = out[row * k + j0..row * k + j0 + COLS].as_mut_ptr();
+                    for (h, &codes) in pair.iter().enumerate() {
+                        let values = decode32(codes, high, &s[h], table);
+                        // SAFETY: the 32 values at `dst + 32h` lie inside `out` and start
+                        // on a line (`out` starts `cols.start` values before one, `j0 -
+                        // cols.start` is a multiple of 64 values, and rows are whole
+                        // lines: contract).
+                        unsafe { stream_lines(dst.add(HALF * h).cast(), lines(values, finite)) }
+                    }
+                }
             }
         }
     });
