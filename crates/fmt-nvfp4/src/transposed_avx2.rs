@@ -8,16 +8,17 @@
 //! ([`e2m1_8`], the AVX2 row decoder's step), scaled by their columns' factors,
 //! narrowed in registers and streamed as whole lines (two lines of bf16 or f16, four
 //! of f32, back to back). Where a block's factors are all finite no product is NaN,
-//! and bf16 narrows without the NaN select. RHT operands take the AVX2 tile route's
-//! inverse transform ([`inverse_nibbles`]) per 16-row group from 8 staged lines, as at
-//! AVX-512. [`crate::transposed_x86::decode_lines`] checks what this route takes (the
-//! shapes of the AVX-512 route) and calls [`into`] at [`Level::Avx2`].
+//! and bf16 narrows without the NaN select.
+//! [`crate::transposed_x86::decode_lines`] checks what this route takes (the shapes of
+//! the AVX-512 route, without RHT) and calls [`into`] at [`Level::Avx2`]. RHT operands
+//! keep the tile route at AVX2: this walk with the AVX2 tile route's inverse transform
+//! (`rht_avx2::inverse_nibbles`, per 16-row group from 8 staged lines, as at AVX-512)
+//! measured x0.97 against it, the inverse's sums being the time and the tile's 128-bit
+//! transposes cheap beside them.
 //!
 //! [`Level::Avx2`]: quant_core::simd::Level::Avx2
 
-use std::arch::x86_64::{
-    __m256, __m256i, _mm256_castps_si256, _mm256_mul_ps, _mm256_srli_epi32, _mm256_store_si256,
-};
+use std::arch::x86_64::{__m256, __m256i, _mm256_castps_si256, _mm256_mul_ps, _mm256_srli_epi32};
 
 use quant_core::Element;
 use quant_core::codec::e2m1;
@@ -26,11 +27,8 @@ use quant_core::stream::avx2::{
     bf16_line, f16_line, load_f32x32, stream_lines, transposed_blocks, widen_u8x32,
 };
 
-use crate::rht::DIM;
-use crate::rht_avx2::inverse_nibbles;
-use crate::rht_x86::Narrow;
 use crate::scale::BLOCK;
-use crate::transposed_x86::{MAX_ROWS, Pairs, Walk};
+use crate::transposed_x86::{MAX_ROWS, Walk};
 use crate::x86_avx2::e2m1_8;
 
 /// Output columns per visit: a 64-row block of [`transposed_blocks`] (the factor
@@ -39,8 +37,8 @@ const COLS: usize = 64;
 /// Output columns per vector: 32 stored rows.
 const HALF: usize = 32;
 
-/// [`crate::transposed_x86::decode_lines`] at AVX2, after its checks: `false` (nothing
-/// written) where `T` is not a float type.
+/// [`crate::transposed_x86::decode_lines`] at AVX2, after its checks (and without RHT):
+/// `false` (nothing written) where `T` is not a float type.
 pub(crate) fn into<T: Element>(
     walk: &Walk<'_>,
     factors: impl FnMut(usize, &mut [f32]),
@@ -104,7 +102,6 @@ unsafe fn walk<O: Copy, const N: usize>(
     let mut f = [0f32; COLS * MAX_ROWS / BLOCK];
     let f = &mut f[..rows / BLOCK * COLS];
     let mut finite = false;
-    let (mut pairs, mut wide) = (Pairs([0; 8 * COLS]), [[0f32; COLS]; DIM]);
     let bytes = p0..p0 + rows / 2;
     transposed_blocks(data, m / 2, w.cols.clone(), bytes, |j0, at, v| {
         // A block of 64 columns starts with its first rows' vectors: its factors then.
@@ -115,69 +112,25 @@ unsafe fn walk<O: Copy, const N: usize>(
         }
         // Bytes `at..at + 16` are output rows `r0..r0 + 32`: two 16-row groups.
         let r0 = 2 * (at - p0);
-        // Row `row`'s 64 values, as two halves of 32, narrowed and streamed.
-        let mut store = |row: usize, half: [[__m256; 4]; 2], no_nan: bool| {
-            let dst = out[row * k + j0..row * k + j0 + COLS].as_mut_ptr();
-            for (h, values) in half.into_iter().enumerate() {
-                // SAFETY: the 32 values at `dst + 32h` lie inside `out` and start on a
-                // line (`out` starts `cols.start` values before one, `j0 - cols.start`
-                // is a multiple of 64 values, and rows are whole lines: contract).
-                unsafe { stream_lines(dst.add(HALF * h).cast(), lines(values, no_nan)) }
-            }
-        };
         for (group, v) in v.chunks_exact(8).enumerate() {
             let g = &f[(r0 / BLOCK + group) * COLS..][..COLS];
-            let r = r0 + BLOCK * group;
-            if let Some(narrow) = w.inverse {
-                // The sums of finite values may still overflow: no NaN-free narrowing.
-                let scratch = (&mut pairs, &mut wide);
-                inverse16(v, (g, narrow), scratch, |i, half| store(r + i, half, false));
-                continue;
-            }
             let s = [load_f32x32(g), load_f32x32(&g[HALF..])];
+            let r = r0 + BLOCK * group;
             for (t, pair) in v.iter().enumerate() {
                 for (row, high) in [(r + 2 * t, false), (r + 2 * t + 1, true)] {
-                    let half = [
-                        decode32(pair[0], high, &s[0], table),
-                        decode32(pair[1], high, &s[1], table),
-                    ];
-                    store(row, half, finite);
+                    let dst = out[row * k + j0..row * k + j0 + COLS].as_mut_ptr();
+                    for (h, &codes) in pair.iter().enumerate() {
+                        let values = decode32(codes, high, &s[h], table);
+                        // SAFETY: the 32 values at `dst + 32h` lie inside `out` and start
+                        // on a line (`out` starts `cols.start` values before one, `j0 -
+                        // cols.start` is a multiple of 64 values, and rows are whole
+                        // lines: contract).
+                        unsafe { stream_lines(dst.add(HALF * h).cast(), lines(values, finite)) }
+                    }
                 }
             }
         }
     });
-}
-
-/// The inverse transform of one 16-row group's 64 columns, as the AVX-512 walk's
-/// `inverse16`: its 8 transposed byte rows `v` (two halves of 32 columns each) staged
-/// as 8 lines and their factors `f` through [`inverse_nibbles`] (the AVX2 tile route's
-/// kernel), its sums rounded into `wide`; `store(i, half)` gets row `i`'s 64 results as
-/// two halves.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn inverse16(
-    v: &[[__m256i; 2]],
-    (f, narrow): (&[f32], Narrow),
-    (pairs, wide): (&mut Pairs, &mut [[f32; COLS]; DIM]),
-    mut store: impl FnMut(usize, [[__m256; 4]; 2]),
-) {
-    for (line, c) in pairs.0.chunks_exact_mut(COLS).zip(v) {
-        // SAFETY: `line` is 64 bytes on a line (two aligned 256-bit stores).
-        unsafe {
-            _mm256_store_si256(line.as_mut_ptr().cast(), c[0]);
-            _mm256_store_si256(line.as_mut_ptr().add(HALF).cast(), c[1]);
-        }
-    }
-    // 64 columns (a multiple of its 4) of 8 rows 64 bytes apart, and 64 factors: always
-    // taken at AVX2, which `decode_lines` checked.
-    let done = inverse_nibbles(&pairs.0, COLS, f, narrow, wide);
-    assert!(
-        done,
-        "inverse16: inverse_nibbles declined a 16x64 group at AVX2"
-    );
-    for (i, row) in wide.iter().enumerate() {
-        store(i, [load_f32x32(row), load_f32x32(&row[HALF..])]);
-    }
 }
 
 /// [`into`] into f32.

@@ -11,8 +11,8 @@
 //! ([`inverse_nibbles`]) per 16-row group from 8 staged lines, and stream its rows the
 //! same way. The tile route of [`crate::dequant::columnwise`] (still taken for what
 //! this one does not take) transposes every run into a scratch tile and decodes each
-//! output row's run from there. [`decode_lines`] also serves [`Level::Avx2`]: the same
-//! checks, then the AVX2 twin of the walk in [`crate::transposed_avx2`].
+//! output row's run from there. [`decode_lines`] also serves [`Level::Avx2`] (without
+//! RHT): the same checks, then the AVX2 twin of the walk in [`crate::transposed_avx2`].
 
 use std::arch::x86_64::{
     __m512, __m512i, _mm512_mul_ps, _mm512_permutexvar_ps, _mm512_srli_epi32, _mm512_store_si512,
@@ -45,9 +45,9 @@ pub(crate) const MAX_ROWS: usize = 1024;
 /// `f[g * 64 + c]` with the factor of the task's 16-row group `g` at column `j0 + c`,
 /// for every group. The route takes whole 64-column blocks that start on 64-byte lines,
 /// in a task of whole 128-row blocks (at most [`MAX_ROWS`]) at [`Level::Avx512`] (bf16
-/// output also needs AVX-512 BF16) or [`Level::Avx2`] ([`crate::transposed_avx2`]), in
-/// [`StoreMode::Streaming`], where each output row is a whole number of lines;
-/// otherwise it returns an empty range and writes nothing.
+/// output also needs AVX-512 BF16) or, without `rht`, at [`Level::Avx2`]
+/// ([`crate::transposed_avx2`]), in [`StoreMode::Streaming`], where each output row
+/// is a whole number of lines; otherwise it returns an empty range and writes nothing.
 /// The caller decodes the columns before and after the range by the tile route and
 /// fences the streamed stores. The values are those of the tile route:
 /// `T(e2m1(code) * factor)`, or with `rht` the inverse transform of each group's 16.
@@ -61,7 +61,8 @@ pub(crate) fn decode_lines<T: Element>(
     let rows = out.len().checked_div(k).unwrap_or(0);
     let lead = out.as_ptr().align_offset(64);
     let whole = k.saturating_sub(lead) / COLS * COLS;
-    let fits = matches!(level, Level::Avx512 | Level::Avx2)
+    // RHT keeps the tile route at AVX2 (`crate::transposed_avx2`'s module docs say why).
+    let fits = (level == Level::Avx512 || level == Level::Avx2 && !rht)
         && mode == StoreMode::Streaming
         && rows > 0
         && rows.is_multiple_of(128)
@@ -122,7 +123,7 @@ pub(crate) struct Walk<'a> {
     pub(crate) cols: Range<usize>,
     pub(crate) k: usize,
     /// For RHT operands, how the inverse transform rounds its sums.
-    pub(crate) inverse: Option<Narrow>,
+    inverse: Option<Narrow>,
 }
 
 /// The walk of one output type, whose 64 values are `LINES` lines:
@@ -189,7 +190,7 @@ unsafe fn walk<O: Copy, const LINES: usize>(
 /// A 16-row group's 8 transposed byte rows of 64 columns, one per line: the input of
 /// [`inverse_nibbles`].
 #[repr(align(64))]
-pub(crate) struct Pairs(pub(crate) [u8; 8 * COLS]);
+struct Pairs([u8; 8 * COLS]);
 
 /// The inverse transform of one 16-row group's 64 columns: its 8 transposed byte rows
 /// `v` (row `2t` in the low nibbles of `v[t]`, `2t + 1` in the high ones) and their
@@ -352,15 +353,24 @@ mod tests {
 
     /// What the route does not take it leaves to the tile route, untouched: other levels,
     /// cached stores, tasks that are not whole 128-row blocks (or more than
-    /// [`MAX_ROWS`]), rows that are not whole lines, no 64 columns past the first line.
+    /// [`MAX_ROWS`]), rows that are not whole lines, no 64 columns past the first line,
+    /// RHT at AVX2.
     #[test]
     fn declines_what_it_does_not_take() {
         fn declines(level: Level, mode: StoreMode, (m, rows, k): (usize, usize, usize)) {
+            declines_rht(level, mode, (m, rows, k), false)
+        }
+        fn declines_rht(
+            level: Level,
+            mode: StoreMode,
+            (m, rows, k): (usize, usize, usize),
+            rht: bool,
+        ) {
             let data = vec![0x21u8; k * m / 2];
             let mut buf = vec![f16::ONE; rows * k + 32];
             let lead = buf.as_ptr().align_offset(64);
             let out = &mut buf[lead..lead + rows * k];
-            let got = decode_lines((level, mode), (&data, m, 0), (out, k), false, |_, f| {
+            let got = decode_lines((level, mode), (&data, m, 0), (out, k), rht, |_, f| {
                 f.fill(1.0)
             });
             assert_eq!(got, 0..0, "{level} {mode:?} {m} {rows} {k}");
@@ -375,5 +385,7 @@ mod tests {
             declines(level, stream, (128, 128, 40));
             declines(level, stream, (128, 128, 32));
         }
+        // RHT keeps the tile route at AVX2 (measured faster there).
+        declines_rht(Level::Avx2, stream, (128, 128, 64), true);
     }
 }
