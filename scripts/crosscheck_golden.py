@@ -40,6 +40,7 @@ shape and content and the first differing element. `--run-seed N` replays one ru
 import argparse
 import importlib.util
 import json
+import math
 import os
 import shutil
 import struct
@@ -47,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
@@ -443,8 +445,11 @@ def int4_dequant(u, scale, zero, group):
     once to the output dtype) for a whole tensor, as f64 values that `narrow` rounds once
     to each output dtype. In f64 the product is exact (a 5-bit integer times a bf16
     scale) and so is the sum, unless the two terms' exponents are about 40 apart: those
-    elements (whose two-sum error is not zero) come from the model's own rational
-    arithmetic, rounded to f32 (an exact f32 carries bf16's rounding too)."""
+    elements (whose two-sum error is not zero) come from the model's exact rational sum,
+    rounded to f64 by rounding to odd (`odd_f64`), which `narrow`'s rounding to odd and
+    then to the output dtype keep a single rounding. (Rounded to nearest f32 instead,
+    as before, a sum a hair below an f16 midpoint became the midpoint and then rounded
+    to even: a double rounding of the model, found by seed 78, run 78000377.)"""
     n, k = u.shape
     s = np.repeat(scale[:n, : k // group].astype(np.float64), group, axis=1)
     z = np.repeat(zero[:n, : k // group].astype(np.float64), group, axis=1)
@@ -455,9 +460,23 @@ def int4_dequant(u, scale, zero, group):
         err = (p - back) + (z - (t - back))
     for i in np.flatnonzero(np.isfinite(t) & (err != 0)):
         r, c = divmod(int(i), k)
-        _, f = I4.exact_dequant(int(u[r, c]), scale[r, c // group], zero[r, c // group])
-        t[r, c] = float(f)
+        sc, ze = float(scale[r, c // group]), float(zero[r, c // group])
+        t[r, c] = odd_f64(Fraction(int(u[r, c]) - 8) * Fraction(sc) + Fraction(ze))
     return t
+
+
+def odd_f64(fr):
+    """The finite rational `fr` rounded to f64 by rounding to odd: toward zero, then the
+    last bit set where that was inexact. Rounding to odd at 53 bits and then (as
+    `narrow` does) at 24 is rounding to odd at 24, and a value rounded to odd with at
+    least two more bits than the target rounds to nearest as the exact value would."""
+    v = float(fr)  # nearest
+    if Fraction(v) == fr:
+        return v
+    if abs(Fraction(v)) > abs(fr):
+        v = math.nextafter(v, 0.0)
+    (bits,) = struct.unpack("<Q", struct.pack("<d", v))
+    return struct.unpack("<d", struct.pack("<Q", bits | 1))[0]
 
 
 def random_shape(rng, m_mult, k_mult):
