@@ -510,6 +510,61 @@ macro_rules! interleave {
     }};
 }
 
+/// Rows and bytes per block of the transposed walks ([`x86::transposed_blocks`],
+/// [`avx2::transposed_blocks`]).
+#[cfg(target_arch = "x86_64")]
+const WALK: usize = 64;
+
+/// A 64 x 64 byte block of the transposed walks, each stored row's 64 bytes on a line.
+#[cfg(target_arch = "x86_64")]
+#[repr(align(64))]
+struct Stage([u8; WALK * WALK]);
+
+/// The walk both levels' `transposed_blocks` share: for every block of 64 stored rows
+/// `j0..j0 + 64` (of `rows`) and 64 bytes `at..at + 64` (of `bytes`), in order of `j0`
+/// then `at`, it fetches into L2 its share of the next row block's runs (a row's whole
+/// run at a time), copies the block's rows into the stage (`copy(src, line)`, 64 bytes
+/// each, in the level's width) and calls `block(stage, j0, at)`, which transposes it.
+///
+/// Panics as the walks document.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn staged_blocks(
+    q: &[u8],
+    stride: usize,
+    (rows, bytes): (std::ops::Range<usize>, std::ops::Range<usize>),
+    copy: impl Fn(&[u8], &mut [u8]),
+    mut block: impl FnMut(&Stage, usize, usize),
+) {
+    const B: usize = WALK;
+    assert!(
+        rows.len().is_multiple_of(B)
+            && bytes.len().is_multiple_of(B)
+            && bytes.end <= stride
+            && rows.end.checked_mul(stride).is_some_and(|n| n <= q.len()),
+        "transposed_blocks: rows {rows:?} and bytes {bytes:?} must be whole blocks of \
+         64 inside {} bytes of stride {stride}",
+        q.len()
+    );
+    let mut stage = Stage([0; B * B]);
+    let share = B.div_ceil((bytes.len() / B).max(1));
+    for j0 in rows.clone().step_by(B) {
+        let next = j0 + B;
+        for (b, at) in bytes.clone().step_by(B).enumerate() {
+            if next < rows.end {
+                for j in b * share..((b + 1) * share).min(B) {
+                    let run = &q[(next + j) * stride + bytes.start..][..bytes.len()];
+                    crate::simd::prefetch_l2(run);
+                }
+            }
+            for (j, line) in stage.0.chunks_exact_mut(B).enumerate() {
+                copy(&q[(j0 + j) * stride + at..][..B], line);
+            }
+            block(&stage, j0, at);
+        }
+    }
+}
+
 /// The AVX2 streamed writes: runs from slices, so unlike the AVX-512
 /// [`x86::LineWriter`] they need no re-cutting of vectors. The values up to the run's
 /// first 64-byte line boundary and after its last are written with ordinary stores, the
@@ -704,55 +759,32 @@ pub mod avx2 {
         bytes: std::ops::Range<usize>,
         mut visit: impl FnMut(usize, usize, [[__m256i; 2]; 16]),
     ) {
-        const B: usize = 64;
-        assert!(
-            rows.len().is_multiple_of(B)
-                && bytes.len().is_multiple_of(B)
-                && bytes.end <= stride
-                && rows.end.checked_mul(stride).is_some_and(|n| n <= q.len()),
-            "transposed_blocks: rows {rows:?} and bytes {bytes:?} must be whole blocks of \
-             64 inside {} bytes of stride {stride}",
-            q.len()
-        );
-        #[repr(align(64))]
-        struct Stage([u8; B * B]);
-        let mut stage = Stage([0; B * B]);
-        let share = B.div_ceil((bytes.len() / B).max(1));
-        for j0 in rows.clone().step_by(B) {
-            let next = j0 + B;
-            for (b, at) in bytes.clone().step_by(B).enumerate() {
-                if next < rows.end {
-                    for j in b * share..((b + 1) * share).min(B) {
-                        let run = &q[(next + j) * stride + bytes.start..][..bytes.len()];
-                        crate::simd::prefetch_l2(run);
-                    }
-                }
-                for (j, line) in stage.0.chunks_exact_mut(B).enumerate() {
-                    let src = &q[(j0 + j) * stride + at..][..B];
-                    // SAFETY: `src` and `line` are 64 bytes, `line` on a line (two
-                    // unaligned loads, two aligned stores).
-                    unsafe {
-                        let (lo, hi) = (
-                            _mm256_loadu_si256(src.as_ptr().cast()),
-                            _mm256_loadu_si256(src.as_ptr().add(32).cast()),
-                        );
-                        _mm256_store_si256(line.as_mut_ptr().cast(), lo);
-                        _mm256_store_si256(line.as_mut_ptr().add(32).cast(), hi);
-                    }
-                }
-                for c in (0..B).step_by(16) {
-                    // SAFETY: the stage holds 64 rows of 64 bytes, so columns `c..c + 16`
-                    // of its rows `0..32` and `32..64` lie inside it; the CPU has AVX2.
-                    let (a, b) = unsafe {
-                        (
-                            transpose_32x16!(stage.0.as_ptr().add(c), B),
-                            transpose_32x16!(stage.0.as_ptr().add(32 * B + c), B),
-                        )
-                    };
-                    visit(j0, at + c, sixteen!(|t: usize| [a[t], b[t]]));
-                }
+        let copy = |src: &[u8], line: &mut [u8]| {
+            // SAFETY: `src` and `line` are 64 bytes, `line` on a line (two unaligned
+            // loads, two aligned stores).
+            unsafe {
+                let (lo, hi) = (
+                    _mm256_loadu_si256(src.as_ptr().cast()),
+                    _mm256_loadu_si256(src.as_ptr().add(32).cast()),
+                );
+                _mm256_store_si256(line.as_mut_ptr().cast(), lo);
+                _mm256_store_si256(line.as_mut_ptr().add(32).cast(), hi);
             }
-        }
+        };
+        super::staged_blocks(q, stride, (rows, bytes), copy, |stage, j0, at| {
+            const B: usize = super::WALK;
+            for c in (0..B).step_by(16) {
+                // SAFETY: the stage holds 64 rows of 64 bytes, so columns `c..c + 16` of
+                // its rows `0..32` and `32..64` lie inside it; the CPU has AVX2.
+                let (a, b) = unsafe {
+                    (
+                        transpose_32x16!(stage.0.as_ptr().add(c), B),
+                        transpose_32x16!(stage.0.as_ptr().add(32 * B + c), B),
+                    )
+                };
+                visit(j0, at + c, sixteen!(|t: usize| [a[t], b[t]]));
+            }
+        });
     }
 
     /// The 32 bytes of `v` zero-extended to u32 lanes, 8 per vector in order: the codes
@@ -1137,46 +1169,23 @@ pub mod x86 {
         bytes: std::ops::Range<usize>,
         mut visit: impl FnMut(usize, usize, [__m512i; 16]),
     ) {
-        const B: usize = 64;
-        assert!(
-            rows.len().is_multiple_of(B)
-                && bytes.len().is_multiple_of(B)
-                && bytes.end <= stride
-                && rows.end.checked_mul(stride).is_some_and(|n| n <= q.len()),
-            "transposed_blocks: rows {rows:?} and bytes {bytes:?} must be whole blocks of \
-             64 inside {} bytes of stride {stride}",
-            q.len()
-        );
-        #[repr(align(64))]
-        struct Stage([u8; B * B]);
-        let mut stage = Stage([0; B * B]);
-        let share = B.div_ceil((bytes.len() / B).max(1));
-        for j0 in rows.clone().step_by(B) {
-            let next = j0 + B;
-            for (b, at) in bytes.clone().step_by(B).enumerate() {
-                if next < rows.end {
-                    for j in b * share..((b + 1) * share).min(B) {
-                        let run = &q[(next + j) * stride + bytes.start..][..bytes.len()];
-                        crate::simd::prefetch_l2(run);
-                    }
-                }
-                for (j, line) in stage.0.chunks_exact_mut(B).enumerate() {
-                    let src = &q[(j0 + j) * stride + at..][..B];
-                    // SAFETY: `src` and `line` are 64 bytes, `line` on a line (an
-                    // unaligned load, an aligned store).
-                    unsafe {
-                        let v = _mm512_loadu_si512(src.as_ptr().cast());
-                        _mm512_store_si512(line.as_mut_ptr().cast(), v)
-                    }
-                }
-                for c in (0..B).step_by(16) {
-                    // SAFETY: the stage holds 64 rows of 64 bytes, so columns `c..c + 16`
-                    // of its rows `0..64` lie inside it; the CPU has AVX-512 F and BW.
-                    let v = unsafe { transpose_64x16!(stage.0.as_ptr().add(c), B) };
-                    visit(j0, at + c, v);
-                }
+        let copy = |src: &[u8], line: &mut [u8]| {
+            // SAFETY: `src` and `line` are 64 bytes, `line` on a line (an unaligned
+            // load, an aligned store).
+            unsafe {
+                let v = _mm512_loadu_si512(src.as_ptr().cast());
+                _mm512_store_si512(line.as_mut_ptr().cast(), v)
             }
-        }
+        };
+        super::staged_blocks(q, stride, (rows, bytes), copy, |stage, j0, at| {
+            const B: usize = super::WALK;
+            for c in (0..B).step_by(16) {
+                // SAFETY: the stage holds 64 rows of 64 bytes, so columns `c..c + 16` of
+                // its rows `0..64` lie inside it; the CPU has AVX-512 F and BW.
+                let v = unsafe { transpose_64x16!(stage.0.as_ptr().add(c), B) };
+                visit(j0, at + c, v);
+            }
+        });
     }
 
     /// The 64 bytes of `v` zero-extended to u32 lanes, 16 per vector in order: the codes
