@@ -34,6 +34,7 @@ use crate::kernels::Folded;
 use crate::scale::Fp8Dtype;
 use crate::transpose::SLAB;
 use crate::transposed_x86::{MAX_ROWS, Walk};
+use crate::x86::dtype;
 
 /// Output columns per visit: a 64-row block of [`transposed_blocks`].
 const BLOCK: usize = 64;
@@ -184,10 +185,4 @@ fn into_f16<const E5M2: bool>(
     let lines = |v, _| f16_line(v);
     // SAFETY: as for f32; two pieces are 32 f16.
     unsafe { walk(w, dtype::<E5M2>(), scale_inv, out, lines) }
-}
-
-/// The element type a loop's constant names.
-#[inline(always)]
-fn dtype<const E5M2: bool>() -> Fp8Dtype {
-    if E5M2 { Fp8Dtype::E5M2 } else { Fp8Dtype::E4M3 }
 }

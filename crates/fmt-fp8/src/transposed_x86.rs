@@ -178,7 +178,7 @@ unsafe fn walk<O: Copy, const LINES: usize>(
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn decode64<const E5M2: bool>(c: __m512i, s: &[__m512; 4]) -> [__m512; 4] {
-    let dt = if E5M2 { Fp8Dtype::E5M2 } else { Fp8Dtype::E4M3 };
+    let dt = crate::x86::dtype::<E5M2>();
     let c = widen_u8x64(c);
     let one = |l: usize| crate::x86::decode16(dt, c[l], s[l]);
     [one(0), one(1), one(2), one(3)]

@@ -176,6 +176,13 @@ output_loops!(
     write_f16_steps
 );
 
+/// The element type a loop's constant names (`E5M2`: the kernels' variants are const
+/// generic so that none tests it per step).
+#[inline(always)]
+pub(crate) fn dtype<const E5M2: bool>() -> Fp8Dtype {
+    if E5M2 { Fp8Dtype::E5M2 } else { Fp8Dtype::E4M3 }
+}
+
 /// The element type (E5M2 or E4M3) and the scales (`each`, or `one` for the run) as
 /// [`decode_run`] takes them.
 #[inline(always)]
@@ -183,9 +190,8 @@ pub(crate) fn variant<'a, const E5M2: bool, const EACH: bool>(
     one: f32,
     each: &'a [f32],
 ) -> (Fp8Dtype, Scales<'a>) {
-    let dt = if E5M2 { Fp8Dtype::E5M2 } else { Fp8Dtype::E4M3 };
     (
-        dt,
+        dtype::<E5M2>(),
         if EACH {
             Scales::Each(each)
         } else {

@@ -21,7 +21,6 @@
 use std::arch::x86_64::{__m256, __m256i, _mm256_castps_si256, _mm256_mul_ps, _mm256_srli_epi32};
 
 use quant_core::Element;
-use quant_core::codec::e2m1;
 use quant_core::dtype::FloatsMut;
 use quant_core::stream::avx2::{
     bf16_line, f16_line, load_f32x32, stream_lines, transposed_blocks, widen_u8x32,
@@ -29,7 +28,7 @@ use quant_core::stream::avx2::{
 
 use crate::scale::BLOCK;
 use crate::transposed_x86::{MAX_ROWS, Walk};
-use crate::x86_avx2::e2m1_8;
+use crate::x86_avx2::{decode_table, e2m1_8};
 
 /// Output columns per visit: a 64-row block of [`transposed_blocks`] (the factor
 /// closure's width at both levels).
@@ -58,8 +57,9 @@ pub(crate) fn into<T: Element>(
 }
 
 /// The 32 codes in the low (or `high`) nibbles of `c`'s bytes, decoded by [`e2m1_8`]
-/// from `table` (the positive half of [`e2m1::DECODE`]) and times the factors `s` of
-/// their columns: the portable `s * e2m1(code)`, exactly.
+/// from `table` (the positive half of [`quant_core::codec::e2m1::DECODE`],
+/// [`decode_table`]) and times the factors `s` of their columns: the portable
+/// `s * e2m1(code)`, exactly.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn decode32(c: __m256i, high: bool, s: &[__m256; 4], table: __m256) -> [__m256; 4] {
@@ -97,8 +97,7 @@ unsafe fn walk<O: Copy, const N: usize>(
     debug_assert_eq!(N * 32, HALF * size_of::<O>());
     let Walk { data, m, p0, k, .. } = *w;
     let rows = out.len() / k;
-    // SAFETY: `DECODE` is 16 f32; its first 8 are one unaligned 256-bit load.
-    let table = unsafe { std::arch::x86_64::_mm256_loadu_ps(e2m1::DECODE.as_ptr()) };
+    let table = decode_table();
     let mut f = [0f32; COLS * MAX_ROWS / BLOCK];
     let f = &mut f[..rows / BLOCK * COLS];
     let mut finite = false;

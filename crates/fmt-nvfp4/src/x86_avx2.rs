@@ -259,7 +259,7 @@ fn nibbles8(codes: &[u8], nibble: Nibble, f: &[f32], c: usize, table: __m256) ->
 /// The positive half of [`e2m1::DECODE`] in a register, for [`e2m1_8`].
 #[inline]
 #[target_feature(enable = "avx2")]
-fn decode_table() -> __m256 {
+pub(crate) fn decode_table() -> __m256 {
     // SAFETY: `DECODE` is 16 f32; its first 8 are one unaligned 256-bit load.
     unsafe { _mm256_loadu_ps(e2m1::DECODE.as_ptr()) }
 }
