@@ -14,9 +14,13 @@ of the model's buffers (`native_*` there). The producers' own dequantization is 
 too: within 4 ulps for NVFP4 (the roundings of the per-block factor differ,
 `docs/interop.md`), exact for the others.
 
-Not covered: all-zero weights (the producers divide by the zero amax: their files hold
-NaN scales, which quantfmt refuses with an error) and the writers (`--to modelopt`
-etc.), whose round trip `interop_roundtrip.rs` checks.
+Some weights are all zero. The producers divide by the zero amax: the FP8 files then hold
+a `+0` scale and NaN codes, which quantfmt reads as they are (`docs/interop.md`), and the
+NVFP4 files hold NaN block scales, which quantfmt refuses. A file holding such a weight
+must be refused with an error naming it, and one without must convert.
+
+Not covered: the writers (`--to modelopt` etc.), whose round trip
+`interop_roundtrip.rs` checks.
 
 Needs numpy, ml_dtypes and safetensors (`pip install -r tests/golden/requirements.txt`)
 and builds the release CLI. Exit status 1 on any mismatch or refusal.
@@ -83,7 +87,9 @@ LAYOUTS = {
 
 def weights(rng, shape):
     """bf16 weights (as f32): Student-t values of a random magnitude, outlier columns,
-    sometimes zero blocks; never all zero."""
+    sometimes zero blocks; one in 25 all zero."""
+    if rng.random() < 0.04:
+        return np.zeros(shape, F32)
     std = F32(10.0 ** rng.uniform(-36, 30))
     zero = None
     if rng.random() < 0.4:
@@ -142,6 +148,17 @@ def make(layout, name, x):
     return {name: q.view(E4M3), name + "_scale": byte}, IO.native_mxfp8(q, byte), deq, deq
 
 
+def nan_scale(tensors):
+    """The first tensor of a producer's file whose scales hold a NaN (a producer's
+    division by an all-zero weight's amax), or None."""
+    for key, v in tensors.items():
+        if v.dtype == E4M3 and "scale" in key and np.isnan(v.astype(F32)).any():
+            return key
+        if v.dtype == F32 and np.isnan(v).any():
+            return key
+    return None
+
+
 NAMES = ["model.layers.{i}.mlp.up_proj.weight", "model.layers.{i}.mlp.down_proj.weight",
          "model.layers.{i}.self_attn.q_proj.weight", "model.layers.{i}.self_attn.o_proj.weight"]
 
@@ -153,21 +170,36 @@ def ulps(a, b):
     return np.abs(ia - ib)
 
 
+ZEROS = {"weights": 0, "refused files": 0}
+
+
 def check_file(exe, layout, rng, seed, tmp, per_file):
     config, (rm, cm) = LAYOUTS[layout]
-    tensors, expect = {}, {}
+    tensors, expect, refused = {}, {}, []
     for w in range(per_file):
         name = NAMES[w % len(NAMES)].format(i=w // len(NAMES))
         shape = (rm * int(rng.integers(1, max(2, 400 // rm))),
                  cm * int(rng.integers(1, max(2, 700 // cm))))
         x = weights(rng, shape)
+        ZEROS["weights"] += not x.any()
         t, bufs, native, deq = make(layout, name, x)
         tensors.update(t)
+        if nan_scale(t):
+            refused.append(name)
         expect[name] = (shape, bufs, native, deq)
     src, dst = os.path.join(tmp, "in.safetensors"), os.path.join(tmp, "native.safetensors")
     CC.save(src, tensors, {"quantization_config": json.dumps(config), "format": "pt"})
     rc, err = CC.run([exe, "convert", "--to", "native", "-o", dst, src])
     where = f"seed {seed} {layout}"
+    if refused:
+        # quantfmt checks the weights in the file's order, so the error names one of
+        # those with a NaN scale; either way the file as a whole must be refused.
+        if rc == 0:
+            return 0, [f"{where}: converted, but {refused} hold NaN scales"]
+        if not any(name in err for name in refused):
+            return 0, [f"{where}: refused without naming one of {refused}: {err}"]
+        ZEROS["refused files"] += 1
+        return len(refused), []
     if rc != 0:
         return 0, [f"{where}: convert refused: {err}"]
     got = CC.load(dst)
@@ -237,7 +269,9 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
     for f in failures:
         print("MISMATCH " + f)
-    print(f"{total} weights in {len(seeds)} files: {len(failures)} mismatches")
+    print(f"{total} weights in {len(seeds)} files ({ZEROS['weights']} all zero, "
+          f"{ZEROS['refused files']} files refused as they should be): "
+          f"{len(failures)} mismatches")
     sys.exit(1 if failures else 0)
 
 
