@@ -1429,13 +1429,7 @@ pub mod x86 {
                 // SAFETY: as above, and `p + at` is 64-byte aligned (`dst` starts on a
                 // line and `at` is a multiple of 64).
                 Cut::Aligned => unsafe { _mm512_stream_si512(p.add(at).cast(), v) },
-                Cut::Recut if at == 0 => {
-                    // The head: this vector's first `lead` bytes end the line before the
-                    // span's first boundary. Plain byte stores: an AVX-512 masked store
-                    // to a line not in cache cost more than the streaming saved (Zen 4).
-                    let lead = self.lead;
-                    crate::simd::copy_short(&mut self.dst[..lead], &bytes(v)[..lead]);
-                }
+                Cut::Recut if at == 0 => self.head(v),
                 Cut::Recut => {
                     let line = _mm512_permutex2var_epi16(self.prev, self.index, v);
                     // SAFETY: the line is bytes `lead + at - 64 .. lead + at` of `dst`,
@@ -1446,6 +1440,19 @@ pub mod x86 {
             }
             self.prev = v;
             self.at = at + 64;
+        }
+
+        /// [`LineWriter::push`] of a recut span's first vector: its first `lead` bytes
+        /// end the line before the span's first boundary. Plain byte stores: an AVX-512
+        /// masked store to a line not in cache cost more than the streaming saved (Zen
+        /// 4). Out of line, once per span, so that `push` stays small enough to inline
+        /// into the decode loops (where it was a call, every vector register was
+        /// caller-saved around it).
+        #[cold]
+        #[inline(never)]
+        fn head(&mut self, v: __m512i) {
+            let lead = self.lead;
+            crate::simd::copy_short(&mut self.dst[..lead], &bytes(v)[..lead]);
         }
     }
 
