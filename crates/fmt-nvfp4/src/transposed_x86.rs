@@ -272,8 +272,25 @@ mod tests {
     /// The factor of 16-row group `g` (of the whole tensor) at column `j`: the product's
     /// corners (zero, subnormal, overflow, infinity, NaN) among ordinary ones, but every
     /// factor finite in the second 64-column block of four (where the AVX2 route's bf16
-    /// narrows without the NaN select).
+    /// narrows without the NaN select), and inside the AVX2 route's 16-bit decode
+    /// bounds in the third.
     fn factor(g: usize, j: usize) -> f32 {
+        if j / 64 % 4 == 2 {
+            // Every factor of the block inside the AVX2 route's 16-bit decode bounds,
+            // with their edges: bf16's in even groups, f16's (and bf16's) in odd ones.
+            let p = |e: i32| 2f32.powi(e);
+            let (lo, top, half_ulp, last) = if g.is_multiple_of(2) {
+                (-124, 124, p(-9), 1.32)
+            } else {
+                (-12, 13, p(-12), 1.333)
+            };
+            return match (g * 7 + j) % 6 {
+                0 => p(lo) * (1.0 - half_ulp),
+                1 => p(lo),
+                2 => p(top) * last,
+                _ => p(lo + 1 + (j as i32 * 5) % (top - lo - 1)) * (1.0 + j as f32 / 211.0),
+            };
+        }
         if j / 64 % 4 == 1 {
             return match (g * 7 + j) % 5 {
                 0 => 0.0,
