@@ -196,8 +196,9 @@ def check_file(exe, layout, rng, seed, tmp, per_file):
         # those with a NaN scale; either way the file as a whole must be refused.
         if rc == 0:
             return 0, [f"{where}: converted, but {refused} hold NaN scales"]
-        if not any(name in err for name in refused):
-            return 0, [f"{where}: refused without naming one of {refused}: {err}"]
+        if not any(name in err for name in refused) or "amax is 0" not in err:
+            return 0, [f"{where}: refused without naming one of {refused} "
+                          f"and the zero amax: {err}"]
         ZEROS["refused files"] += 1
         return len(refused), []
     if rc != 0:

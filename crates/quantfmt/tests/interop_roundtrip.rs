@@ -306,3 +306,74 @@ fn input_scales_follow_each_convention() {
         ds.notes
     );
 }
+
+/// Imports the one unit of `tensors` (weight `name`), its error as text.
+fn import(tensors: &BTreeMap<String, RawTensor>, name: &str) -> Result<AnyStorage, String> {
+    let descs: Vec<TensorDesc> = tensors
+        .iter()
+        .map(|(n, t)| TensorDesc::new(n, t.dtype, &t.shape))
+        .collect();
+    let plan = plan_checkpoint(
+        &descs,
+        &FileMeta::default(),
+        &Sidecar::new(),
+        &CheckpointConfig::default(),
+    )
+    .map_err(|e| e.to_string())?;
+    let unit = plan
+        .items
+        .iter()
+        .find_map(|i| match i {
+            Item::Unit(u) if u.name == name => Some(u),
+            _ => None,
+        })
+        .expect("the weight's unit");
+    let mut fetch = |n: &str| Ok(tensors.get(n).cloned().expect(n));
+    read_unit(unit, &mut fetch, None)
+        .map(|imp| imp.storage)
+        .map_err(|e| e.to_string())
+}
+
+/// An all-zero NVFP4 weight as its producers write it, dividing by its zero amax:
+/// ModelOpt's `weight_scale_2 = 0` and compressed-tensors' `weight_global_scale = inf`
+/// over NaN block scales. The import refuses it naming the scales and the scalar and
+/// saying why; NaN block scales under an ordinary scalar get the generic refusal.
+#[test]
+fn all_zero_nvfp4_weights_are_refused_with_the_reason() {
+    let s = quantize("nvfp4", Usage::ROWWISE, &[32, 64], true);
+    let cases = [
+        (Layout::ModelOpt, "w.weight_scale_2", 0.0f32),
+        (
+            Layout::CompressedTensors,
+            "w.weight_global_scale",
+            f32::INFINITY,
+        ),
+    ];
+    for (layout, scalar_name, zero_amax) in cases {
+        let ex = interop::export(layout, "w.weight", &s, &Extras::default()).unwrap();
+        let exported: BTreeMap<String, RawTensor> = ex.tensors.into_iter().collect();
+        assert!(import(&exported, "w.weight").is_ok(), "{layout:?}");
+        for scalar in [zero_amax, 1.0] {
+            let mut t = exported.clone();
+            t.get_mut(scalar_name).expect(scalar_name).data =
+                quant_core::HostBytes::copy_from(&scalar.to_le_bytes());
+            let scales = t.get_mut("w.weight_scale").expect("w.weight_scale");
+            scales.data = quant_core::HostBytes::copy_from(&vec![0x7F; scales.data.len()]);
+            let e = import(&t, "w.weight").unwrap_err();
+            if scalar == zero_amax {
+                assert!(
+                    e.contains("w.weight_scale")
+                        && e.contains(scalar_name)
+                        && e.contains("amax is 0"),
+                    "{layout:?}: {e}"
+                );
+            } else {
+                // The caller (`quantfmt convert`) adds the weight's name to this one.
+                assert!(
+                    e.contains("not NaN") && !e.contains("amax is 0"),
+                    "{layout:?}: {e}"
+                );
+            }
+        }
+    }
+}

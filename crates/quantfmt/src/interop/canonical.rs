@@ -627,6 +627,33 @@ pub(crate) fn scales_from_raw(
     })
 }
 
+/// Refuses an NVFP4 weight whose producer divided by a zero amax: block scales
+/// (`scales`, E4M3 bytes) holding NaN under a tensor scalar (`scalar`, named
+/// `scalar_name`) that says the amax was 0 (`degenerate`: ModelOpt's `weight_scale_2 =
+/// 0`, compressed-tensors' `weight_global_scale = inf`). Such a file has no NVFP4
+/// encoding of the weight to convert (`0 / 0` in every block), and the error says why,
+/// naming both tensors, where the generic check would only report a NaN block scale.
+pub(crate) fn refuse_zero_amax_nan_scales(
+    scales: &quant_core::io::RawTensor,
+    scales_name: &str,
+    (scalar, scalar_name): (f32, &str),
+    degenerate: bool,
+) -> Result<()> {
+    let nan = scales.data.as_slice().iter().any(|&b| b & 0x7F == 0x7F);
+    if degenerate && nan {
+        return Err(Error::buffer(
+            scales_name,
+            format!(
+                "holds NaN block scales, and `{scalar_name}` = {scalar} says the weight's \
+                 amax is 0: an all-zero weight whose producer divided by its amax, which \
+                 has no NVFP4 encoding to convert (re-export it unquantized, or quantize \
+                 it with `quantfmt quantize`)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// One f32 read from a scalar (`[]` or `[1]`) tensor.
 pub(crate) fn scalar_f32(raw: &quant_core::io::RawTensor, what: &str) -> Result<f32> {
     if raw.dtype != safetensors::Dtype::F32 || raw.data.len() != 4 {

@@ -31,7 +31,7 @@ use safetensors::Dtype;
 use super::canonical::{
     Canonical, Scales, Scheme, StoredScalar, amax_from_global_scale, block_scale_shape,
     codes_from_raw, expect_dtype, expect_shape, global_scale_from_amax, last_div, raw, raw_f32,
-    scalar_f32, scales_from_raw,
+    refuse_zero_amax_nan_scales, scalar_f32, scales_from_raw,
 };
 use super::detect::{Unit, UnitKind};
 use super::{Extras, LayoutTensors, module_prefix};
@@ -210,6 +210,7 @@ pub fn import(
                 .get(2)
                 .ok_or_else(|| Error::invalid("unit", &unit.name, "has no global scale"))?;
             let g = scalar_f32(&fetch(gname)?, gname)?;
+            refuse_zero_amax_nan_scales(&s, &names[1], (g, gname), g == f32::INFINITY)?;
             let all_zero = s.data.as_slice().iter().all(|&b| b == 0);
             let (amax, exact) = amax_from_global_scale(g, 448, all_zero);
             if !exact {

@@ -25,7 +25,8 @@ use safetensors::Dtype;
 
 use super::canonical::{
     Canonical, Scales, Scheme, StoredScalar, amax_from_scale_2, codes_from_raw, expect_dtype,
-    expect_shape, last_div, raw, raw_f32, scalar_f32, scale_2_from_amax, scales_from_raw,
+    expect_shape, last_div, raw, raw_f32, refuse_zero_amax_nan_scales, scalar_f32,
+    scale_2_from_amax, scales_from_raw,
 };
 use super::detect::{Unit, UnitKind};
 use super::{Extras, Layout, LayoutTensors, module_prefix, unsupported_scheme};
@@ -157,6 +158,8 @@ pub fn import(
             expect_shape(&s, &sname, &last_div(&shape, 16))?;
             let s2raw = fetch_checked(fetch, unit, 2)?;
             let s2 = scalar_f32(&s2raw, &unit.members[2].name)?;
+            let s2name = &unit.members[2].name;
+            refuse_zero_amax_nan_scales(&s, &sname, (s2, s2name), s2 == 0.0)?;
             let (amax, exact) = amax_from_scale_2(s2, 448);
             if !exact {
                 notes.push(format!(
