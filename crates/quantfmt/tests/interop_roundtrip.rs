@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use quant_core::io::{FileMeta, RawTensor};
 use quantfmt::interop::config::CheckpointConfig;
 use quantfmt::interop::{
-    self, Extras, Item, Layout, Scheme, Sidecar, TensorDesc, plan_checkpoint, read_unit,
+    self, Extras, Imported, Item, Layout, Scheme, Sidecar, TensorDesc, plan_checkpoint, read_unit,
 };
 use quantfmt::{AnyStorage, FormatSpec, HostTensor, Storage, Usage};
 
@@ -62,34 +62,11 @@ fn round_trip(layout: Layout, name: &str, s: &AnyStorage, use_sidecar: bool) -> 
         );
     }
     let tensors: BTreeMap<String, RawTensor> = ex.tensors.into_iter().collect();
-    let descs: Vec<TensorDesc> = tensors
-        .iter()
-        .map(|(n, t)| TensorDesc::new(n, t.dtype, &t.shape))
-        .collect();
     let mut sidecar = Sidecar::new();
     if use_sidecar {
         sidecar.tensors.insert(name.to_string(), ex.sidecar);
     }
-    let plan = plan_checkpoint(
-        &descs,
-        &FileMeta::default(),
-        &sidecar,
-        &CheckpointConfig::default(),
-    )
-    .unwrap();
-    let units: Vec<_> = plan
-        .items
-        .iter()
-        .filter_map(|i| match i {
-            Item::Unit(u) => Some(u),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(units.len(), 1, "{:?}", plan.items);
-    let u = units[0];
-    assert_eq!(u.name, name);
-    let mut fetch = |n: &str| Ok(tensors.get(n).cloned().expect(n));
-    let imp = read_unit(u, &mut fetch, u.sidecar.as_ref()).unwrap();
+    let imp = import(&tensors, name, &sidecar).unwrap();
     Back {
         storage: imp.storage,
         export_notes: ex.notes,
@@ -307,8 +284,13 @@ fn input_scales_follow_each_convention() {
     );
 }
 
-/// Imports the one unit of `tensors` (weight `name`), its error as text.
-fn import(tensors: &BTreeMap<String, RawTensor>, name: &str) -> Result<AnyStorage, String> {
+/// Plans `tensors` (with `sidecar`) as a checkpoint, which must hold one unit, weight
+/// `name`, and reads it; the reading's error as text.
+fn import(
+    tensors: &BTreeMap<String, RawTensor>,
+    name: &str,
+    sidecar: &Sidecar,
+) -> Result<Imported, String> {
     let descs: Vec<TensorDesc> = tensors
         .iter()
         .map(|(n, t)| TensorDesc::new(n, t.dtype, &t.shape))
@@ -316,22 +298,23 @@ fn import(tensors: &BTreeMap<String, RawTensor>, name: &str) -> Result<AnyStorag
     let plan = plan_checkpoint(
         &descs,
         &FileMeta::default(),
-        &Sidecar::new(),
+        sidecar,
         &CheckpointConfig::default(),
     )
-    .map_err(|e| e.to_string())?;
-    let unit = plan
+    .unwrap();
+    let units: Vec<_> = plan
         .items
         .iter()
-        .find_map(|i| match i {
-            Item::Unit(u) if u.name == name => Some(u),
+        .filter_map(|i| match i {
+            Item::Unit(u) => Some(u),
             _ => None,
         })
-        .expect("the weight's unit");
+        .collect();
+    assert_eq!(units.len(), 1, "{:?}", plan.items);
+    let u = units[0];
+    assert_eq!(u.name, name);
     let mut fetch = |n: &str| Ok(tensors.get(n).cloned().expect(n));
-    read_unit(unit, &mut fetch, None)
-        .map(|imp| imp.storage)
-        .map_err(|e| e.to_string())
+    read_unit(u, &mut fetch, u.sidecar.as_ref()).map_err(|e| e.to_string())
 }
 
 /// An all-zero NVFP4 weight as its producers write it, dividing by its zero amax:
@@ -352,14 +335,17 @@ fn all_zero_nvfp4_weights_are_refused_with_the_reason() {
     for (layout, scalar_name, zero_amax) in cases {
         let ex = interop::export(layout, "w.weight", &s, &Extras::default()).unwrap();
         let exported: BTreeMap<String, RawTensor> = ex.tensors.into_iter().collect();
-        assert!(import(&exported, "w.weight").is_ok(), "{layout:?}");
+        let none = Sidecar::new();
+        assert!(import(&exported, "w.weight", &none).is_ok(), "{layout:?}");
         for scalar in [zero_amax, 1.0] {
             let mut t = exported.clone();
             t.get_mut(scalar_name).expect(scalar_name).data =
                 quant_core::HostBytes::copy_from(&scalar.to_le_bytes());
             let scales = t.get_mut("w.weight_scale").expect("w.weight_scale");
             scales.data = quant_core::HostBytes::copy_from(&vec![0x7F; scales.data.len()]);
-            let e = import(&t, "w.weight").unwrap_err();
+            let Err(e) = import(&t, "w.weight", &none) else {
+                panic!("{layout:?}: converted")
+            };
             if scalar == zero_amax {
                 assert!(
                     e.contains("w.weight_scale")
