@@ -256,7 +256,8 @@ unsafe fn walk<O: Copy, const N: usize>(
     let Walk { data, m, p0, k, .. } = *w;
     let rows = out.len() / k;
     let table = decode_table();
-    let t16 = Tables16::new(half.unwrap_or(Half16::Bf16));
+    // The 16-bit decode's tables, for 16-bit output only.
+    let t16 = half.map(|kind| (kind, Tables16::new(kind)));
     let mut f = [0f32; COLS * MAX_ROWS / BLOCK];
     let f = &mut f[..rows / BLOCK * COLS];
     let mut finite = false;
@@ -274,8 +275,10 @@ unsafe fn walk<O: Copy, const N: usize>(
             let g = &f[(r0 / BLOCK + group) * COLS..][..COLS];
             let s = [load_f32x32(g), load_f32x32(&g[HALF..])];
             // 16-bit output in 16-bit lanes where the group's bases allow it.
-            let fast = match half {
-                Some(kind) if finite => bases(kind, &s[0]).zip(bases(kind, &s[1])),
+            let fast = match &t16 {
+                Some((kind, t)) if finite => {
+                    bases(*kind, &s[0]).zip(bases(*kind, &s[1])).map(|b| (b, t))
+                }
                 _ => None,
             };
             let r = r0 + BLOCK * group;
@@ -287,9 +290,9 @@ unsafe fn walk<O: Copy, const N: usize>(
                         // line (`out` starts `cols.start` values before one, `j0 -
                         // cols.start` is a multiple of 64 values, and rows are whole
                         // lines: contract).
-                        if let Some(b) = fast {
-                            let b = if h == 0 { &b.0 } else { &b.1 };
-                            let v = decode16(codes, high, b, &t16);
+                        if let Some(((b0, b1), t)) = fast {
+                            let b = if h == 0 { &b0 } else { &b1 };
+                            let v = decode16(codes, high, b, t);
                             // SAFETY: as said above; with `half`, `O` is 16 bits, so two
                             // pieces are its 32 values.
                             unsafe { stream_lines(dst.add(HALF * h).cast(), v) }
