@@ -17,7 +17,8 @@ too: within 4 ulps for NVFP4 (the roundings of the per-block factor differ,
 Some weights are all zero. The producers divide by the zero amax: the FP8 files then hold
 a `+0` scale and NaN codes, which quantfmt reads as they are (`docs/interop.md`), and the
 NVFP4 files hold NaN block scales, which quantfmt refuses. A file holding such a weight
-must be refused with an error naming it, and one without must convert.
+must be refused with an error naming it and saying its amax is 0, and one without must
+convert.
 
 Not covered: the writers (`--to modelopt` etc.), whose round trip
 `interop_roundtrip.rs` checks.
