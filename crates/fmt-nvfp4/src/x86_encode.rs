@@ -11,18 +11,28 @@
 //!
 //! Each lane's code comes from two 32-entry tables on the bucket `|x| >> 21` (see
 //! [`codes`]), filled from the scalar [`quant_core::codec::e2m1::encode`] when a run starts.
+//!
+//! Rounding to nearest with VBMI, and the columnwise pairs, take a shorter route
+//! ([`codes16`]): each f32 lane becomes a 12-bit key (sign, bucket, and whether the
+//! value lies inside its bucket), two vectors' keys share one vector of 16-bit lanes,
+//! and one 64-entry `vpermt2w` gives 32 codes where [`codes`] takes two `vpermt2d` for
+//! 16. In the NVFP4 quantize from bf16 and f16 that was x1.09 rowwise and columnwise
+//! (fifty-seventh session of issue 8); from f32, which is closer to its memory bound,
+//! no change.
 
 use std::arch::x86_64::{
     __m128i, __m256i, __m512, __m512i, _mm_loadu_si128, _mm_storel_epi64, _mm_storeu_si128,
-    _mm256_loadu_si256, _mm256_storeu_si256, _mm512_and_si512, _mm512_castps_si512,
-    _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmple_epu32_mask, _mm512_cvtepi32_epi8,
-    _mm512_cvtepi32_ps, _mm512_cvtepi64_epi8, _mm512_cvtepu8_epi32, _mm512_cvtph_ps,
-    _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_loadu_si512, _mm512_mask_blend_epi8,
-    _mm512_mask_blend_epi32, _mm512_mask_ternarylogic_epi32, _mm512_max_epu32, _mm512_min_epu32,
-    _mm512_mul_ps, _mm512_or_si512, _mm512_permutex2var_epi8, _mm512_permutex2var_epi32,
-    _mm512_permutexvar_epi32, _mm512_set1_epi32, _mm512_set1_ps, _mm512_slli_epi32,
-    _mm512_srli_epi32, _mm512_srli_epi64, _mm512_srlv_epi32, _mm512_sub_epi32,
-    _mm512_test_epi32_mask,
+    _mm256_loadu_si256, _mm256_storeu_si256, _mm512_add_epi32, _mm512_and_si512,
+    _mm512_castps_si512, _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmple_epu16_mask,
+    _mm512_cmple_epu32_mask, _mm512_cvtepi32_epi8, _mm512_cvtepi32_ps, _mm512_cvtepi64_epi8,
+    _mm512_cvtepu8_epi32, _mm512_cvtph_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_loadu_si512,
+    _mm512_mask_blend_epi8, _mm512_mask_blend_epi32, _mm512_mask_ternarylogic_epi32,
+    _mm512_maskz_srli_epi16, _mm512_max_epu16, _mm512_max_epu32, _mm512_min_epu16,
+    _mm512_min_epu32, _mm512_mul_ps, _mm512_or_si512, _mm512_packus_epi32,
+    _mm512_permutex2var_epi8, _mm512_permutex2var_epi16, _mm512_permutex2var_epi32,
+    _mm512_permutexvar_epi32, _mm512_set1_epi16, _mm512_set1_epi32, _mm512_set1_ps,
+    _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srli_epi64, _mm512_srlv_epi32, _mm512_sub_epi32,
+    _mm512_ternarylogic_epi32, _mm512_test_epi32_mask,
 };
 
 use quant_core::simd::Level;
@@ -190,14 +200,7 @@ fn load16(w: &[f32], c: usize) -> __m512 {
 /// [`encode_pairs_rn`] of f32 rows after its checks.
 #[target_feature(enable = "avx512f,avx512bw")]
 fn pairs_f32(a: &[f32], b: &[f32], enc: &[f32], out: &mut [u8]) {
-    let k = Consts::new();
-    pairs_with(
-        |c| load16(a, c),
-        |c| load16(b, c),
-        |_, _, v| codes(v, &k),
-        enc,
-        out,
-    )
+    pairs_rn_with(|c| load16(a, c), |c| load16(b, c), enc, out)
 }
 
 /// [`encode_pairs_sr`] of f32 rows after its checks.
@@ -247,11 +250,9 @@ fn pairs_sr_with(
 /// checks.
 #[target_feature(enable = "avx512f,avx512bw")]
 fn pairs_bf16(a: &[u16], b: &[u16], enc: &[f32], out: &mut [u8]) {
-    let k = Consts::new();
-    pairs_with(
+    pairs_rn_with(
         |c| widen_bf16(&a[c..c + 16]),
         |c| widen_bf16(&b[c..c + 16]),
-        |_, _, v| codes(v, &k),
         enc,
         out,
     )
@@ -261,11 +262,9 @@ fn pairs_bf16(a: &[u16], b: &[u16], enc: &[f32], out: &mut [u8]) {
 /// checks.
 #[target_feature(enable = "avx512f,avx512bw")]
 fn pairs_f16(a: &[u16], b: &[u16], enc: &[f32], out: &mut [u8]) {
-    let k = Consts::new();
-    pairs_with(
+    pairs_rn_with(
         |c| widen_f16(&a[c..c + 16]),
         |c| widen_f16(&b[c..c + 16]),
-        |_, _, v| codes(v, &k),
         enc,
         out,
     )
@@ -324,6 +323,32 @@ fn pairs_with(
     }
 }
 
+/// [`encode_pairs_rn`] after its checks, `lo(c)` and `hi(c)` as for [`pairs_with`]:
+/// each column's two [`key`]s share a u32 lane (`lo`'s in the low half), so that one
+/// [`codes_of_keys`] gives both codes side by side and a shift, an or and a `vpmovdb`
+/// make the 16 bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn pairs_rn_with(
+    lo: impl Fn(usize) -> __m512,
+    hi: impl Fn(usize) -> __m512,
+    enc: &[f32],
+    out: &mut [u8],
+) {
+    let k = Consts::new();
+    for c in (0..enc.len()).step_by(BLOCK) {
+        // SAFETY: `c + 16 <= enc.len()` (a multiple of 16); one unaligned 512-bit load.
+        let e = unsafe { _mm512_loadu_ps(enc.as_ptr().add(c)) };
+        let a = key(_mm512_mul_ps(lo(c), e), &k);
+        let b = key(_mm512_mul_ps(hi(c), e), &k);
+        let codes = codes_of_keys(_mm512_or_si512(a, _mm512_slli_epi32::<16>(b)), &k);
+        let bytes = _mm512_cvtepi32_epi8(pair_bytes16(codes));
+        let o = &mut out[c..c + BLOCK];
+        // SAFETY: `o` is 16 bytes (one unaligned 128-bit store).
+        unsafe { _mm_storeu_si128(o.as_mut_ptr().cast::<__m128i>(), bytes) };
+    }
+}
+
 /// Whether this CPU runs these encoders: the project's AVX-512 level (F, BW and the
 /// rest, detected once). The rowwise block loop gathers four blocks' bytes with VBMI
 /// where the CPU has it ([`vbmi`]), else stores each block's eight bytes ([`bw`]).
@@ -336,7 +361,7 @@ pub(crate) fn supported() -> bool {
 /// `$store4` writes four blocks' pair bytes, and every function carries its target
 /// features so that it inlines.
 macro_rules! encoder {
-    ($(#[$doc:meta])* $module:ident, $features:literal, $store4:ident) => {
+    ($(#[$doc:meta])* $module:ident, $features:literal, $store4:ident, $rn4:ident) => {
         $(#[$doc])*
         pub(super) mod $module {
             use super::*;
@@ -397,34 +422,43 @@ macro_rules! encoder {
         ) {
             let k = Consts::new();
             let scaled = |b: usize| _mm512_mul_ps(load(b), _mm512_set1_ps(enc[b]));
+            let code = |b: usize| codes(scaled(b), &k);
             match rnd {
-                None => encode_blocks(|b| codes(scaled(b), &k), &k, out, ahead),
-                Some(rnd) => encode_blocks(
-                    |b| {
+                None => encode_blocks(code, |b, o| $rn4(&scaled, b, &k, o), out, ahead),
+                Some(rnd) => {
+                    let code = |b: usize| {
                         // SAFETY: a row is 16 bytes (one unaligned 128-bit load).
                         let r = unsafe { _mm_loadu_si128(rnd[b].as_ptr().cast()) };
                         sr_codes(scaled(b), r, &k)
-                    },
-                    &k,
-                    out,
-                    ahead,
-                ),
+                    };
+                    let pairs = |b: usize| pair_bytes(code(b));
+                    let four = |b: usize, o: &mut [u8]| {
+                        $store4([pairs(b), pairs(b + 1), pairs(b + 2), pairs(b + 3)], &k, o)
+                    };
+                    encode_blocks(code, four, out, ahead)
+                }
             }
         }
 
-        /// The block loop: `code(b)` gives block `b`'s 16 codes (one per u32 lane), `out` holds
-        /// 8 bytes per block; each step of four blocks prefetches its share of `ahead`.
+        /// The block loop: `four(b, o)` writes blocks `b..b + 4` into `o` (32 bytes), and
+        /// `code(b)` gives block `b`'s 16 codes (one per u32 lane) for the last blocks that
+        /// make no step of four; `out` holds 8 bytes per block. Each step of four blocks
+        /// prefetches its share of `ahead`.
         #[inline]
         #[target_feature(enable = $features)]
-        fn encode_blocks(code: impl Fn(usize) -> __m512i, k: &Consts, out: &mut [u8], ahead: &[u8]) {
+        fn encode_blocks(
+            code: impl Fn(usize) -> __m512i,
+            four: impl Fn(usize, &mut [u8]),
+            out: &mut [u8],
+            ahead: &[u8],
+        ) {
             let pairs = |b: usize| pair_bytes(code(b));
             let nb = out.len() * 2 / BLOCK;
             let per = ahead.len().checked_div(nb).unwrap_or(0);
             let mut b = 0;
             while b + 4 <= nb {
                 quant_core::simd::prefetch(ahead.get(b * per..(b + 4) * per).unwrap_or(&[]));
-                let o = &mut out[b * BLOCK / 2..(b + 4) * BLOCK / 2];
-                $store4([pairs(b), pairs(b + 1), pairs(b + 2), pairs(b + 3)], k, o);
+                four(b, &mut out[b * BLOCK / 2..(b + 4) * BLOCK / 2]);
                 b += 4;
             }
             for b in b..nb {
@@ -438,17 +472,44 @@ macro_rules! encoder {
 }
 
 encoder!(
-    /// With VBMI: two `vpermt2b` and a byte blend gather four blocks into one store.
+    /// With VBMI: rounding to nearest encodes two blocks per [`codes16`] and gathers four
+    /// blocks' bytes with one `vpermt2b`; stochastic rounding's per-block codes take two
+    /// `vpermt2b` and a byte blend ([`store4_vbmi`]).
     vbmi,
     "avx512f,avx512bw,avx512vbmi",
-    store4_vbmi
+    store4_vbmi,
+    rn4_vbmi
 );
 encoder!(
     /// Without VBMI (Skylake-SP, Cascade Lake, Cooper Lake): a `vpmovqb` store per block.
     bw,
     "avx512f,avx512bw",
-    store4_bw
+    store4_bw,
+    rn4_bw
 );
+
+/// Four blocks rounded to nearest into `o` (32 bytes), `scaled(b)` giving block `b`'s
+/// scaled values: [`codes16`] for blocks `b, b + 1` and for `b + 2, b + 3`, their pairs
+/// of codes folded into bytes ([`pair_bytes16`]) and gathered by one `vpermt2b`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+fn rn4_vbmi(scaled: &impl Fn(usize) -> __m512, b: usize, k: &Consts, o: &mut [u8]) {
+    let ab = pair_bytes16(codes16(scaled(b), scaled(b + 1), k));
+    let cd = pair_bytes16(codes16(scaled(b + 2), scaled(b + 3), k));
+    let abcd = _mm512_castsi512_si256(_mm512_permutex2var_epi8(ab, k.gather16, cd));
+    let o = &mut o[..32];
+    // SAFETY: `o` is 32 bytes (one unaligned 256-bit store).
+    unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast::<__m256i>(), abcd) };
+}
+
+/// [`rn4_vbmi`] without VBMI: [`codes`] per block, each block's 8 bytes stored by
+/// [`store4_bw`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn rn4_bw(scaled: &impl Fn(usize) -> __m512, b: usize, k: &Consts, o: &mut [u8]) {
+    let pairs = |i: usize| pair_bytes(codes(scaled(b + i), k));
+    store4_bw([pairs(0), pairs(1), pairs(2), pairs(3)], k, o)
+}
 
 /// Four blocks' pair bytes (byte 0 of each 64-bit lane, [`pair_bytes`]) into `o`
 /// (32 bytes) by two `vpermt2b` and a byte blend, one store.
@@ -516,6 +577,18 @@ struct Consts {
     /// `vpermt2b` indices: byte `8i` of the first source for `i < 8`, of the second
     /// for `8 <= i < 16`; the same again at 16..32.
     gather: __m512i,
+    /// [`key`] and [`codes_of_keys`]: bits 0..20 (the carry's mask and addend), the
+    /// key's magnitude (11 bits), the clamp of its magnitude, the key of infinity, the sign's
+    /// code bit in 16-bit lanes and the 64-entry table ([`TABLE16`]).
+    below: __m512i,
+    magnitude: __m512i,
+    first_key: __m512i,
+    last_key: __m512i,
+    inf_key: __m512i,
+    sign16: __m512i,
+    table16: [__m512i; 2],
+    /// `vpermt2b` indices of [`rn4_vbmi`]: the pair bytes of four blocks in order.
+    gather16: __m512i,
     /// [`sr_codes`]: the bits of 1.0 and 4.0, the exponent mask, 9 in the exponent
     /// field, the bucket clamp and the code table.
     one: __m512i,
@@ -552,6 +625,16 @@ impl Consts {
             // SAFETY: both types are 64 bytes of plain integers; every bit pattern is
             // valid for each.
             gather: unsafe { std::mem::transmute::<[u8; 64], __m512i>(gather) },
+            below: _mm512_set1_epi32((1 << 20) - 1),
+            magnitude: _mm512_set1_epi16(0x07FF),
+            first_key: _mm512_set1_epi16((2 * FIRST_BUCKET) as i16),
+            last_key: _mm512_set1_epi16((2 * LAST_BUCKET) as i16),
+            inf_key: _mm512_set1_epi16((0x7F80_0000u32 >> 20) as i16),
+            sign16: _mm512_set1_epi16(8),
+            // SAFETY: each half is 32 u16 (one unaligned 512-bit load).
+            table16: unsafe { [0, 32].map(|o| _mm512_loadu_si512(TABLE16[o..].as_ptr().cast())) },
+            // SAFETY: both types are 64 bytes of plain integers.
+            gather16: unsafe { std::mem::transmute::<[u8; 64], __m512i>(GATHER16) },
             one: _mm512_set1_epi32(0x3F80_0000),
             four: _mm512_set1_epi32(0x4080_0000),
             exponent: _mm512_set1_epi32(0x7F80_0000),
@@ -595,6 +678,90 @@ fn codes(v: __m512, k: &Consts) -> __m512i {
     let not_nan = _mm512_cmple_epu32_mask(abits, k.inf_bits);
     // code | (bits >> 28) & 8, where not NaN.
     _mm512_mask_ternarylogic_epi32::<0xF8>(code, not_nan, _mm512_srli_epi32::<28>(bits), k.sign)
+}
+
+/// The entries of [`codes16`]'s lookup: at index `(2 b + r) & 63`, for each bucket `b` in
+/// `FIRST_BUCKET..=LAST_BUCKET`, the code of its first value (`r = 0`, [`AT_START`]) and
+/// of the rest of it (`r = 1`, [`INSIDE`]). The 46 indices are distinct modulo 64.
+const TABLE16: [u16; 64] = {
+    let mut t = [0u16; 64];
+    let mut b = FIRST_BUCKET;
+    while b <= LAST_BUCKET {
+        t[(2 * b) as usize & 63] = AT_START[(b & 31) as usize] as u16;
+        t[(2 * b + 1) as usize & 63] = INSIDE[(b & 31) as usize] as u16;
+        b += 1;
+    }
+    t
+};
+
+/// [`rn4_vbmi`]'s byte gather from two [`pair_bytes16`] vectors: output byte `8i + j`
+/// (block `i`, pair `j`) is at byte `16 (j / 2) + 4 (j % 2)` of its vector, plus 8 for
+/// the second block of a vector and 64 for the second vector.
+const GATHER16: [u8; 64] = {
+    let mut g = [0u8; 64];
+    let mut i = 0;
+    while i < 32 {
+        let (block, j) = (i / 8, i % 8);
+        g[i] = (16 * (j / 2) + 4 * (j % 2) + 8 * (block % 2) + 64 * (block / 2)) as u8;
+        i += 1;
+    }
+    g
+};
+
+/// The E2M1 codes of two blocks' 16 lanes each, as 32 u16 lanes in `vpackusdw` order:
+/// 128-bit lane `l` holds `a[4l..4l + 4]`, then `b[4l..4l + 4]`.
+///
+/// [`codes`] in fewer operations per value: a lane's code depends on its sign, its
+/// bucket `|x| >> 21` and whether any of the 21 bits below the bucket is set, which
+/// [`key`] puts into 12 bits. Two blocks' keys pack into 16-bit lanes, and the
+/// rest runs on 32 lanes at once ([`codes_of_keys`]).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn codes16(a: __m512, b: __m512, k: &Consts) -> __m512i {
+    codes_of_keys(_mm512_packus_epi32(key(a, k), key(b, k)), k)
+}
+
+/// The 12-bit E2M1 key of each f32 lane: `x >> 20` (sign, exponent and the bucket's two
+/// mantissa bits, then the bucket's top rest bit) with bit 0 or-ed with "any of bits
+/// 0..20 set", a rounding to odd. So a key is twice the bucket (with the sign at bit
+/// 11), plus one where `|x|` lies inside its bucket rather than at its first value.
+///
+/// The "any set" is a carry: `(x & 0xFFFFF) + 0xFFFFF` reaches bit 20 exactly when a
+/// bit below it is set, and stays below bit 21. (A masked or of a test mask is what
+/// LLVM turns into a test, an unmasked or and a masked move: no fewer operations.)
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn key(v: __m512, k: &Consts) -> __m512i {
+    let bits = _mm512_castps_si512(v);
+    let carry = _mm512_add_epi32(_mm512_and_si512(bits, k.below), k.below);
+    _mm512_srli_epi32::<20>(_mm512_or_si512(bits, carry))
+}
+
+/// The E2M1 codes of 32 keys ([`key`]) in u16 lanes (bits 12..16 of a lane are ignored,
+/// so a lane may hold a key at bits 0..12 of either half of a u32).
+///
+/// One `vpermt2w` on the clamped magnitude looks up 64 entries ([`TABLE16`]). Keys
+/// below `2 FIRST_BUCKET` and above `2 LAST_BUCKET` clamp to those buckets' first
+/// values (code 0 and code 7), as [`codes`] clamps; infinity's key is `0x7F8` and every
+/// NaN's is above it, which keeps its code `0x7` unsigned.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn codes_of_keys(keys: __m512i, k: &Consts) -> __m512i {
+    let magnitude = _mm512_and_si512(keys, k.magnitude);
+    let index = _mm512_min_epu16(_mm512_max_epu16(magnitude, k.first_key), k.last_key);
+    let code = _mm512_permutex2var_epi16(k.table16[0], index, k.table16[1]);
+    // The sign (key bit 11) onto bit 3, where not NaN.
+    let not_nan = _mm512_cmple_epu16_mask(magnitude, k.inf_key);
+    let sign = _mm512_maskz_srli_epi16::<8>(not_nan, keys);
+    _mm512_ternarylogic_epi32::<0xF8>(code, sign, k.sign16)
+}
+
+/// [`codes16`]'s pairs of codes (two neighbouring u16 lanes) folded into the low byte of
+/// their u32 lane: `lo | hi << 4`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn pair_bytes16(codes: __m512i) -> __m512i {
+    _mm512_or_si512(codes, _mm512_srli_epi32::<12>(codes))
 }
 
 /// The stochastic-rounding code of each lane of `v`, lane `e` taking the random byte
@@ -822,6 +989,49 @@ mod tests {
         let mut out = vec![0u8; w.len() / 2];
         assert!(encode_run_rn(Run::F32(&w), &enc, &mut out));
         assert_eq!(out, portable(&w, &enc));
+    }
+
+    #[test]
+    fn every_key_and_rest_encodes_as_the_portable_codes() {
+        if !supported() {
+            eprintln!("no AVX-512: skipped");
+            return;
+        }
+        // Every 12-bit key prefix (`x >> 20`: sign, exponent, the bucket's mantissa bits
+        // and bit 20) under rest patterns that set bit 20's carry or not: nothing below,
+        // the lowest bit, bit 19, all 20 bits and a middle one. Through the rowwise block
+        // loop (both gathers) and the columnwise pairs, whose rows hold them in opposite
+        // orders.
+        let rests = [0u32, 1, 1 << 19, (1 << 20) - 1, 0x0_4321];
+        let w: Vec<f32> = (0..1u32 << 12)
+            .flat_map(|top| rests.map(|r| f32::from_bits(top << 20 | r)))
+            .collect();
+        assert_eq!(w.len() % (4 * BLOCK), 0, "whole steps of the block loop");
+        let enc = vec![1.0f32; w.len() / BLOCK];
+        let want = portable(&w, &enc);
+        let run = |out: &mut Vec<u8>| assert!(encode_run_rn(Run::F32(&w), &enc, out));
+        let mut out = vec![0u8; w.len() / 2];
+        run(&mut out);
+        assert_eq!(out, want);
+        out.fill(0);
+        with_extensions_hidden(&[Ext::Vbmi], || run(&mut out));
+        assert_eq!(out, want);
+        let rev: Vec<f32> = w.iter().rev().copied().collect();
+        let ones = vec![1.0f32; w.len()];
+        let mut pairs = vec![0u8; w.len()];
+        assert!(encode_pairs_rn(
+            Run::F32(&w),
+            Run::F32(&rev),
+            &ones,
+            &mut pairs
+        ));
+        let code = |x: f32| e2m1::encode(x);
+        let want: Vec<u8> = w
+            .iter()
+            .zip(&rev)
+            .map(|(&a, &b)| code(a) | code(b) << 4)
+            .collect();
+        assert_eq!(pairs, want);
     }
 
     #[test]
