@@ -243,7 +243,11 @@ fn pairs_sr_with(
         let r = _mm512_and_si512(_mm512_srlv_epi32(w, shifts[row]), byte);
         sr_codes_lanes(v, r, &k)
     };
-    pairs_with(lo, hi, code, enc, out)
+    let bytes = |c: usize, a, b| {
+        let (a, b) = (code(c, 0, a), code(c, 1, b));
+        _mm512_cvtepi32_epi8(_mm512_or_si512(a, _mm512_slli_epi32::<4>(b)))
+    };
+    pairs_with(lo, hi, bytes, enc, out)
 }
 
 /// [`encode_pairs_rn`] of bf16 rows (bits, widened exactly in the register) after its
@@ -300,23 +304,21 @@ fn widen_bf16(v: &[u16]) -> __m512 {
 }
 
 /// [`encode_pairs_rn`] and [`encode_pairs_sr`] after their checks: `lo(c)` and `hi(c)`
-/// give the 16 values of columns `c..c + 16` of each row, `code(c, row, v)` the codes
-/// of their scaled values (`row` 0 for `lo`, 1 for `hi`).
+/// give the 16 values of columns `c..c + 16` of each row, `bytes(c, a, b)` the 16
+/// stored bytes of their scaled values `a` (of `lo`) and `b` (of `hi`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 fn pairs_with(
     lo: impl Fn(usize) -> __m512,
     hi: impl Fn(usize) -> __m512,
-    code: impl Fn(usize, usize, __m512) -> __m512i,
+    bytes: impl Fn(usize, __m512, __m512) -> __m128i,
     enc: &[f32],
     out: &mut [u8],
 ) {
     for c in (0..enc.len()).step_by(BLOCK) {
         // SAFETY: `c + 16 <= enc.len()` (a multiple of 16); one unaligned 512-bit load.
         let e = unsafe { _mm512_loadu_ps(enc.as_ptr().add(c)) };
-        let a = code(c, 0, _mm512_mul_ps(lo(c), e));
-        let b = code(c, 1, _mm512_mul_ps(hi(c), e));
-        let bytes = _mm512_cvtepi32_epi8(_mm512_or_si512(a, _mm512_slli_epi32::<4>(b)));
+        let bytes = bytes(c, _mm512_mul_ps(lo(c), e), _mm512_mul_ps(hi(c), e));
         let o = &mut out[c..c + BLOCK];
         // SAFETY: `o` is 16 bytes (one unaligned 128-bit store).
         unsafe { _mm_storeu_si128(o.as_mut_ptr().cast::<__m128i>(), bytes) };
@@ -336,17 +338,11 @@ fn pairs_rn_with(
     out: &mut [u8],
 ) {
     let k = Consts::new();
-    for c in (0..enc.len()).step_by(BLOCK) {
-        // SAFETY: `c + 16 <= enc.len()` (a multiple of 16); one unaligned 512-bit load.
-        let e = unsafe { _mm512_loadu_ps(enc.as_ptr().add(c)) };
-        let a = key(_mm512_mul_ps(lo(c), e), &k);
-        let b = key(_mm512_mul_ps(hi(c), e), &k);
-        let codes = codes_of_keys(_mm512_or_si512(a, _mm512_slli_epi32::<16>(b)), &k);
-        let bytes = _mm512_cvtepi32_epi8(pair_bytes16(codes));
-        let o = &mut out[c..c + BLOCK];
-        // SAFETY: `o` is 16 bytes (one unaligned 128-bit store).
-        unsafe { _mm_storeu_si128(o.as_mut_ptr().cast::<__m128i>(), bytes) };
-    }
+    let bytes = |_, a, b| {
+        let keys = _mm512_or_si512(key(a, &k), _mm512_slli_epi32::<16>(key(b, &k)));
+        _mm512_cvtepi32_epi8(pair_bytes16(codes_of_keys(keys, &k)))
+    };
+    pairs_with(lo, hi, bytes, enc, out)
 }
 
 /// Whether this CPU runs these encoders: the project's AVX-512 level (F, BW and the
