@@ -469,15 +469,17 @@ macro_rules! encoder {
 
 encoder!(
     /// With VBMI: rounding to nearest encodes two blocks per [`codes16`] and gathers four
-    /// blocks' bytes with one `vpermt2b`; stochastic rounding's per-block codes take two
-    /// `vpermt2b` and a byte blend ([`store4_vbmi`]).
+    /// blocks' bytes with one `vpermt2b` ([`rn4_vbmi`]); stochastic rounding's per-block
+    /// codes take two `vpermt2b` and a byte blend ([`store4_vbmi`]).
     vbmi,
     "avx512f,avx512bw,avx512vbmi",
     store4_vbmi,
     rn4_vbmi
 );
 encoder!(
-    /// Without VBMI (Skylake-SP, Cascade Lake, Cooper Lake): a `vpmovqb` store per block.
+    /// Without VBMI (Skylake-SP, Cascade Lake, Cooper Lake): rounding to nearest as with
+    /// VBMI but a `vpermd` and a `vpmovdb` per two blocks ([`rn4_bw`]); stochastic
+    /// rounding a `vpmovqb` store per block.
     bw,
     "avx512f,avx512bw",
     store4_bw,
@@ -498,13 +500,17 @@ fn rn4_vbmi(scaled: &impl Fn(usize) -> __m512, b: usize, k: &Consts, o: &mut [u8
     unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast::<__m256i>(), abcd) };
 }
 
-/// [`rn4_vbmi`] without VBMI: [`codes`] per block, each block's 8 bytes stored by
-/// [`store4_bw`].
+/// [`rn4_vbmi`] without VBMI: each two blocks' [`pair_bytes16`] put in block order by a
+/// `vpermd` ([`ORDER16`]) and narrowed by a `vpmovdb` into one 16-byte store.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 fn rn4_bw(scaled: &impl Fn(usize) -> __m512, b: usize, k: &Consts, o: &mut [u8]) {
-    let pairs = |i: usize| pair_bytes(codes(scaled(b + i), k));
-    store4_bw([pairs(0), pairs(1), pairs(2), pairs(3)], k, o)
+    for (i, o) in o[..32].chunks_exact_mut(16).enumerate() {
+        let (x, y) = (scaled(b + 2 * i), scaled(b + 2 * i + 1));
+        let pairs = _mm512_permutexvar_epi32(k.order16, pair_bytes16(codes16(x, y, k)));
+        // SAFETY: `o` is 16 bytes (one unaligned 128-bit store).
+        unsafe { _mm_storeu_si128(o.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(pairs)) };
+    }
 }
 
 /// Four blocks' pair bytes (byte 0 of each 64-bit lane, [`pair_bytes`]) into `o`
@@ -585,6 +591,8 @@ struct Consts {
     table16: [__m512i; 2],
     /// `vpermt2b` indices of [`rn4_vbmi`]: the pair bytes of four blocks in order.
     gather16: __m512i,
+    /// `vpermd` indices of [`rn4_bw`] ([`ORDER16`]).
+    order16: __m512i,
     /// [`sr_codes`]: the bits of 1.0 and 4.0, the exponent mask, 9 in the exponent
     /// field, the bucket clamp and the code table.
     one: __m512i,
@@ -631,6 +639,8 @@ impl Consts {
             table16: unsafe { [0, 32].map(|o| _mm512_loadu_si512(TABLE16[o..].as_ptr().cast())) },
             // SAFETY: both types are 64 bytes of plain integers.
             gather16: unsafe { std::mem::transmute::<[u8; 64], __m512i>(GATHER16) },
+            // SAFETY: 16 u32 (one unaligned 512-bit load).
+            order16: unsafe { _mm512_loadu_si512(ORDER16.as_ptr().cast()) },
             one: _mm512_set1_epi32(0x3F80_0000),
             four: _mm512_set1_epi32(0x4080_0000),
             exponent: _mm512_set1_epi32(0x7F80_0000),
@@ -688,6 +698,19 @@ const TABLE16: [u16; 64] = {
         b += 1;
     }
     t
+};
+
+/// [`rn4_bw`]'s u32 lane order: the pair bytes of [`codes16`]'s first block (its pair
+/// `j` at lane `4 (j / 2) + j % 2`), then of its second (2 lanes further).
+const ORDER16: [u32; 16] = {
+    let mut o = [0u32; 16];
+    let mut i = 0;
+    while i < 16 {
+        let (block, j) = (i / 8, i % 8);
+        o[i] = (4 * (j / 2) + j % 2 + 2 * block) as u32;
+        i += 1;
+    }
+    o
 };
 
 /// [`rn4_vbmi`]'s byte gather from two [`pair_bytes16`] vectors: output byte `8i + j`
