@@ -12,8 +12,8 @@
 //! Each lane's code comes from two 32-entry tables on the bucket `|x| >> 21` (see
 //! [`codes`]), filled from the scalar [`quant_core::codec::e2m1::encode`] when a run starts.
 //!
-//! Rounding to nearest with VBMI, and the columnwise pairs, take a shorter route
-//! ([`codes16`]): each f32 lane becomes a 12-bit key (sign, bucket, and whether the
+//! Rounding to nearest (the rowwise block loop, with or without VBMI, and the columnwise
+//! pairs) takes a shorter route ([`codes16`]): each f32 lane becomes a 12-bit key (sign, bucket, and whether the
 //! value lies inside its bucket), two vectors' keys share one vector of 16-bit lanes,
 //! and one 64-entry `vpermt2w` gives 32 codes where [`codes`] takes two `vpermt2d` for
 //! 16. In the NVFP4 quantize from bf16 and f16 that was x1.09 rowwise and columnwise
