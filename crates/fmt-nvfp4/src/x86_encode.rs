@@ -13,12 +13,12 @@
 //! [`codes`]), filled from the scalar [`quant_core::codec::e2m1::encode`] when a run starts.
 //!
 //! Rounding to nearest (the rowwise block loop, with or without VBMI, and the columnwise
-//! pairs) takes a shorter route ([`codes16`]): each f32 lane becomes a 12-bit key (sign, bucket, and whether the
-//! value lies inside its bucket), two vectors' keys share one vector of 16-bit lanes,
-//! and one 64-entry `vpermt2w` gives 32 codes where [`codes`] takes two `vpermt2d` for
-//! 16. In the NVFP4 quantize from bf16 and f16 that was x1.09 rowwise and columnwise
-//! (fifty-seventh session of issue 8); from f32, which is closer to its memory bound,
-//! no change.
+//! pairs) takes a shorter route ([`codes16`]): each f32 lane becomes a 12-bit key (sign,
+//! bucket, and whether the value lies inside its bucket), two vectors' keys share one
+//! vector of 16-bit lanes, and one 64-entry `vpermt2w` gives 32 codes where [`codes`]
+//! takes two `vpermt2d` for 16. In the NVFP4 quantize from bf16 and f16 that was x1.09
+//! rowwise and columnwise (fifty-seventh session of issue 8); from f32, which is closer
+//! to its memory bound, no change.
 
 use std::arch::x86_64::{
     __m128i, __m256i, __m512, __m512i, _mm_loadu_si128, _mm_storel_epi64, _mm_storeu_si128,
@@ -700,28 +700,34 @@ const TABLE16: [u16; 64] = {
     t
 };
 
-/// [`rn4_bw`]'s u32 lane order: the pair bytes of [`codes16`]'s first block (its pair
-/// `j` at lane `4 (j / 2) + j % 2`), then of its second (2 lanes further).
+/// The u32 lane of a [`pair_bytes16`] vector that holds pair `j` (values `2j`, `2j + 1`)
+/// of its first (`block` 0) or second (`block` 1) block: [`codes16`]'s `vpackusdw`
+/// order puts each block's four values of a 128-bit lane side by side, the first
+/// block's before the second's.
+const fn pair_lane(block: usize, j: usize) -> usize {
+    4 * (j / 2) + j % 2 + 2 * block
+}
+
+/// [`rn4_bw`]'s `vpermd` indices: the first block's eight pair lanes, then the second's.
 const ORDER16: [u32; 16] = {
     let mut o = [0u32; 16];
     let mut i = 0;
     while i < 16 {
-        let (block, j) = (i / 8, i % 8);
-        o[i] = (4 * (j / 2) + j % 2 + 2 * block) as u32;
+        o[i] = pair_lane(i / 8, i % 8) as u32;
         i += 1;
     }
     o
 };
 
 /// [`rn4_vbmi`]'s byte gather from two [`pair_bytes16`] vectors: output byte `8i + j`
-/// (block `i`, pair `j`) is at byte `16 (j / 2) + 4 (j % 2)` of its vector, plus 8 for
-/// the second block of a vector and 64 for the second vector.
+/// (block `i`, pair `j`) is the low byte of [`pair_lane`]`(i % 2, j)`, in the first
+/// vector for blocks 0 and 1 and the second (bytes 64..) for blocks 2 and 3.
 const GATHER16: [u8; 64] = {
     let mut g = [0u8; 64];
     let mut i = 0;
     while i < 32 {
         let (block, j) = (i / 8, i % 8);
-        g[i] = (16 * (j / 2) + 4 * (j % 2) + 8 * (block % 2) + 64 * (block / 2)) as u8;
+        g[i] = (4 * pair_lane(block % 2, j) + 64 * (block / 2)) as u8;
         i += 1;
     }
     g
