@@ -157,8 +157,8 @@ pub fn import(
             expect_dtype(&s, &sname, &[Dtype::F8_E4M3, Dtype::U8])?;
             expect_shape(&s, &sname, &last_div(&shape, 16))?;
             let s2raw = fetch_checked(fetch, unit, 2)?;
-            let s2 = scalar_f32(&s2raw, &unit.members[2].name)?;
             let s2name = &unit.members[2].name;
+            let s2 = scalar_f32(&s2raw, s2name)?;
             refuse_zero_amax_nan_scales(&s, &sname, (s2, s2name), s2 == 0.0)?;
             let (amax, exact) = amax_from_scale_2(s2, 448);
             if !exact {
