@@ -118,6 +118,9 @@ pub(crate) struct SlabJob<'a, T> {
 /// Per-worker scratch: a chunk of codes, a transposed block and the widening spans.
 pub(crate) struct Scratch {
     codes: Vec<u8>,
+    /// The 1x128 columnwise walk's codes of the chunk before, waiting to be transposed
+    /// ([`Pending`]); swapped with `codes` chunk by chunk.
+    waiting: Vec<u8>,
     tposed: Vec<u8>,
     wide: Box<Wide>,
     /// [`STEP`] blocks of one row, widened (the rowwise-only 1x128 walk).
@@ -139,7 +142,8 @@ pub(crate) struct Scratch {
 impl Scratch {
     pub(crate) fn new() -> Scratch {
         Scratch {
-            codes: vec![0; SLAB * CHUNK],
+            codes: Vec::new(),
+            waiting: Vec::new(),
             tposed: vec![0; SLAB * BLOCK],
             wide: Box::new(WIDE),
             span: vec![0.0; STEP * BLOCK],
@@ -606,8 +610,10 @@ pub(crate) fn run_slab<T: Element>(
 /// 1x128 blocks with columnwise output (and rowwise output too under both usages): the
 /// slab in chunks of [`CHUNK`] columns, each read twice. Pass 1 folds the chunk's column
 /// maxima (its 128x1 blocks) over the slab's rows; pass 2 encodes each row's run of the
-/// chunk (rowwise under its own 1x128 scales, columnwise under the column scales) and
-/// the columnwise codes are transposed 128x128 block by block into the strip.
+/// chunk (rowwise under its own 1x128 scales, columnwise under the column scales) into
+/// the codes buffer. The columnwise codes are transposed into the strip 16 columns at a
+/// time while the *next* chunk encodes ([`Pending`]), so that the streamed stores run
+/// beside the encode's compute and loads; the last chunk's are stored after it.
 #[inline(always)]
 fn one_d_columnwise<T: Element>(
     level: Level,
@@ -623,6 +629,13 @@ fn one_d_columnwise<T: Element>(
     let mut col_scale = [0f32; CHUNK];
     let mut col_key = [0u16; CHUNK];
     let mut row_scale = [[0f32; CHUNK / BLOCK]; SLAB];
+    let how = (level, job.store.0, &job.store.1);
+    let mut pending = Pending::default();
+    // Sized here, not in `Scratch::new`: only this walk uses them, and the workers of
+    // the other walks would zero them for nothing. One line more, to start on one.
+    for buffer in [&mut scratch.codes, &mut scratch.waiting] {
+        buffer.resize(SLAB * (CHUNK + CODES_PAD) + 64, 0);
+    }
     for c0 in (0..k).step_by(CHUNK) {
         let cw = CHUNK.min(k - c0);
         let seg = |r: usize| &x[r * k + c0..r * k + c0 + cw];
@@ -671,32 +684,32 @@ fn one_d_columnwise<T: Element>(
                     .set_for(level, rows, dt.pow2_codec(), &ks[..cw])
             }
         });
-        // Pass 2: encode (the chunk is now in L2).
-        let codes = &mut scratch.codes[..rows * cw];
-        // While this chunk is encoded and stored, the next one (of this slab, or the
-        // first of the next slab, which rayon mostly hands to this same worker) is
-        // fetched, a few row runs per step: half of them spread over the encode, half
-        // over the transposed stores. Pass 1 reads the chunk from memory and nothing
-        // after it does, so without this the memory sat idle for the rest of the chunk
-        // (x1.12-1.13 on the 1x128 and 128x128 columnwise quantizes, bf16 and f32; 16
-        // KiB spread only over the encode x1.09; a quarter or three quarters of it there
-        // slower than half). Into L2 only: the chunk (128 runs a row apart, up to 256
-        // KiB) cannot stay in L1, and fetched there it evicted the lines being encoded
-        // and transposed (`prefetcht1` against `prefetcht0`: 1x128 columnwise x1.20
-        // from f32, x1.06 bf16, x1.04 f16, 3-4 A/B pairs on a 2-vCPU Zen 4).
-        let fetch_next = |from: usize, to: usize| {
-            let c1 = c0 + cw;
-            for r in from..to {
-                quant_core::simd::prefetch_l2(if c1 < k {
-                    &x[r * k + c1..r * k + c1 + CHUNK.min(k - c1)]
-                } else {
-                    job.next.get(r * k..r * k + CHUNK.min(k)).unwrap_or(&[])
-                });
+        // Pass 2: encode (the chunk is now in L2), each row's codes `pitch` apart.
+        let pitch = cw + CODES_PAD;
+        let codes = &mut on_line(&mut scratch.codes)[..rows * pitch];
+        // While this chunk is encoded, the next one (of this slab, or the first of the
+        // next slab, which rayon mostly hands to this same worker) is fetched, a row run
+        // per encoded row. Pass 1 reads the chunk from memory and nothing after it does,
+        // so without this the memory sat idle for the rest of the chunk (x1.12-1.13 on
+        // the 1x128 and 128x128 columnwise quantizes, bf16 and f32). Into L2 only: the
+        // chunk (128 runs a row apart, up to 256 KiB) cannot stay in L1, and fetched
+        // there it evicted the lines being encoded and transposed (`prefetcht1` against
+        // `prefetcht0`: 1x128 columnwise x1.20 from f32, x1.06 bf16, x1.04 f16, 3-4 A/B
+        // pairs on a 2-vCPU Zen 4).
+        let c1 = c0 + cw;
+        let next = |r: usize| {
+            if c1 < k {
+                &x[r * k + c1..r * k + c1 + CHUNK.min(k - c1)]
+            } else {
+                job.next.get(r * k..r * k + CHUNK.min(k)).unwrap_or(&[])
             }
         };
-        let in_encode = rows / 2;
         for r in 0..rows {
-            fetch_next(r * in_encode / rows, (r + 1) * in_encode / rows);
+            quant_core::simd::prefetch_l2(next(r));
+            if let Some(strip) = job.col.as_mut() {
+                let waiting = (&*on_line(&mut scratch.waiting), &mut scratch.tposed[..]);
+                pending.store_share(how, (r, rows), strip, waiting);
+            }
             let xr = seg(r);
             if let Some(rd) = job.row.as_deref_mut() {
                 let out = &mut rd[r * k + c0..r * k + c0 + cw];
@@ -710,7 +723,7 @@ fn one_d_columnwise<T: Element>(
                     }
                 }
             }
-            let cr = &mut codes[r * cw..(r + 1) * cw];
+            let cr = &mut codes[r * pitch..r * pitch + cw];
             let lanes = col_lanes
                 && Bits16::of(xr).is_some_and(|b| scratch.lanes.encode(level, b, false, cr));
             if !lanes {
@@ -734,19 +747,77 @@ fn one_d_columnwise<T: Element>(
                 *d = 1.0 / s;
             }
         }
-        // Transposed codes, block by block.
-        if let Some(strip) = job.col.as_mut() {
-            for j in (0..cw).step_by(BLOCK) {
-                let bw = BLOCK.min(cw - j);
-                let how = (level, job.store.0, &job.store.1);
-                let (block, out) = ((&codes[j..], cw, rows, bw), (&mut *strip, c0 + j));
-                let rest = rows - in_encode;
-                let between = |jj: usize| {
-                    let w = j + jj;
-                    fetch_next(in_encode + w * rest / cw, in_encode + (w + 1) * rest / cw);
-                };
-                transpose_to_strip(how, block, out, &mut scratch.tposed, between);
-            }
+        // This chunk's codes now wait for the next chunk's encode.
+        if job.col.is_some() {
+            std::mem::swap(&mut scratch.codes, &mut scratch.waiting);
+            pending.wait((c0, cw, rows));
+        }
+    }
+    if let Some(strip) = job.col.as_mut() {
+        let waiting = (&*on_line(&mut scratch.waiting), &mut scratch.tposed[..]);
+        pending.store_share(how, (0, 1), strip, waiting);
+    }
+}
+
+/// `buffer` from its first 64-byte line on (so that every row of a chunk's codes,
+/// `CHUNK + CODES_PAD` bytes apart, starts on a line).
+fn on_line(buffer: &mut [u8]) -> &mut [u8] {
+    let lead = buffer.as_ptr().align_offset(64).min(buffer.len());
+    &mut buffer[lead..]
+}
+
+/// Which 1x128 chunk's columnwise codes wait in [`Scratch::waiting`] to be transposed
+/// into the strip, and how many of its 16-column pieces are stored.
+///
+/// Stored in one burst after their own chunk's encode (as until the fifty-eighth
+/// session), the streamed stores ran alone: the 8192x8192 bf16 columnwise quantize took
+/// 10.9 ms, 7.7 ms with the stores left out, about the time this machine takes to
+/// stream the 64 MiB of codes by themselves. Spread over the next chunk's rows they
+/// drain while it encodes.
+#[derive(Default)]
+struct Pending {
+    /// The chunk's first column, width and rows (`rows x cw` codes, row-major, rows `cw +
+    /// CODES_PAD` bytes apart); `cw == 0` when nothing waits.
+    c0: usize,
+    cw: usize,
+    rows: usize,
+    /// Pieces of 16 columns already stored.
+    done: usize,
+}
+
+impl Pending {
+    /// The chunk just swapped into the waiting buffer (`c0, cw, rows`) now waits; the one
+    /// before is stored by then.
+    fn wait(&mut self, (c0, cw, rows): (usize, usize, usize)) {
+        debug_assert!(self.done * 16 >= self.cw, "a waiting chunk was not stored");
+        *self = Pending {
+            c0,
+            cw,
+            rows,
+            done: 0,
+        };
+    }
+
+    /// Stores the pieces due by step `step` of `steps` (all of them at the last step):
+    /// pieces up to `(step + 1) * pieces / steps`, piece `p` transposed from columns
+    /// `16p..` of `codes` into rows `c0 + 16p ..` of `strip` (through `tposed` where the
+    /// registers do not take it).
+    #[inline(always)]
+    fn store_share(
+        &mut self,
+        how: (Level, StoreMode, &Fence),
+        (step, steps): (usize, usize),
+        strip: &mut Strip<'_, u8>,
+        (codes, tposed): (&[u8], &mut [u8]),
+    ) {
+        let pieces = self.cw.div_ceil(16);
+        let due = (step + 1) * pieces / steps;
+        while self.done < due {
+            let j = 16 * self.done;
+            let w = 16.min(self.cw - j);
+            let block = (&codes[j..], self.cw + CODES_PAD, self.rows, w);
+            transpose_to_strip(how, block, (strip, self.c0 + j), tposed, |_| {});
+            self.done += 1;
         }
     }
 }
