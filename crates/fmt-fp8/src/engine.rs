@@ -18,12 +18,12 @@
 //!            chunk c (512 columns)
 //!   row 0    ──────────────►     pass 1: column maxima
 //!   row 1    ──────────────►     pass 2: scale, encode -> rowwise row / codes buffer
-//!   ...                          then each 128x128 block of codes is transposed in L1
-//!   row 127  ──────────────►     (SSE2 16x16) into the columnwise strip
+//!   ...                          while chunk c - 1's codes are transposed into the
+//!   row 127  ──────────────►     columnwise strip, 16 columns per few rows (`Pending`)
 //! ```
 //!
 //!   The chunk (128 rows x 512 columns, at most 256 KiB of f32) stays in L2 between the
-//!   two passes, so memory is read once.
+//!   two passes, so memory is read once; the next chunk is fetched into L2 during pass 2.
 //!
 //! bf16 and f16 input is not widened where the 16-bit routes apply: block and column
 //! maxima are folded on the bits ([`block_abs_max_bits`], [`column_abs_max_bits`]), and
