@@ -770,10 +770,10 @@ fn on_line(buffer: &mut [u8]) -> &mut [u8] {
 /// into the strip, and how many of its 16-column pieces are stored.
 ///
 /// Stored in one burst after their own chunk's encode (as until the fifty-eighth
-/// session), the streamed stores ran alone: the 8192x8192 bf16 columnwise quantize took
-/// 10.9 ms, 7.7 ms with the stores left out, about the time this machine takes to
-/// stream the 64 MiB of codes by themselves. Spread over the next chunk's rows they
-/// drain while it encodes.
+/// session), the streamed stores ran with nothing beside them: the 8192x8192 bf16
+/// columnwise quantize took 10.9 ms, 9.5 ms with the transposes but not their stores,
+/// 7.7 ms with neither. Spread over the next chunk's rows, they drain while it encodes
+/// (x1.10-1.11 in the CLI, with the padded code rows).
 #[derive(Default)]
 struct Pending {
     /// The chunk's first column, width and rows (`rows x cw` codes, row-major, rows `cw +
