@@ -750,7 +750,7 @@ fn one_d_columnwise<T: Element>(
         // This chunk's codes now wait for the next chunk's encode.
         if job.col.is_some() {
             std::mem::swap(&mut scratch.codes, &mut scratch.waiting);
-            pending.wait((c0, cw, rows));
+            pending.wait((c0, cw, rows, pitch));
         }
     }
     if let Some(strip) = job.col.as_mut() {
@@ -776,24 +776,26 @@ fn on_line(buffer: &mut [u8]) -> &mut [u8] {
 /// (x1.10-1.11 in the CLI, with the padded code rows).
 #[derive(Default)]
 struct Pending {
-    /// The chunk's first column, width and rows (`rows x cw` codes, row-major, rows `cw +
-    /// CODES_PAD` bytes apart); `cw == 0` when nothing waits.
+    /// The chunk's first column, width and rows (`rows x cw` codes, row-major, rows
+    /// `pitch` bytes apart, as the walk wrote them); `cw == 0` when nothing waits.
     c0: usize,
     cw: usize,
     rows: usize,
+    pitch: usize,
     /// Pieces of 16 columns already stored.
     done: usize,
 }
 
 impl Pending {
-    /// The chunk just swapped into the waiting buffer (`c0, cw, rows`) now waits; the one
-    /// before is stored by then.
-    fn wait(&mut self, (c0, cw, rows): (usize, usize, usize)) {
+    /// The chunk just swapped into the waiting buffer (`c0, cw, rows, pitch`) now waits;
+    /// the one before is stored by then.
+    fn wait(&mut self, (c0, cw, rows, pitch): (usize, usize, usize, usize)) {
         debug_assert!(self.done * 16 >= self.cw, "a waiting chunk was not stored");
         *self = Pending {
             c0,
             cw,
             rows,
+            pitch,
             done: 0,
         };
     }
@@ -815,7 +817,7 @@ impl Pending {
         while self.done < due {
             let j = 16 * self.done;
             let w = 16.min(self.cw - j);
-            let block = (&codes[j..], self.cw + CODES_PAD, self.rows, w);
+            let block = (&codes[j..], self.pitch, self.rows, w);
             transpose_to_strip(how, block, (strip, self.c0 + j), tposed, |_| {});
             self.done += 1;
         }
