@@ -801,6 +801,47 @@ mod tests {
     /// The hardware bf16 rounding flushes subnormals: groups of subnormal and tiny values
     /// whose scales run from the smallest (where a flush would change nibbles) across
     /// [`MIN_HARDWARE_SCALE`] give the specification's nibbles.
+    /// The AVX-512 BF16 loop's first step (`x86::differences_dp`) counts a subnormal
+    /// value as 0: every subnormal bf16 value of either sign, in groups whose minimum
+    /// runs from subnormal to 2^-90 (either sign) and whose scale reaches the hardware
+    /// bound, gives the specification's nibbles.
+    #[test]
+    fn subnormal_values_under_every_small_minimum() {
+        use crate::qparams::{EPS_V2, quantize_group};
+        let subnormals: Vec<u16> = (1..0x80u16).flat_map(|b| [b, b | 0x8000]).collect();
+        let mut taken = 0;
+        for e in -136i32..=-90 {
+            let lows = [2f32.powi(e), 1.5 * 2f32.powi(e), 0.0];
+            for low in lows.into_iter().flat_map(|l| [l, -l]) {
+                for top in [2f32.powi(-96), 2f32.powi(-90), 1e-20, 3.0] {
+                    for chunk in subnormals.chunks(30) {
+                        let mut xs = vec![bf16::from_f32(low), bf16::from_f32(top)];
+                        xs.extend(chunk.iter().map(|&b| bf16::from_bits(b)));
+                        xs.resize(32, bf16::from_f32(low));
+                        let wide: Vec<f32> = xs.iter().map(|x| x.to_f32()).collect();
+                        let mut want = vec![0u8; xs.len()];
+                        quantize_group(QParamsPath::Bf16, &wide, EPS_V2, &mut want);
+                        let (mn, mx) = min_max(&wide);
+                        let p = group_params(QParamsPath::Bf16, mn, mx, EPS_V2);
+                        taken += usize::from(
+                            p.scale >= MIN_HARDWARE_SCALE
+                                && p.min_val.is_finite()
+                                && f32_reciprocal(p.scale).is_some(),
+                        );
+                        let mut got = vec![0xFFu8; xs.len()];
+                        let caps = Caps::new(quant_core::simd::level());
+                        group_nibbles(caps, QParamsPath::Bf16, &xs, &p, &mut got);
+                        assert_eq!(got, want, "low {low:e}, top {top:e}, scale {:e}", p.scale);
+                    }
+                }
+            }
+        }
+        assert!(
+            taken > 1000,
+            "too few groups took the multiply form: {taken}"
+        );
+    }
+
     #[test]
     fn subnormal_groups_near_the_hardware_scale_bound() {
         use crate::qparams::{EPS_V2, quantize_group};

@@ -25,12 +25,12 @@
 //! and high nibble) straight into the stored order.
 
 use std::arch::x86_64::{
-    __m256i, __m512, __m512i, _CMP_GT_OQ, _CMP_NEQ_UQ, _MM_FROUND_NO_EXC,
+    __m256i, __m512, __m512bh, __m512i, _CMP_GT_OQ, _CMP_NEQ_UQ, _MM_FROUND_NO_EXC,
     _MM_FROUND_TO_NEAREST_INT, _MM_HINT_T1, _mm_prefetch, _mm_storeu_si128, _mm256_loadu_si256,
     _mm256_storeu_si256, _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512,
     _mm512_castsi256_si512, _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmp_ps_mask,
     _mm512_cmplt_epi32_mask, _mm512_cvtepi32_epi8, _mm512_cvtepu8_epi16, _mm512_cvtepu16_epi32,
-    _mm512_cvtne2ps_pbh, _mm512_cvtph_ps, _mm512_cvtps_ph, _mm512_div_ps,
+    _mm512_cvtne2ps_pbh, _mm512_cvtph_ps, _mm512_cvtps_ph, _mm512_div_ps, _mm512_dpbf16_ps,
     _mm512_extracti64x4_epi64, _mm512_inserti64x4, _mm512_loadu_si512, _mm512_mask_add_epi32,
     _mm512_mask_blend_epi32, _mm512_mask_mov_epi32, _mm512_mask_storeu_epi32,
     _mm512_maskz_loadu_epi8, _mm512_maskz_loadu_epi32, _mm512_max_epi16, _mm512_max_ps,
@@ -402,30 +402,27 @@ pub(crate) fn dequant_row<T: Element>(
 /// permutes the lanes by [`unpack_order`]; every step between is lane-wise, and the
 /// final `vpermt2b` that gathers each lane's nibble byte undoes the three rounds.
 macro_rules! bf16_nibble_loop {
-    ($(#[$doc:meta])* $name:ident, $features:literal, $round:ident) => {
+    ($(#[$doc:meta])* $name:ident, $features:literal, $differences:ident, $round:ident, $integers:ident, $gather:ident) => {
         $(#[$doc])*
         #[target_feature(enable = $features)]
         fn $name(xs: &[u16], min_val: f32, r: f32, u: &mut [u8]) {
-            let mn = _mm512_set1_ps(min_val);
             let rr = _mm512_set1_ps(r);
             let zero = _mm512_setzero_si512();
             let fifteen = _mm512_set1_epi16(0x4170); // bf16 15.0
-            let magic = _mm512_set1_ps(8_388_608.0); // 2^23
             // SAFETY: 64 bytes (one unaligned 512-bit load).
-            let gather = unsafe { _mm512_loadu_si512(NIBBLE_GATHER.as_ptr().cast()) };
+            let gather = unsafe { _mm512_loadu_si512($gather.as_ptr().cast()) };
             let low = |v| _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v));
             let high = |v| _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, v));
             for (x, o) in xs.chunks_exact(32).zip(u.chunks_exact_mut(32)) {
                 // SAFETY: `x` is 32 u16 (one unaligned 512-bit load).
                 let v = unsafe { _mm512_loadu_si512(x.as_ptr().cast()) };
-                let t = $round(_mm512_sub_ps(low(v), mn), _mm512_sub_ps(high(v), mn));
+                let (t_lo, t_hi) = $differences(v, min_val);
+                let t = $round(t_lo, t_hi);
                 let q = $round(_mm512_mul_ps(low(t), rr), _mm512_mul_ps(high(t), rr));
                 // Clamped to [0, 15] as integers (bf16 order is integer order for positive
                 // values; negative ones, -0 included, are negative i16), then rounded half to
-                // even by the 2^23 addition, the integer in the low byte of each lane.
-                let q = _mm512_min_epi16(_mm512_max_epi16(q, zero), fifteen);
-                let lo = _mm512_castps_si512(_mm512_add_ps(low(q), magic));
-                let hi = _mm512_castps_si512(_mm512_add_ps(high(q), magic));
+                // even, the integer in the low byte of each u32 lane of two vectors.
+                let (lo, hi) = $integers(_mm512_min_epi16(_mm512_max_epi16(q, zero), fifteen));
                 let bytes = _mm512_permutex2var_epi8(lo, gather, hi);
                 // SAFETY: `o` is 32 bytes (one unaligned 256-bit store).
                 unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), _mm512_castsi512_si256(bytes)) };
@@ -435,18 +432,112 @@ macro_rules! bf16_nibble_loop {
 }
 
 bf16_nibble_loop!(
-    /// The loop with `vcvtne2ps2bf16` rounding.
+    /// The loop with `vcvtne2ps2bf16` rounding, [`differences_dp`] and [`integers_dp`].
     nibbles_bf16,
     "avx512f,avx512bw,avx512bf16,avx512vbmi",
-    to_bf16
+    differences_dp,
+    to_bf16,
+    integers_dp,
+    NIBBLE_GATHER_DP
 );
 bf16_nibble_loop!(
     /// The loop for CPUs without AVX-512 BF16: [`to_bf16_int`] rounding, the portable
-    /// formula's bits (subnormals kept, which the caller's range makes the same nibbles).
+    /// formula's bits (subnormals kept, which the caller's range makes the same nibbles),
+    /// [`differences_unpacked`] and [`integers_unpacked`].
     nibbles_bf16_int,
     "avx512f,avx512bw,avx512vbmi",
-    to_bf16_int
+    differences_unpacked,
+    to_bf16_int,
+    integers_unpacked,
+    NIBBLE_GATHER
 );
+
+/// `x - min_val` in f32 for 32 bf16 values `v`, in two vectors of 16: each value
+/// widened to f32 by an unpack (lanes in [`unpack_order`]), then subtracted.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn differences_unpacked(v: __m512i, min_val: f32) -> (__m512, __m512) {
+    let zero = _mm512_setzero_si512();
+    let mn = _mm512_set1_ps(min_val);
+    let lo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v));
+    let hi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, v));
+    (_mm512_sub_ps(lo, mn), _mm512_sub_ps(hi, mn))
+}
+
+/// [`differences_unpacked`] in two operations instead of four: `vdpbf16ps` adds to
+/// `-min_val` in each u32 lane the product of its even bf16 value (then its odd one)
+/// with 1.0 and of the other with 0.0 (lanes in [`dp_order`]). The products are exact
+/// and the zero one adds a zero, so a lane is `x - min_val` rounded once to nearest
+/// even, as `vsubps` gives it, where `x` and `min_val` are normal and the difference
+/// is. (The values are finite here, so no product is NaN; a zero's sign may differ,
+/// and the next steps send `±0` to nibble 0 alike.)
+///
+/// The instruction flushes subnormal inputs and results to zero. A subnormal result
+/// is flushed by the next rounding (`vcvtne2ps2bf16`) anyway. A subnormal `x` (below
+/// 2^-126) counts as 0, which changes no nibble: where `|min_val| >= 2^-118`, `x -
+/// min_val` lies within `2^-126 - 2^-133` of the bf16 value `-min_val`, less than half
+/// its bf16 spacing (at least 2^-126), so both round to `-min_val`; below that, both
+/// differences are under 2^-117 in magnitude, and the scale of at least 2^-100 that
+/// the caller guarantees makes both quotients round to nibble 0. A subnormal `min_val`
+/// is flushed the same way, inside that last case.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+fn differences_dp(v: __m512i, min_val: f32) -> (__m512, __m512) {
+    let neg = _mm512_set1_ps(-min_val);
+    let v = as_bh(v);
+    let lo = _mm512_dpbf16_ps(neg, v, as_bh(_mm512_set1_epi32(EVEN_ONE)));
+    let hi = _mm512_dpbf16_ps(neg, v, as_bh(_mm512_set1_epi32(ODD_ONE)));
+    (lo, hi)
+}
+
+/// A u32 lane of bf16 pairs `(1.0, 0.0)` (low half first): `vdpbf16ps` by it takes the
+/// even value of each pair.
+const EVEN_ONE: i32 = 0x0000_3F80;
+/// `(0.0, 1.0)`: the odd value.
+const ODD_ONE: i32 = 0x3F80_0000;
+
+/// The integers nearest (ties to even) 32 bf16 values in `[0, 15]`, in the low bytes of
+/// the u32 lanes of two vectors: each value widened to f32 by an unpack (lanes in
+/// [`unpack_order`]) and added to 2^23.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn integers_unpacked(q: __m512i) -> (__m512i, __m512i) {
+    let zero = _mm512_setzero_si512();
+    let magic = _mm512_set1_ps(8_388_608.0); // 2^23
+    let lo = _mm512_add_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, q)), magic);
+    let hi = _mm512_add_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, q)), magic);
+    (_mm512_castps_si512(lo), _mm512_castps_si512(hi))
+}
+
+/// [`integers_unpacked`] in two operations instead of four: `vdpbf16ps` adds to 2^23 in
+/// each u32 lane the product of its even bf16 value (then its odd one) with 1.0 and of
+/// the other with 0.0. The products are exact, the zero one adds `+0` (the values are
+/// finite and not negative), so each lane is `2^23 + q` rounded once to nearest even,
+/// as the f32 addition gives it. The instruction flushes subnormal values to zero,
+/// whose integer is 0 either way. Lanes in [`dp_order`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+fn integers_dp(q: __m512i) -> (__m512i, __m512i) {
+    let magic = _mm512_set1_ps(8_388_608.0); // 2^23
+    let q = as_bh(q);
+    let lo = _mm512_dpbf16_ps(magic, q, as_bh(_mm512_set1_epi32(EVEN_ONE)));
+    let hi = _mm512_dpbf16_ps(magic, q, as_bh(_mm512_set1_epi32(ODD_ONE)));
+    (_mm512_castps_si512(lo), _mm512_castps_si512(hi))
+}
+
+/// The bf16 pairs of a vector of 16-bit lanes, as the `vdpbf16ps` intrinsic types them.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bf16")]
+fn as_bh(v: __m512i) -> __m512bh {
+    // SAFETY: both are 512-bit plain vector types; every bit pattern is valid for either.
+    unsafe { std::mem::transmute(v) }
+}
+
+/// Where [`integers_dp`] takes u32 lane `n` of its two vectors (`0..16` the first,
+/// `16..32` the second) from: the even 16-bit lane `2n`, then the odd ones.
+const fn dp_order(n: usize) -> usize {
+    if n < 16 { 2 * n } else { 2 * (n - 16) + 1 }
+}
 
 /// Where an unpack-widen-narrow round takes lane `n` of its 32 from: `unpacklo_epi16`
 /// puts 16-bit lanes `8L..8L+4` of each 128-bit lane `L` into dwords `4L..4L+4`,
@@ -460,11 +551,23 @@ const fn unpack_order(n: usize) -> usize {
 /// `vpermt2b` indices of [`nibbles_bf16`]: byte `e` (element `e` of the group's 32)
 /// reads the low byte of the dword that holds it after three rounds of
 /// [`unpack_order`] (dwords `0..16` of the first source, `16..32` of the second).
-const NIBBLE_GATHER: [u8; 64] = {
+const NIBBLE_GATHER: [u8; 64] = nibble_gather(false);
+
+/// [`NIBBLE_GATHER`] for [`nibbles_bf16`], whose first and last rounds take their
+/// lanes in [`dp_order`] ([`differences_dp`], [`integers_dp`]).
+const NIBBLE_GATHER_DP: [u8; 64] = nibble_gather(true);
+
+/// The `vpermt2b` indices that gather the nibble bytes after three widen-and-narrow
+/// rounds: the middle one in [`unpack_order`], the first and last in [`dp_order`]
+/// (`dp`) or [`unpack_order`].
+const fn nibble_gather(dp: bool) -> [u8; 64] {
+    const fn outer(dp: bool, n: usize) -> usize {
+        if dp { dp_order(n) } else { unpack_order(n) }
+    }
     let mut g = [0u8; 64];
     let mut slot = 0;
     while slot < 32 {
-        let e = unpack_order(unpack_order(unpack_order(slot)));
+        let e = outer(dp, unpack_order(outer(dp, slot)));
         g[e] = if slot < 16 {
             4 * slot
         } else {
@@ -473,7 +576,7 @@ const NIBBLE_GATHER: [u8; 64] = {
         slot += 1;
     }
     g
-};
+}
 
 /// `lo` and `hi` rounded to bf16 (nearest even; subnormals flushed to zero), lanes 0..16
 /// from `lo`.
