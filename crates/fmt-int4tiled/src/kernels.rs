@@ -798,9 +798,6 @@ mod tests {
         }
     }
 
-    /// The hardware bf16 rounding flushes subnormals: groups of subnormal and tiny values
-    /// whose scales run from the smallest (where a flush would change nibbles) across
-    /// [`MIN_HARDWARE_SCALE`] give the specification's nibbles.
     /// The AVX-512 BF16 loop's first step (`x86::differences_dp`) counts a subnormal
     /// value as 0: every subnormal bf16 value of either sign, in groups whose minimum
     /// runs from subnormal to 2^-90 (either sign) and whose scale reaches the hardware
@@ -842,6 +839,9 @@ mod tests {
         );
     }
 
+    /// The hardware bf16 rounding flushes subnormals: groups of subnormal and tiny values
+    /// whose scales run from the smallest (where a flush would change nibbles) across
+    /// [`MIN_HARDWARE_SCALE`] give the specification's nibbles.
     #[test]
     fn subnormal_groups_near_the_hardware_scale_bound() {
         use crate::qparams::{EPS_V2, quantize_group};

@@ -399,8 +399,11 @@ pub(crate) fn dequant_row<T: Element>(
 ///
 /// The bf16 -> f32 widenings are in-lane unpacks (one operation per 16 values, where
 /// the order-keeping zero-extension and shift take two), so each widen-and-narrow round
-/// permutes the lanes by [`unpack_order`]; every step between is lane-wise, and the
-/// final `vpermt2b` that gathers each lane's nibble byte undoes the three rounds.
+/// permutes the lanes by [`unpack_order`]; with AVX-512 BF16 the first and last rounds
+/// widen by `vdpbf16ps` instead, fused with their subtraction or addition
+/// (`$differences`, `$integers`: lanes in [`dp_order`]). Every step between is
+/// lane-wise, and the final `vpermt2b` that gathers each lane's nibble byte (`$gather`)
+/// undoes the three rounds.
 macro_rules! bf16_nibble_loop {
     ($(#[$doc:meta])* $name:ident, $features:literal, $differences:ident, $round:ident, $integers:ident, $gather:ident) => {
         $(#[$doc])*
@@ -474,10 +477,11 @@ fn differences_unpacked(v: __m512i, min_val: f32) -> (__m512, __m512) {
 ///
 /// The instruction flushes subnormal inputs and results to zero. A subnormal result
 /// is flushed by the next rounding (`vcvtne2ps2bf16`) anyway. A subnormal `x` (below
-/// 2^-126) counts as 0, which changes no nibble: where `|min_val| >= 2^-118`, `x -
+/// 2^-126) counts as 0, which changes no nibble: where `|min_val| >= 2^-117`, `x -
 /// min_val` lies within `2^-126 - 2^-133` of the bf16 value `-min_val`, less than half
-/// its bf16 spacing (at least 2^-126), so both round to `-min_val`; below that, both
-/// differences are under 2^-117 in magnitude, and the scale of at least 2^-100 that
+/// the bf16 spacing on either side of it (at least 2^-126 above and below, the spacing
+/// halving below a power of two), so both round to `-min_val`; below that, both
+/// differences are under 2^-115 in magnitude, and the scale of at least 2^-100 that
 /// the caller guarantees makes both quotients round to nibble 0. A subnormal `min_val`
 /// is flushed the same way, inside that last case.
 #[inline]
@@ -548,7 +552,7 @@ const fn unpack_order(n: usize) -> usize {
     8 * (m / 4) + m % 4 + if n < 16 { 0 } else { 4 }
 }
 
-/// `vpermt2b` indices of [`nibbles_bf16`]: byte `e` (element `e` of the group's 32)
+/// `vpermt2b` indices of [`nibbles_bf16_int`]: byte `e` (element `e` of the group's 32)
 /// reads the low byte of the dword that holds it after three rounds of
 /// [`unpack_order`] (dwords `0..16` of the first source, `16..32` of the second).
 const NIBBLE_GATHER: [u8; 64] = nibble_gather(false);
