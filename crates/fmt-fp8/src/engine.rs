@@ -426,7 +426,7 @@ fn whole_rows<T: Element>(
             for j in (0..ww).step_by(BLOCK) {
                 let (how, out) = ((level, *store, *fence), (&mut **strip, w0 + j));
                 let block = (&codes[base + j..], pitch, rows, BLOCK.min(ww - j));
-                transpose_to_strip(how, block, out, &mut scratch.tposed, |_| {});
+                transpose_to_strip(how, block, out, &mut scratch.tposed);
             }
         }
     }
@@ -818,7 +818,7 @@ impl Pending {
             let j = 16 * self.done;
             let w = 16.min(self.cw - j);
             let block = (&codes[j..], self.pitch, self.rows, w);
-            transpose_to_strip(how, block, (strip, self.c0 + j), tposed, |_| {});
+            transpose_to_strip(how, block, (strip, self.c0 + j), tposed);
             self.done += 1;
         }
     }

@@ -1912,7 +1912,7 @@ fn store_columnwise(
     let half = rows / 2;
     let (mode, fence) = (col.store.0, &col.store.1);
     let (block, out) = ((&s.pairs[..], CHUNK, half, cw), (&mut col.data, c0));
-    transpose_to_strip((p.level, mode, fence), block, out, &mut s.tposed, |_| {});
+    transpose_to_strip((p.level, mode, fence), block, out, &mut s.tposed);
 }
 
 /// 4over6 columnwise: per column block (16 values down a column), the scalar candidates.

@@ -257,8 +257,7 @@ pub fn write_bytes(level: Level, src: &[u8], dst: &mut [u8], mode: StoreMode, fe
 /// Writes the transpose of a block of codes into a column strip: column `j` of the
 /// `rows x cols` bytes of `src` (row stride `stride`), that is `rows` bytes, becomes row
 /// `j0 + j` of `strip` (whose width is `rows`), with the level and store mode given
-/// (streamed lines fenced by `fence`); `between(j)` runs after each such row (a
-/// caller's prefetches, spread over the stores). `scratch` holds `rows * cols` bytes.
+/// (streamed lines fenced by `fence`). `scratch` holds `rows * cols` bytes.
 ///
 /// Where the fused kernels run (streaming mode, [`Level::Avx512`] or [`Level::Avx2`],
 /// `rows` of 64 or 128, every destination row on a 64-byte line), whole 16-column
@@ -287,7 +286,6 @@ pub fn write_bytes(level: Level, src: &[u8], dst: &mut [u8], mode: StoreMode, fe
 ///     (&src, cols, rows, cols),
 ///     (&mut strips[0], 0),
 ///     &mut scratch,
-///     |_| {},
 /// );
 /// drop(strips);
 /// drop(fence);
@@ -306,19 +304,11 @@ pub fn transpose_to_strip(
     (src, stride, rows, cols): (&[u8], usize, usize, usize),
     (strip, j0): (&mut crate::strips::Strip<'_, u8>, usize),
     scratch: &mut [u8],
-    mut between: impl FnMut(usize),
 ) {
-    let done = transpose_fused(
-        level,
-        mode,
-        (src, stride, rows, cols),
-        (strip, j0),
-        &mut between,
-    );
+    let done = transpose_fused(level, mode, (src, stride, rows, cols), (strip, j0));
     crate::simd::transpose_bytes(&src[done..], stride, scratch, rows, rows, cols - done);
     for (jj, run) in scratch.chunks_exact(rows).take(cols - done).enumerate() {
         write_bytes(level, run, strip.row_mut(j0 + done + jj), mode, fence);
-        between(done + jj);
     }
 }
 
@@ -330,7 +320,6 @@ fn transpose_fused(
     mode: StoreMode,
     (src, stride, rows, cols): (&[u8], usize, usize, usize),
     (strip, j0): (&mut crate::strips::Strip<'_, u8>, usize),
-    between: impl FnMut(usize),
 ) -> usize {
     let whole = cols / 16 * 16;
     let fits = mode == StoreMode::Streaming
@@ -354,15 +343,15 @@ fn transpose_fused(
         // checked).
         unsafe {
             match level {
-                Level::Avx512 => x86::transpose_to_strip(src, stride, rows, whole, out, between),
-                _ => avx2::transpose_to_strip(src, stride, rows, whole, out, between),
+                Level::Avx512 => x86::transpose_to_strip(src, stride, rows, whole, out),
+                _ => avx2::transpose_to_strip(src, stride, rows, whole, out),
             }
         };
         whole
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (between, j0);
+        let _ = j0;
         0
     }
 }
@@ -654,7 +643,6 @@ pub mod avx2 {
         rows: usize,
         whole: usize,
         (strip, j0): (&mut crate::strips::Strip<'_, u8>, usize),
-        mut between: impl FnMut(usize),
     ) {
         let mut stage = [[_mm256_setzero_si256(); 2]; 16];
         for c0 in (0..whole).step_by(16) {
@@ -698,9 +686,6 @@ pub mod avx2 {
                         stream32(row.as_mut_ptr().add(96), d);
                     }
                 }
-            }
-            for j in c0..c0 + 16 {
-                between(j);
             }
         }
     }
@@ -1288,7 +1273,6 @@ pub mod x86 {
         rows: usize,
         whole: usize,
         (strip, j0): (&mut crate::strips::Strip<'_, u8>, usize),
-        mut between: impl FnMut(usize),
     ) {
         for c0 in (0..whole).step_by(16) {
             // SAFETY: rows `0..64` of columns `c0..c0 + 16` lie inside `src` (contract);
@@ -1313,9 +1297,6 @@ pub mod x86 {
                         _mm512_stream_si512(row.as_mut_ptr().add(64).cast(), b);
                     }
                 }
-            }
-            for j in c0..c0 + 16 {
-                between(j);
             }
         }
     }
@@ -1655,8 +1636,7 @@ mod tests {
     /// (the fused kernels, then the scratch route for the rest) writes every column: 64-
     /// and 128-row blocks (and 96, which the kernels decline), column counts with and
     /// without a partial last 16-column block, the second strip of a matrix (its rows
-    /// start mid-row) and a destination row offset; `between` sees every written column
-    /// once, in order; rows not written keep their bytes.
+    /// start mid-row) and a destination row offset; rows not written keep their bytes.
     #[test]
     fn transpose_to_strip_writes_the_transpose() {
         use crate::strips::column_strips;
@@ -1678,7 +1658,6 @@ mod tests {
                         let (j0, n) = (3, 3 + cols + 5);
                         let mut m = crate::HostBytes::zeroed(n * 2 * rows);
                         m.as_mut_slice().fill(0xA5);
-                        let mut seen = Vec::new();
                         // Streamed lines are ordered by the fence's drop.
                         let fence = Fence::new();
                         let done = {
@@ -1691,10 +1670,10 @@ mod tests {
                             if whole_call {
                                 let mut scratch = vec![0u8; rows * cols];
                                 let how = (level, mode, &fence);
-                                transpose_to_strip(how, block, out, &mut scratch, |j| seen.push(j));
+                                transpose_to_strip(how, block, out, &mut scratch);
                                 cols
                             } else {
-                                transpose_fused(level, mode, block, out, |j| seen.push(j))
+                                transpose_fused(level, mode, block, out)
                             }
                         };
                         drop(fence);
@@ -1708,7 +1687,6 @@ mod tests {
                             );
                             ran_fused |= done > 0;
                         }
-                        assert_eq!(seen, (0..done).collect::<Vec<_>>());
                         let m = m.as_slice();
                         for r in 0..n {
                             for i in 0..rows {
