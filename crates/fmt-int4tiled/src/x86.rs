@@ -414,14 +414,13 @@ macro_rules! bf16_nibble_loop {
             let fifteen = _mm512_set1_epi16(0x4170); // bf16 15.0
             // SAFETY: 64 bytes (one unaligned 512-bit load).
             let gather = unsafe { _mm512_loadu_si512($gather.as_ptr().cast()) };
-            let low = |v| _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v));
-            let high = |v| _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, v));
             for (x, o) in xs.chunks_exact(32).zip(u.chunks_exact_mut(32)) {
                 // SAFETY: `x` is 32 u16 (one unaligned 512-bit load).
                 let v = unsafe { _mm512_loadu_si512(x.as_ptr().cast()) };
                 let (t_lo, t_hi) = $differences(v, min_val);
                 let t = $round(t_lo, t_hi);
-                let q = $round(_mm512_mul_ps(low(t), rr), _mm512_mul_ps(high(t), rr));
+                let (t_lo, t_hi) = widen_unpacked(t);
+                let q = $round(_mm512_mul_ps(t_lo, rr), _mm512_mul_ps(t_hi, rr));
                 // Clamped to [0, 15] as integers (bf16 order is integer order for positive
                 // values; negative ones, -0 included, are negative i16), then rounded half to
                 // even, the integer in the low byte of each u32 lane of two vectors.
@@ -455,15 +454,24 @@ bf16_nibble_loop!(
     NIBBLE_GATHER
 );
 
+/// 32 bf16 values `v` widened to f32 (exactly), in two vectors of 16 by in-lane unpacks:
+/// lanes in [`unpack_order`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn widen_unpacked(v: __m512i) -> (__m512, __m512) {
+    let zero = _mm512_setzero_si512();
+    let lo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v));
+    let hi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, v));
+    (lo, hi)
+}
+
 /// `x - min_val` in f32 for 32 bf16 values `v`, in two vectors of 16: each value
-/// widened to f32 by an unpack (lanes in [`unpack_order`]), then subtracted.
+/// widened ([`widen_unpacked`]), then subtracted.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 fn differences_unpacked(v: __m512i, min_val: f32) -> (__m512, __m512) {
-    let zero = _mm512_setzero_si512();
     let mn = _mm512_set1_ps(min_val);
-    let lo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v));
-    let hi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, v));
+    let (lo, hi) = widen_unpacked(v);
     (_mm512_sub_ps(lo, mn), _mm512_sub_ps(hi, mn))
 }
 
@@ -501,15 +509,14 @@ const EVEN_ONE: i32 = 0x0000_3F80;
 const ODD_ONE: i32 = 0x3F80_0000;
 
 /// The integers nearest (ties to even) 32 bf16 values in `[0, 15]`, in the low bytes of
-/// the u32 lanes of two vectors: each value widened to f32 by an unpack (lanes in
-/// [`unpack_order`]) and added to 2^23.
+/// the u32 lanes of two vectors: each value widened ([`widen_unpacked`]) and added to
+/// 2^23.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 fn integers_unpacked(q: __m512i) -> (__m512i, __m512i) {
-    let zero = _mm512_setzero_si512();
     let magic = _mm512_set1_ps(8_388_608.0); // 2^23
-    let lo = _mm512_add_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, q)), magic);
-    let hi = _mm512_add_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, q)), magic);
+    let (lo, hi) = widen_unpacked(q);
+    let (lo, hi) = (_mm512_add_ps(lo, magic), _mm512_add_ps(hi, magic));
     (_mm512_castps_si512(lo), _mm512_castps_si512(hi))
 }
 
