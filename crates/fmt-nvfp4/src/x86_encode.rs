@@ -4,13 +4,15 @@
 //! The portable loop ([`crate::engine`]'s `encode_pack_rn`) vectorizes to one vector
 //! per block and ends each block with a `vpmovqb` store of its 8 bytes; on Zen 4 that
 //! narrowing store was the most-sampled instruction of the NVFP4 quantize profile.
-//! Here a block's codes are paired in 64-bit lanes as there (`q | q >> 28` leaves byte
-//! `2j | 2j+1 << 4` in the low byte of lane `j`), and four blocks' lanes are gathered
-//! by two `vpermt2b` (VBMI) and a byte blend into one 32-byte store; without VBMI
-//! (Skylake-SP, Cascade Lake, Cooper Lake) each block's 8 bytes take a `vpmovqb` store.
+//! Here two blocks' codes share one vector of 16-bit lanes, each pair of codes is
+//! folded into the low byte of its u32 lane ([`pair_bytes16`]), and four blocks' bytes
+//! are gathered by one `vpermt2b` (VBMI) into one 32-byte store; without VBMI
+//! (Skylake-SP, Cascade Lake, Cooper Lake) each two blocks take a `vpmovdb` store.
 //!
 //! Each lane's code comes from two 32-entry tables on the bucket `|x| >> 21` (see
-//! [`codes`]), filled from the scalar [`quant_core::codec::e2m1::encode`] when a run starts.
+//! [`codes`]), filled from the scalar [`quant_core::codec::e2m1::encode`] when a run
+//! starts; [`codes`] and [`sr_codes`] (one block per vector) remain for the last blocks
+//! of a run that make no step of four.
 //!
 //! Rounding to nearest (the rowwise block loop, with or without VBMI, and the columnwise
 //! pairs) takes a shorter route ([`codes16`]): each f32 lane becomes a 12-bit key (sign,
@@ -19,6 +21,13 @@
 //! takes two `vpermt2d` for 16. In the NVFP4 quantize from bf16 and f16 that was x1.09
 //! rowwise and columnwise (fifty-seventh session of issue 8); from f32, which is closer
 //! to its memory bound, no change.
+//!
+//! Stochastic rounding keeps its jitter in f32 lanes (one fused multiply-add, [`jittered`],
+//! whose rounding the rule specifies) and does the rest in 16-bit lanes
+//! ([`sr_codes16`]): the bucket, the sign and NaN are all in the high half of a lane.
+//! About 67 vector operations per four blocks where one block per vector took 87: the
+//! NVFP4 stochastic-rounding quantize from bf16 and f16 x1.07-1.08 rowwise, x1.04
+//! columnwise, from f32 x1.02 (sixtieth session).
 
 use std::arch::x86_64::{
     __m128i, __m256i, __m512, __m512i, _mm_loadu_si128, _mm_storel_epi64, _mm_storeu_si128,
@@ -26,12 +35,12 @@ use std::arch::x86_64::{
     _mm512_castps_si512, _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmple_epu16_mask,
     _mm512_cmple_epu32_mask, _mm512_cvtepi32_epi8, _mm512_cvtepi32_ps, _mm512_cvtepi64_epi8,
     _mm512_cvtepu8_epi32, _mm512_cvtph_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_loadu_si512,
-    _mm512_mask_blend_epi8, _mm512_mask_blend_epi32, _mm512_mask_ternarylogic_epi32,
-    _mm512_maskz_srli_epi16, _mm512_max_epu16, _mm512_max_epu32, _mm512_min_epu16,
-    _mm512_min_epu32, _mm512_mul_ps, _mm512_or_si512, _mm512_packus_epi32,
-    _mm512_permutex2var_epi8, _mm512_permutex2var_epi16, _mm512_permutex2var_epi32,
-    _mm512_permutexvar_epi32, _mm512_set1_epi16, _mm512_set1_epi32, _mm512_set1_ps,
-    _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srli_epi64, _mm512_srlv_epi32, _mm512_sub_epi32,
+    _mm512_mask_blend_epi32, _mm512_mask_ternarylogic_epi32, _mm512_maskz_srli_epi16,
+    _mm512_max_epu16, _mm512_max_epu32, _mm512_min_epu16, _mm512_min_epu32, _mm512_mul_ps,
+    _mm512_or_si512, _mm512_packus_epi32, _mm512_permutex2var_epi8, _mm512_permutex2var_epi16,
+    _mm512_permutex2var_epi32, _mm512_permutexvar_epi16, _mm512_permutexvar_epi32,
+    _mm512_set1_epi16, _mm512_set1_epi32, _mm512_set1_ps, _mm512_slli_epi32, _mm512_srli_epi16,
+    _mm512_srli_epi32, _mm512_srli_epi64, _mm512_srlv_epi32, _mm512_sub_epi32,
     _mm512_ternarylogic_epi32, _mm512_test_epi32_mask,
 };
 
@@ -236,16 +245,18 @@ fn pairs_sr_with(
         _mm512_set1_epi32(shift as i32),
         _mm512_set1_epi32(shift as i32 + 8),
     ];
-    let code = |c: usize, row: usize, v| {
+    let bytes = |c: usize, a, b| {
         // SAFETY: `c + 16 <= words.len()` (checked lengths, `c` steps by 16 below
         // `enc.len()`); one unaligned 512-bit load.
         let w = unsafe { _mm512_loadu_si512(words.as_ptr().add(c).cast()) };
-        let r = _mm512_and_si512(_mm512_srlv_epi32(w, shifts[row]), byte);
-        sr_codes_lanes(v, r, &k)
-    };
-    let bytes = |c: usize, a, b| {
-        let (a, b) = (code(c, 0, a), code(c, 1, b));
-        _mm512_cvtepi32_epi8(_mm512_or_si512(a, _mm512_slli_epi32::<4>(b)))
+        let r = |row: usize| _mm512_and_si512(_mm512_srlv_epi32(w, shifts[row]), byte);
+        let (ta, tb) = (jittered(a, r(0), &k), jittered(b, r(1), &k));
+        _mm512_cvtepi32_epi8(pair_bytes16(sr_codes16(
+            (a, ta),
+            (b, tb),
+            k.side_by_side,
+            &k,
+        )))
     };
     pairs_with(lo, hi, bytes, enc, out)
 }
@@ -357,7 +368,7 @@ pub(crate) fn supported() -> bool {
 /// `$store4` writes four blocks' pair bytes, and every function carries its target
 /// features so that it inlines.
 macro_rules! encoder {
-    ($(#[$doc:meta])* $module:ident, $features:literal, $store4:ident, $rn4:ident) => {
+    ($(#[$doc:meta])* $module:ident, $features:literal, $sr4:ident, $rn4:ident) => {
         $(#[$doc])*
         pub(super) mod $module {
             use super::*;
@@ -427,11 +438,7 @@ macro_rules! encoder {
                         let r = unsafe { _mm_loadu_si128(rnd[b].as_ptr().cast()) };
                         sr_codes(scaled(b), r, &k)
                     };
-                    let pairs = |b: usize| pair_bytes(code(b));
-                    let four = |b: usize, o: &mut [u8]| {
-                        $store4([pairs(b), pairs(b + 1), pairs(b + 2), pairs(b + 3)], &k, o)
-                    };
-                    encode_blocks(code, four, out, ahead)
+                    encode_blocks(code, |b, o| $sr4(&scaled, rnd, b, &k, o), out, ahead)
                 }
             }
         }
@@ -468,21 +475,20 @@ macro_rules! encoder {
 }
 
 encoder!(
-    /// With VBMI: rounding to nearest encodes two blocks per [`codes16`] and gathers four
-    /// blocks' bytes with one `vpermt2b` ([`rn4_vbmi`]); stochastic rounding's per-block
-    /// codes take two `vpermt2b` and a byte blend ([`store4_vbmi`]).
+    /// With VBMI: both roundings encode two blocks per 16-bit-lane step ([`codes16`],
+    /// [`sr_codes16`]) and gather four blocks' bytes with one `vpermt2b` ([`rn4_vbmi`],
+    /// [`sr4_vbmi`]).
     vbmi,
     "avx512f,avx512bw,avx512vbmi",
-    store4_vbmi,
+    sr4_vbmi,
     rn4_vbmi
 );
 encoder!(
-    /// Without VBMI (Skylake-SP, Cascade Lake, Cooper Lake): rounding to nearest as with
-    /// VBMI but a `vpermd` and a `vpmovdb` per two blocks ([`rn4_bw`]); stochastic
-    /// rounding a `vpmovqb` store per block.
+    /// Without VBMI (Skylake-SP, Cascade Lake, Cooper Lake): as with VBMI but a `vpmovdb`
+    /// per two blocks (after a `vpermd` under rounding to nearest: [`rn4_bw`], [`sr4_bw`]).
     bw,
     "avx512f,avx512bw",
-    store4_bw,
+    sr4_bw,
     rn4_bw
 );
 
@@ -513,28 +519,63 @@ fn rn4_bw(scaled: &impl Fn(usize) -> __m512, b: usize, k: &Consts, o: &mut [u8])
     }
 }
 
-/// Four blocks' pair bytes (byte 0 of each 64-bit lane, [`pair_bytes`]) into `o`
-/// (32 bytes) by two `vpermt2b` and a byte blend, one store.
+/// Four blocks under stochastic rounding into `o` (32 bytes), `scaled(b)` giving block
+/// `b`'s scaled values and `rnd[b]` its random bytes: [`sr_pair_bytes`] for blocks `b,
+/// b + 1` and for `b + 2, b + 3`, gathered by one `vpermt2b`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-fn store4_vbmi(p: [__m512i; 4], k: &Consts, o: &mut [u8]) {
-    let ab = _mm512_permutex2var_epi8(p[0], k.gather, p[1]);
-    let cd = _mm512_permutex2var_epi8(p[2], k.gather, p[3]);
-    // Bytes 0..16 of `ab` are blocks b, b+1; bytes 16..32 of `cd` are b+2, b+3.
-    let abcd = _mm512_castsi512_si256(_mm512_mask_blend_epi8(0xFFFF_0000, ab, cd));
+fn sr4_vbmi(
+    scaled: &impl Fn(usize) -> __m512,
+    rnd: &[[u8; BLOCK]],
+    b: usize,
+    k: &Consts,
+    o: &mut [u8],
+) {
+    let ab = sr_pair_bytes(scaled, rnd, b, k);
+    let cd = sr_pair_bytes(scaled, rnd, b + 2, k);
+    let abcd = _mm512_castsi512_si256(_mm512_permutex2var_epi8(ab, k.gather_sr, cd));
     let o = &mut o[..32];
     // SAFETY: `o` is 32 bytes (one unaligned 256-bit store).
     unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast::<__m256i>(), abcd) };
 }
 
-/// [`store4_vbmi`] without VBMI: each block's 8 bytes by `vpmovqb` and a 64-bit store.
+/// [`sr4_vbmi`] without VBMI: each two blocks' [`sr_pair_bytes`] narrowed by a
+/// `vpmovdb` into one 16-byte store.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-fn store4_bw(p: [__m512i; 4], _k: &Consts, o: &mut [u8]) {
-    for (v, o) in p.into_iter().zip(o[..32].chunks_exact_mut(8)) {
-        // SAFETY: `o` is 8 bytes (one unaligned 64-bit store).
-        unsafe { _mm_storel_epi64(o.as_mut_ptr().cast(), _mm512_cvtepi64_epi8(v)) };
+fn sr4_bw(
+    scaled: &impl Fn(usize) -> __m512,
+    rnd: &[[u8; BLOCK]],
+    b: usize,
+    k: &Consts,
+    o: &mut [u8],
+) {
+    for (i, o) in o[..32].chunks_exact_mut(16).enumerate() {
+        let pairs = _mm512_cvtepi32_epi8(sr_pair_bytes(scaled, rnd, b + 2 * i, k));
+        // SAFETY: `o` is 16 bytes (one unaligned 128-bit store).
+        unsafe { _mm_storeu_si128(o.as_mut_ptr().cast(), pairs) };
     }
+}
+
+/// Blocks `b` and `b + 1` under stochastic rounding as bytes: u32 lane `j` holds in its
+/// low byte the pair byte `j % 8` of block `b + j / 8` ([`sr_codes16`] in block order,
+/// then [`pair_bytes16`]).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn sr_pair_bytes(
+    scaled: &impl Fn(usize) -> __m512,
+    rnd: &[[u8; BLOCK]],
+    b: usize,
+    k: &Consts,
+) -> __m512i {
+    let t = |v: __m512, r: &[u8; BLOCK]| {
+        // SAFETY: a row is 16 bytes (one unaligned 128-bit load).
+        let r = unsafe { _mm_loadu_si128(r.as_ptr().cast()) };
+        jittered(v, _mm512_cvtepu8_epi32(r), k)
+    };
+    let (v0, v1) = (scaled(b), scaled(b + 1));
+    let (t0, t1) = (t(v0, &rnd[b]), t(v1, &rnd[b + 1]));
+    pair_bytes16(sr_codes16((v0, t0), (v1, t1), k.in_order, k))
 }
 
 /// First and last bucket of [`codes`]: `|x| >> 21` (exponent and two mantissa bits) of
@@ -564,6 +605,56 @@ const SR_CODES: [u32; 16] = [4, 5, 6, 7, 7, 7, 7, 7, 7, 7, 7, 0, 1, 1, 2, 3];
 const SR_FIRST: u32 = 251;
 const SR_LAST: u32 = 266;
 
+/// [`SR_CODES`] for [`sr_codes16`]'s `vpermw`, at index `bucket & 31`: the 16 buckets
+/// `SR_FIRST..=SR_LAST` are distinct modulo 32.
+const SR_TABLE16: [u16; 32] = {
+    let mut t = [0u16; 32];
+    let mut b = SR_FIRST;
+    while b <= SR_LAST {
+        t[(b & 31) as usize] = SR_CODES[(b & 15) as usize] as u16;
+        b += 1;
+    }
+    t
+};
+
+/// A `vpermt2w` word order of [`sr_codes16`]: word `w` is the high half of lane `w % 16`
+/// of the first vector for `w < 16`, of the second for `w >= 16` (two blocks in order).
+const IN_ORDER: [u16; 32] = {
+    let mut o = [0u16; 32];
+    let mut w = 0;
+    while w < 32 {
+        o[w] = 2 * w as u16 + 1;
+        w += 1;
+    }
+    o
+};
+
+/// The other word order of [`sr_codes16`]: u32 lane `l` holds the high halves of lane
+/// `l` of the first vector (low word) and of the second (high word), the columnwise
+/// pairs' order (two stored rows side by side).
+const SIDE_BY_SIDE: [u16; 32] = {
+    let mut o = [0u16; 32];
+    let mut w = 0;
+    while w < 32 {
+        o[w] = (w - w % 2 + 1 + 32 * (w % 2)) as u16;
+        w += 1;
+    }
+    o
+};
+
+/// [`sr4_vbmi`]'s byte gather from two [`sr_pair_bytes`] vectors: output byte `i` is the
+/// low byte of u32 lane `i % 16`, of the first vector for `i < 16` and of the second
+/// (bytes 64..) for `16 <= i < 32`.
+const GATHER_SR: [u8; 64] = {
+    let mut g = [0u8; 64];
+    let mut i = 0;
+    while i < 32 {
+        g[i] = (4 * (i % 16) + 64 * (i / 16)) as u8;
+        i += 1;
+    }
+    g
+};
+
 /// The constants of [`codes`], [`sr_codes`] and of the byte gather, built once per run.
 struct Consts {
     abs: __m512i,
@@ -576,9 +667,6 @@ struct Consts {
     /// (entries 0..16, 16..32).
     at_start: [__m512i; 2],
     inside: [__m512i; 2],
-    /// `vpermt2b` indices: byte `8i` of the first source for `i < 8`, of the second
-    /// for `8 <= i < 16`; the same again at 16..32.
-    gather: __m512i,
     /// [`key`] and [`codes_of_keys`]: bits 0..20 (the carry's mask and addend), the
     /// key's magnitude (11 bits), the clamp of its magnitude, the key of infinity, the sign's
     /// code bit in 16-bit lanes and the 64-entry table ([`TABLE16`]).
@@ -602,21 +690,23 @@ struct Consts {
     sr_first: __m512i,
     sr_last: __m512i,
     sr_codes: __m512i,
+    /// [`sr_codes16`]: its bucket clamp and 32-entry table ([`SR_TABLE16`]) in 16-bit
+    /// lanes, the high half of infinity, and its two `vpermt2w` word orders
+    /// ([`IN_ORDER`], [`SIDE_BY_SIDE`]).
+    sr_first16: __m512i,
+    sr_last16: __m512i,
+    sr_table16: __m512i,
+    inf_high: __m512i,
+    in_order: __m512i,
+    side_by_side: __m512i,
+    /// `vpermt2b` indices of [`sr4_vbmi`] ([`GATHER_SR`]).
+    gather_sr: __m512i,
 }
 
 impl Consts {
     #[inline]
     #[target_feature(enable = "avx512f")]
     fn new() -> Consts {
-        let mut gather = [0u8; 64];
-        for (i, g) in gather.iter_mut().enumerate().take(32) {
-            let j = i % 16;
-            *g = if j < 8 {
-                8 * j as u8
-            } else {
-                64 + 8 * (j as u8 - 8)
-            };
-        }
         Consts {
             abs: _mm512_set1_epi32(0x7FFF_FFFF),
             first: _mm512_set1_epi32(FIRST_BUCKET as i32),
@@ -626,9 +716,6 @@ impl Consts {
             sign: _mm512_set1_epi32(8),
             at_start: halves(&AT_START),
             inside: halves(&INSIDE),
-            // SAFETY: both types are 64 bytes of plain integers; every bit pattern is
-            // valid for each.
-            gather: unsafe { std::mem::transmute::<[u8; 64], __m512i>(gather) },
             below: _mm512_set1_epi32((1 << 20) - 1),
             magnitude: _mm512_set1_epi16(0x07FF),
             first_key: _mm512_set1_epi16((2 * FIRST_BUCKET) as i16),
@@ -649,6 +736,17 @@ impl Consts {
             sr_last: _mm512_set1_epi32(SR_LAST as i32),
             // SAFETY: 16 u32 (one unaligned 512-bit load).
             sr_codes: unsafe { _mm512_loadu_si512(SR_CODES.as_ptr().cast()) },
+            sr_first16: _mm512_set1_epi16(SR_FIRST as i16),
+            sr_last16: _mm512_set1_epi16(SR_LAST as i16),
+            // SAFETY: 32 u16 (one unaligned 512-bit load).
+            sr_table16: unsafe { _mm512_loadu_si512(SR_TABLE16.as_ptr().cast()) },
+            inf_high: _mm512_set1_epi16(0x7F80),
+            // SAFETY: 32 u16 (one unaligned 512-bit load).
+            in_order: unsafe { _mm512_loadu_si512(IN_ORDER.as_ptr().cast()) },
+            // SAFETY: 32 u16 (one unaligned 512-bit load).
+            side_by_side: unsafe { _mm512_loadu_si512(SIDE_BY_SIDE.as_ptr().cast()) },
+            // SAFETY: both types are 64 bytes of plain integers.
+            gather_sr: unsafe { std::mem::transmute::<[u8; 64], __m512i>(GATHER_SR) },
         }
     }
 }
@@ -810,13 +908,7 @@ fn sr_codes(v: __m512, r: __m128i, k: &Consts) -> __m512i {
 fn sr_codes_lanes(v: __m512, r: __m512i, k: &Consts) -> __m512i {
     let bits = _mm512_castps_si512(v);
     let abits = _mm512_and_si512(bits, k.abs);
-    let clamped = _mm512_min_epu32(_mm512_max_epu32(abits, k.one), k.four);
-    let jitter = _mm512_sub_epi32(_mm512_and_si512(clamped, k.exponent), k.nine);
-    let t = _mm512_fmadd_ps(
-        _mm512_cvtepi32_ps(r),
-        _mm512_castsi512_ps(jitter),
-        _mm512_castsi512_ps(abits),
-    );
+    let t = jittered(v, r, k);
     let bucket = _mm512_min_epu32(
         _mm512_max_epu32(_mm512_srli_epi32::<22>(_mm512_castps_si512(t)), k.sr_first),
         k.sr_last,
@@ -824,6 +916,54 @@ fn sr_codes_lanes(v: __m512, r: __m512i, k: &Consts) -> __m512i {
     let code = _mm512_permutexvar_epi32(bucket, k.sr_codes);
     let not_nan = _mm512_cmple_epu32_mask(abits, k.inf_bits);
     _mm512_mask_ternarylogic_epi32::<0xF8>(code, not_nan, _mm512_srli_epi32::<28>(bits), k.sign)
+}
+
+/// The rule's jittered magnitude `t = |v| + r * step / 256` of each lane ([`sr_codes`]
+/// has the argument), `r` the random bytes one per 32-bit lane (0..=255). A NaN `v`
+/// gives a NaN `t` (with the sign bit clear), infinity gives infinity.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn jittered(v: __m512, r: __m512i, k: &Consts) -> __m512 {
+    let abits = _mm512_and_si512(_mm512_castps_si512(v), k.abs);
+    let clamped = _mm512_min_epu32(_mm512_max_epu32(abits, k.one), k.four);
+    let jitter = _mm512_sub_epi32(_mm512_and_si512(clamped, k.exponent), k.nine);
+    _mm512_fmadd_ps(
+        _mm512_cvtepi32_ps(r),
+        _mm512_castsi512_ps(jitter),
+        _mm512_castsi512_ps(abits),
+    )
+}
+
+/// [`sr_codes`] of two vectors' lanes after the jitter, in 16-bit lanes: each pair is
+/// `(v, t)` with `t` [`jittered`]`(v)`, and `words` (a `vpermt2w` order, [`IN_ORDER`] or
+/// [`SIDE_BY_SIDE`]) says which lane of which vector each u16 lane takes.
+///
+/// Every step after the fused multiply-add reads only the high half of a lane: the
+/// bucket `t >> 22` is the high half shifted by 6, the sign is bit 15 of `v`'s, and a
+/// NaN `t` (a multiply's result, so quiet) has a high half above infinity's `0x7F80`.
+/// One `vpermt2w` per operand gathers those halves of 32 lanes, and the clamp, the
+/// lookup and the sign then take one operation per 32 values where [`sr_codes`] takes
+/// one per 16. In u16 lanes as [`codes16`]'s, so [`pair_bytes16`] folds pairs.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn sr_codes16(
+    (v0, t0): (__m512, __m512),
+    (v1, t1): (__m512, __m512),
+    words: __m512i,
+    k: &Consts,
+) -> __m512i {
+    let high =
+        |a, b| _mm512_permutex2var_epi16(_mm512_castps_si512(a), words, _mm512_castps_si512(b));
+    let (t, v) = (high(t0, t1), high(v0, v1));
+    let bucket = _mm512_min_epu16(
+        _mm512_max_epu16(_mm512_srli_epi16::<6>(t), k.sr_first16),
+        k.sr_last16,
+    );
+    let code = _mm512_permutexvar_epi16(bucket, k.sr_table16);
+    // The sign (bit 15) onto bit 3, where not NaN.
+    let not_nan = _mm512_cmple_epu16_mask(t, k.inf_high);
+    let sign = _mm512_maskz_srli_epi16::<12>(not_nan, v);
+    _mm512_ternarylogic_epi32::<0xF8>(code, sign, k.sign16)
 }
 
 /// Pairs of codes in each 64-bit lane folded into its low byte: `lo | hi << 4`.
@@ -976,6 +1116,21 @@ mod tests {
             &mut out
         ));
         assert_eq!(out, want);
+        // Stochastic rounding: random words, then every byte 0 and every byte 255 (each
+        // value's lowest and highest jitter).
+        let mut rng = XorShift32::new(0x0B16_5EED);
+        for fill in [None, Some(0u32), Some(u32::MAX)] {
+            let words: Vec<u32> = (0..lo.len())
+                .map(|_| fill.unwrap_or_else(|| rng.next_u32()))
+                .collect();
+            for shift in [0u32, 16] {
+                let want = portable_pairs_sr(&lo32, &hi32, &enc, &words, shift);
+                out.fill(0);
+                let (a, b) = (Run::Bf16(&lo), Run::Bf16(&hi));
+                assert!(encode_pairs_sr(a, b, &enc, &words, shift, &mut out));
+                assert_eq!(out, want, "SR, words {fill:?}, shift {shift}");
+            }
+        }
         // Mixed kinds or lengths that are not a multiple of 16 are refused.
         assert!(!encode_pairs_rn(
             Run::F32(&lo32),
@@ -1147,14 +1302,8 @@ mod tests {
         assert_eq!(out, want);
         let mut rng = XorShift32::new(0x51ED_270B);
         let words: Vec<u32> = (0..lo.len()).map(|_| rng.next_u32()).collect();
-        let sr = |x: f32, r: u32| e2m1::encode(crate::sr::stochastic_round_e2m1(x, r & 0xFF));
         for shift in [0u32, 16] {
-            let want: Vec<u8> = (0..lo.len())
-                .map(|c| {
-                    let w = words[c];
-                    sr(lo32[c] * enc[c], w >> shift) | sr(hi32[c] * enc[c], w >> (shift + 8)) << 4
-                })
-                .collect();
+            let want = portable_pairs_sr(&lo32, &hi32, &enc, &words, shift);
             out.fill(0);
             let (a, b) = (Run::F16(&lo), Run::F16(&hi));
             assert!(encode_pairs_sr(a, b, &enc, &words, shift, &mut out));
@@ -1172,6 +1321,25 @@ mod tests {
             &enc,
             &mut out
         ));
+    }
+
+    /// The portable bytes of [`encode_pairs_sr`]: byte `c` holds the codes of TE's rule
+    /// on `lo[c] * enc[c]` (low nibble, random byte `shift / 8` of `words[c]`) and on
+    /// `hi[c] * enc[c]` (high nibble, the next byte).
+    fn portable_pairs_sr(
+        lo: &[f32],
+        hi: &[f32],
+        enc: &[f32],
+        words: &[u32],
+        shift: u32,
+    ) -> Vec<u8> {
+        let sr = |x: f32, r: u32| e2m1::encode(crate::sr::stochastic_round_e2m1(x, r & 0xFF));
+        (0..lo.len())
+            .map(|c| {
+                let w = words[c];
+                sr(lo[c] * enc[c], w >> shift) | sr(hi[c] * enc[c], w >> (shift + 8)) << 4
+            })
+            .collect()
     }
 
     /// The portable stochastic-rounding bytes: TE's rule, then the exact encoding of its
@@ -1206,6 +1374,14 @@ mod tests {
         }
         assert_eq!(f32::from_bits((SR_FIRST + 1) << 22), 0.5);
         assert_eq!(f32::from_bits(SR_LAST << 22), 64.0);
+        // The 16-bit lanes' table holds every bucket at its own index.
+        let mut seen = [false; 32];
+        for bucket in SR_FIRST..=SR_LAST {
+            let i = (bucket & 31) as usize;
+            assert!(!seen[i], "bucket {bucket} shares index {i}");
+            seen[i] = true;
+            assert_eq!(u32::from(SR_TABLE16[i]), SR_CODES[(bucket & 15) as usize]);
+        }
     }
 
     #[test]
