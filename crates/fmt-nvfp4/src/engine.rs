@@ -1406,12 +1406,20 @@ fn rounded_sums_bf16(
 /// The largest `|x|` and unrounded `|y|` of a 16-row group of bf16 bits by the kernel
 /// of `level` ([`crate::rht_x86::sums_abs_max_bf16`],
 /// [`crate::rht_avx2::sums_abs_max_bf16`]); `None` where there is none or it declines.
+/// `floor` is the running maximum of `|y|` the result folds into: the `|y|` returned is
+/// exact as `max(floor, |y|)`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn sums_abs_max_bf16(level: Level, group: &[u16], k: usize, cw: usize) -> Option<(f32, f32)> {
+fn sums_abs_max_bf16(
+    level: Level,
+    group: &[u16],
+    k: usize,
+    cw: usize,
+    floor: f32,
+) -> Option<(f32, f32)> {
     match level {
-        Level::Avx512 => crate::rht_x86::sums_abs_max_bf16(group, k, cw),
-        Level::Avx2 => crate::rht_avx2::sums_abs_max_bf16(group, k, cw),
+        Level::Avx512 => crate::rht_x86::sums_abs_max_bf16(group, k, cw, floor),
+        Level::Avx2 => crate::rht_avx2::sums_abs_max_bf16(group, k, cw, floor),
         Level::Scalar => None,
     }
 }
@@ -1979,7 +1987,7 @@ fn group_amaxes(level: Level, bits: &[u16], rows: usize, k: usize) -> Option<(f3
     for g in 0..rows / BLOCK {
         for c0 in (0..k).step_by(CHUNK) {
             let cw = CHUNK.min(k - c0);
-            let (bx, by) = sums_abs_max_bf16(level, &bits[g * BLOCK * k + c0..], k, cw)?;
+            let (bx, by) = sums_abs_max_bf16(level, &bits[g * BLOCK * k + c0..], k, cw, ay)?;
             ax = fmax_nan_loses(ax, bx);
             ay = fmax_nan_loses(ay, by);
         }
@@ -2106,7 +2114,7 @@ pub(crate) fn amaxes<T: Element>(
                                     #[cfg(target_arch = "x86_64")]
                                     if let Src::Bits(bits, k) = src {
                                         let group = &bits[g * BLOCK * k + c0..];
-                                        let m = sums_abs_max_bf16(level, group, k, cw);
+                                        let m = sums_abs_max_bf16(level, group, k, cw, ay);
                                         if let Some((_, m)) = m {
                                             ay = fmax_nan_loses(ay, m);
                                             continue;

@@ -21,18 +21,18 @@
 //! copy roofline into bf16 on Zen 4 with `QUANTFMT_SIMD=avx2`).
 
 use std::arch::x86_64::{
-    __m128, __m128i, __m256, __m256d, _CMP_EQ_OQ, _CMP_GT_OQ, _CMP_NEQ_UQ, _mm_add_epi16,
-    _mm_add_epi32, _mm_and_si128, _mm_andnot_si128, _mm_castps_si128, _mm_castsi128_ps,
-    _mm_cmpeq_epi16, _mm_cmpgt_epi16, _mm_cvtsi32_si128, _mm_loadu_ps, _mm_loadu_si128,
-    _mm_max_epi16, _mm_max_epu16, _mm_min_epu16, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi16,
-    _mm_set1_epi32, _mm_setzero_si128, _mm_shuffle_ps, _mm_srli_epi16, _mm_storeu_ps,
-    _mm_storeu_si128, _mm_sub_epi16, _mm_unpacklo_epi32, _mm256_add_pd, _mm256_add_ps,
-    _mm256_andnot_pd, _mm256_castpd_ps, _mm256_castps256_ps128, _mm256_castsi256_ps, _mm256_cmp_pd,
-    _mm256_cvtepu8_epi32, _mm256_cvtpd_ps, _mm256_cvtps_pd, _mm256_extractf128_ps, _mm256_fmadd_ps,
-    _mm256_loadu_ps, _mm256_max_ps, _mm256_movemask_pd, _mm256_mul_pd, _mm256_mul_ps,
-    _mm256_set_m128, _mm256_set1_pd, _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_pd,
-    _mm256_setzero_ps, _mm256_slli_epi32, _mm256_srlv_epi32, _mm256_storeu_ps, _mm256_sub_pd,
-    _mm256_sub_ps,
+    __m128, __m128i, __m256, __m256d, _CMP_EQ_OQ, _CMP_GT_OQ, _CMP_LE_OQ, _CMP_NEQ_UQ,
+    _mm_add_epi16, _mm_add_epi32, _mm_and_si128, _mm_andnot_si128, _mm_castps_si128,
+    _mm_castsi128_ps, _mm_cmpeq_epi16, _mm_cmpgt_epi16, _mm_cvtsi32_si128, _mm_loadu_ps,
+    _mm_loadu_si128, _mm_max_epi16, _mm_max_epu16, _mm_min_epu16, _mm_movemask_epi8, _mm_or_si128,
+    _mm_set1_epi16, _mm_set1_epi32, _mm_setzero_si128, _mm_shuffle_ps, _mm_srli_epi16,
+    _mm_storeu_ps, _mm_storeu_si128, _mm_sub_epi16, _mm_unpacklo_epi32, _mm256_add_pd,
+    _mm256_add_ps, _mm256_andnot_pd, _mm256_castpd_ps, _mm256_castps256_ps128, _mm256_castsi256_ps,
+    _mm256_cmp_pd, _mm256_cmp_ps, _mm256_cvtepu8_epi32, _mm256_cvtepu16_epi32, _mm256_cvtpd_ps,
+    _mm256_cvtps_pd, _mm256_extractf128_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_max_ps,
+    _mm256_movemask_pd, _mm256_movemask_ps, _mm256_mul_pd, _mm256_mul_ps, _mm256_set_m128,
+    _mm256_set1_pd, _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_pd, _mm256_setzero_ps,
+    _mm256_slli_epi32, _mm256_srlv_epi32, _mm256_storeu_ps, _mm256_sub_pd, _mm256_sub_ps,
 };
 
 use quant_core::bf16_narrow::avx2::round8;
@@ -269,15 +269,22 @@ unsafe fn sums_bf16<const N: usize>(
 /// [`crate::rht_x86::sums_abs_max_bf16`] at AVX2: the largest `|x|` of a 16-row group of
 /// bf16 input and the largest `|y|` of its unrounded sums (NaN ignored, from 0), from
 /// one load of the group. `None` unless the CPU has AVX2 and the lengths fit (as
-/// [`rounded_sums_bf16`]).
+/// [`rounded_sums_bf16`]). `floor` is the caller's running maximum of `|y|`: a step
+/// whose sums cannot exceed it skips them, as the AVX-512 kernel's do
+/// ([`crate::rht_x86::sum_limit`]), so the `|y|` returned is exact as `max(floor, |y|)`.
 #[inline(always)]
-pub(crate) fn sums_abs_max_bf16(bits: &[u16], stride: usize, cols: usize) -> Option<(f32, f32)> {
+pub(crate) fn sums_abs_max_bf16(
+    bits: &[u16],
+    stride: usize,
+    cols: usize,
+    floor: f32,
+) -> Option<(f32, f32)> {
     let rows = (DIM, stride);
     if !crate::rht_x86::fits_at(Level::Avx2, bits.len(), rows, cols, COLS, usize::MAX) {
         return None;
     }
     // SAFETY: the CPU has AVX2 and the lengths fit (both checked above).
-    Some(unsafe { abs_max_bf16(bits, stride, cols) })
+    Some(unsafe { abs_max_bf16(bits, stride, cols, crate::rht_x86::sum_limit(floor)) })
 }
 
 /// [`sums_abs_max_bf16`] after its checks.
@@ -285,17 +292,30 @@ pub(crate) fn sums_abs_max_bf16(bits: &[u16], stride: usize, cols: usize) -> Opt
 /// # Safety
 /// The CPU must have AVX2; `cols % 8 == 0` and `15 * stride + cols <= bits.len()`.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn abs_max_bf16(bits: &[u16], stride: usize, cols: usize) -> (f32, f32) {
+unsafe fn abs_max_bf16(bits: &[u16], stride: usize, cols: usize, limit: f32) -> (f32, f32) {
     let (mut mx, mut my) = (_mm_setzero_si128(), _mm256_setzero_ps());
+    let limit = _mm256_set1_ps(limit);
     for c in (0..cols).step_by(COLS) {
         // SAFETY: `15 * stride + c + 8 <= 15 * stride + cols <= bits.len()`.
         let rows = unsafe { bf16_rows(bits, stride, c) };
-        // Magnitude patterns order as the values do; a NaN's (above infinity's) leaves
-        // the maximum as it is.
-        for &r in &rows {
-            let a = _mm_and_si128(r, _mm_set1_epi16(0x7FFF));
-            let nan = _mm_cmpgt_epi16(a, _mm_set1_epi16(0x7F80));
-            mx = _mm_max_epi16(mx, _mm_andnot_si128(nan, a));
+        // Each column's sum of magnitudes (even and odd rows apart, so that no chain of
+        // dependent adds is 16 long), for the skip test.
+        let mut sums = [_mm256_setzero_ps(); 2];
+        for pair in rows.chunks_exact(2) {
+            for (sum, &r) in sums.iter_mut().zip(pair) {
+                // Magnitude patterns order as the values do; a NaN's (above infinity's)
+                // leaves the maximum as it is.
+                let a = _mm_and_si128(r, _mm_set1_epi16(0x7FFF));
+                let nan = _mm_cmpgt_epi16(a, _mm_set1_epi16(0x7F80));
+                mx = _mm_max_epi16(mx, _mm_andnot_si128(nan, a));
+                let wide = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(a));
+                *sum = _mm256_add_ps(*sum, _mm256_castsi256_ps(wide));
+            }
+        }
+        // A NaN or infinite sum (or a NaN limit) is never at or below the limit.
+        let below = _mm256_cmp_ps::<_CMP_LE_OQ>(_mm256_add_ps(sums[0], sums[1]), limit);
+        if _mm256_movemask_ps(below) == 0xFF {
+            continue;
         }
         // `vmaxps` returns its second operand when either is NaN: a NaN loses.
         for y in bf16_sums!(&rows) {
@@ -476,14 +496,17 @@ mod tests {
         bf16_check::assert_forward_16(&x, stride, &out, &amax, "wide");
         bf16_check::maxima(
             |x, stride, out, amax| rounded_sums_bf16(x, stride, 48, out, amax),
-            |x, stride| sums_abs_max_bf16(x, stride, 48),
+            |x, stride| sums_abs_max_bf16(x, stride, 48, 0.0),
         );
         // Lengths that do not fit are refused.
         assert!(!rounded_sums_bf16(&x, stride, 36, &mut out, &mut amax));
         let short = &x[..15 * stride + 63];
         assert!(!rounded_sums_bf16(short, stride, 64, &mut out, &mut amax));
-        assert_eq!(sums_abs_max_bf16(&[0u16; DIM * 16], 16, 32), None);
-        assert_eq!(sums_abs_max_bf16(&[0u16; DIM * 16], 16, 4), None);
+        crate::rht_x86::bf16_check::floors(|x, stride, floor| {
+            sums_abs_max_bf16(x, stride, 48, floor)
+        });
+        assert_eq!(sums_abs_max_bf16(&[0u16; DIM * 16], 16, 32, 0.0), None);
+        assert_eq!(sums_abs_max_bf16(&[0u16; DIM * 16], 16, 4, 0.0), None);
     }
 
     /// The exactness test and the fast transform of the 16 columns at `c` (two 8-column

@@ -10,22 +10,23 @@
 //! Zen 4), and a portable unrolled form spilled them to the stack.
 
 use std::arch::x86_64::{
-    __m256, __m256i, __m512, _CMP_EQ_OQ, _CMP_NEQ_UQ, _MM_FROUND_NO_EXC, _MM_FROUND_TO_ZERO,
-    _mm_loadl_epi64, _mm_unpacklo_epi64, _mm256_add_epi16, _mm256_and_si256, _mm256_castps_si256,
-    _mm256_castsi256_ps, _mm256_cmpeq_epi32_mask, _mm256_cmpge_epu32_mask, _mm256_cmpgt_epu16_mask,
+    __m256, __m256i, __m512, _CMP_EQ_OQ, _CMP_LE_OQ, _CMP_NEQ_UQ, _MM_FROUND_NO_EXC,
+    _MM_FROUND_TO_ZERO, _mm_loadl_epi64, _mm_unpacklo_epi64, _mm256_add_epi16, _mm256_add_ps,
+    _mm256_and_si256, _mm256_castps_si256, _mm256_castsi256_ps, _mm256_cmp_ps_mask,
+    _mm256_cmpeq_epi32_mask, _mm256_cmpge_epu32_mask, _mm256_cmpgt_epu16_mask,
     _mm256_cmple_epu16_mask, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_mask_max_epu16,
     _mm256_mask_ternarylogic_epi32, _mm256_max_epu16, _mm256_min_epu16, _mm256_set1_epi16,
-    _mm256_set1_epi32, _mm256_setzero_si256, _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi16,
-    _mm512_abs_ps, _mm512_add_epi32, _mm512_add_pd, _mm512_add_ps, _mm512_and_si512,
-    _mm512_castpd_si512, _mm512_castps_si512, _mm512_castps256_ps512, _mm512_castps512_ps256,
-    _mm512_castsi512_ps, _mm512_cmp_pd_mask, _mm512_cvt_roundpd_ps, _mm512_cvtepu8_epi32,
-    _mm512_cvtepu16_epi32, _mm512_cvtpd_ps, _mm512_cvtps_pd, _mm512_extractf32x8_ps,
-    _mm512_fmadd_pd, _mm512_fmadd_ps, _mm512_fpclass_ps_mask, _mm512_insertf32x8, _mm512_loadu_ps,
-    _mm512_mask_or_epi32, _mm512_max_ps, _mm512_mul_ps, _mm512_permutexvar_ps,
-    _mm512_reduce_max_epu32, _mm512_reduce_max_ps, _mm512_set1_epi32, _mm512_set1_epi64,
-    _mm512_set1_pd, _mm512_set1_ps, _mm512_setr_epi32, _mm512_setzero_pd, _mm512_setzero_ps,
-    _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srlv_epi32, _mm512_storeu_ps, _mm512_sub_pd,
-    _mm512_sub_ps, _mm512_test_epi64_mask,
+    _mm256_set1_epi32, _mm256_set1_ps, _mm256_setzero_ps, _mm256_setzero_si256, _mm256_slli_epi32,
+    _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi16, _mm512_abs_ps, _mm512_add_epi32,
+    _mm512_add_pd, _mm512_add_ps, _mm512_and_si512, _mm512_castpd_si512, _mm512_castps_si512,
+    _mm512_castps256_ps512, _mm512_castps512_ps256, _mm512_castsi512_ps, _mm512_cmp_pd_mask,
+    _mm512_cvt_roundpd_ps, _mm512_cvtepu8_epi32, _mm512_cvtepu16_epi32, _mm512_cvtpd_ps,
+    _mm512_cvtps_pd, _mm512_extractf32x8_ps, _mm512_fmadd_pd, _mm512_fmadd_ps,
+    _mm512_fpclass_ps_mask, _mm512_insertf32x8, _mm512_loadu_ps, _mm512_mask_or_epi32,
+    _mm512_max_ps, _mm512_mul_ps, _mm512_permutexvar_ps, _mm512_reduce_max_epu32,
+    _mm512_reduce_max_ps, _mm512_set1_epi32, _mm512_set1_epi64, _mm512_set1_pd, _mm512_set1_ps,
+    _mm512_setr_epi32, _mm512_setzero_pd, _mm512_setzero_ps, _mm512_slli_epi32, _mm512_srli_epi32,
+    _mm512_srlv_epi32, _mm512_storeu_ps, _mm512_sub_pd, _mm512_sub_ps, _mm512_test_epi64_mask,
 };
 
 use quant_core::codec::e2m1;
@@ -353,14 +354,47 @@ unsafe fn sums_bf16<const N: usize>(
 /// group: no rounding or store per value here. Both come from one load of the group,
 /// where a separate pass for `|x|` read the input a second time. `None` unless the CPU
 /// has AVX-512 and the lengths fit (as [`rounded_sums_bf16`]).
+///
+/// `floor` is the caller's running maximum of `|y|`: a step of 16 columns whose sums
+/// cannot exceed it ([`sum_limit`]) skips its sums, so the `|y|` returned is exact only
+/// as `max(floor, |y|)`, which is all a running maximum needs. Once the running maximum
+/// is near the tensor's, almost every step skips: a column's `|y|` stays well below the
+/// bound `Σ|x| / 4` that decides it.
 #[inline(always)]
-pub(crate) fn sums_abs_max_bf16(bits: &[u16], stride: usize, cols: usize) -> Option<(f32, f32)> {
+pub(crate) fn sums_abs_max_bf16(
+    bits: &[u16],
+    stride: usize,
+    cols: usize,
+    floor: f32,
+) -> Option<(f32, f32)> {
     if !fits(bits.len(), (DIM, stride), cols, COLS, usize::MAX) {
         return None;
     }
     // SAFETY: the CPU has AVX-512 F, BW and VL (checked above, in `Level::Avx512`); the
     // lengths were checked above.
-    Some(unsafe { abs_max_bf16(bits, stride, cols) })
+    Some(unsafe { abs_max_bf16(bits, stride, cols, sum_limit(floor)) })
+}
+
+/// The largest f32 sum of a column's 16 magnitudes `|x_i|` (summed in any order) under
+/// which none of the column's sums `|y_j|` can exceed `floor`, whether computed in
+/// index order or by the fast transform; NaN (no sum qualifies) unless `floor` lies in
+/// `[2^-100, 2^100]`.
+///
+/// Why: `|y_j| <= Σ|x_i| / 4` exactly; an f32 sum of 16 nonnegative terms is within a
+/// factor `1 ± γ15` (`γ15 = 15u / (1 - 15u)`, `u = 2^-24`) of the exact one, and the
+/// index-order `y_j` within `γ15 Σ|x_i| / 4` of the exact `y_j` (the fast transform's
+/// are exact), so `|y_j| <= S / 4 * (1 + 31u)` for the computed sum `S`. With `S <= 4 *
+/// round(floor * (1 - 2^-17))` that is at most `floor * (1 - 2^-17)(1 + u)(1 + 31u) <
+/// floor`. The range keeps every product normal and finite (no underflow to loosen the
+/// bounds, no overflow of `4 * floor`).
+pub(crate) fn sum_limit(floor: f32) -> f32 {
+    const LOW: f32 = 7.888_609e-31; // 2^-100
+    const HIGH: f32 = 1.267_650_6e30; // 2^100
+    if (LOW..=HIGH).contains(&floor) {
+        floor * (1.0 - 1.0 / 131_072.0) * 4.0
+    } else {
+        f32::NAN
+    }
 }
 
 /// [`sums_abs_max_bf16`] after its checks.
@@ -369,19 +403,37 @@ pub(crate) fn sums_abs_max_bf16(bits: &[u16], stride: usize, cols: usize) -> Opt
 /// The CPU must have AVX-512 F, BW and VL; `cols % 16 == 0` and
 /// `15 * stride + cols <= bits.len()`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn abs_max_bf16(bits: &[u16], stride: usize, cols: usize) -> (f32, f32) {
+unsafe fn abs_max_bf16(bits: &[u16], stride: usize, cols: usize, limit: f32) -> (f32, f32) {
     let magnitude = _mm256_set1_epi16(0x7FFF);
     let inf = _mm256_set1_epi16(0x7F80);
+    let high = _mm256_set1_epi32(!0xFFFF);
+    let limit = _mm256_set1_ps(limit);
     let mut mx = _mm256_setzero_si256();
     let mut my = _mm512_setzero_ps();
     for c in (0..cols).step_by(COLS) {
         // `15 * stride + c + 16 <= 15 * stride + cols <= bits.len()`.
         let rows = bf16_rows!(bits, stride, c);
-        for &r in &rows {
-            // Magnitude patterns order as the values do; a NaN's (above infinity's)
-            // leaves the maximum as it is.
-            let a = _mm256_and_si256(r, magnitude);
-            mx = _mm256_mask_max_epu16(mx, _mm256_cmple_epu16_mask(a, inf), mx, a);
+        // Each column's sum of magnitudes, widened from the bits two columns per u32
+        // lane: the even column's by a shift, the odd one's by a mask. Even and odd rows
+        // apart, so that no chain of dependent adds is 16 long.
+        let zero = _mm256_setzero_ps();
+        let (mut even, mut odd) = ([zero; 2], [zero; 2]);
+        for pair in rows.chunks_exact(2) {
+            for (h, &r) in pair.iter().enumerate() {
+                // Magnitude patterns order as the values do; a NaN's (above infinity's)
+                // leaves the maximum as it is.
+                let a = _mm256_and_si256(r, magnitude);
+                mx = _mm256_mask_max_epu16(mx, _mm256_cmple_epu16_mask(a, inf), mx, a);
+                let e = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(a));
+                even[h] = _mm256_add_ps(even[h], e);
+                odd[h] = _mm256_add_ps(odd[h], _mm256_castsi256_ps(_mm256_and_si256(a, high)));
+            }
+        }
+        // A NaN or infinite sum (or a NaN limit) is never at or below the limit.
+        let below = _mm256_cmp_ps_mask::<_CMP_LE_OQ>(_mm256_add_ps(even[0], even[1]), limit)
+            & _mm256_cmp_ps_mask::<_CMP_LE_OQ>(_mm256_add_ps(odd[0], odd[1]), limit);
+        if below == 0xFF {
+            continue;
         }
         for y in bf16_sums!(rows) {
             // `vmaxps` returns its second operand when either is NaN: a NaN loses.
@@ -681,6 +733,58 @@ pub(crate) mod bf16_check {
             let mut amax = [0f32; 64];
             assert!(kernel(&x, stride, &mut out, &mut amax));
             assert_forward_16(&x, stride, &out, &amax, &format!("case {case}"));
+        }
+    }
+
+    /// That `maxima(x, stride, floor)` over 48 columns skips only sums at or below
+    /// `floor`: `max(floor, |y|)` as with no floor, for floors at, just below, below and
+    /// above the largest `|y|`, over narrow and wide exponent windows, with a column
+    /// whose first sum is its whole bound (`x_i = s_i v`, so `y_0 = sum |x_i| / 4`) and
+    /// sometimes a NaN.
+    pub(crate) fn floors(maxima: impl Fn(&[u16], usize, f32) -> Option<(f32, f32)>) {
+        use super::R;
+        use quant_core::cpu::fmax_nan_loses as fmax;
+        let stride = 48;
+        let mut rng = XorShift32::new(0xF100_12ED);
+        for case in 0..800 {
+            let (base, span) = [(120u32, 4u32), (127, 1), (60, 30), (127, 0)][case % 4];
+            let mut x: Vec<u16> = (0..DIM * stride)
+                .map(|_| {
+                    let r = rng.next_u32();
+                    let e = (base + (r >> 8) % (span + 1)) as u16;
+                    (e << 7) | (r >> 20) as u16 & 0x7F | (r as u16 & 0x8000)
+                })
+                .collect();
+            let v = (127u16 << 7) | (rng.next_u32() as u16 & 0x7F);
+            let col = (rng.next_u32() % 48) as usize;
+            for (i, ri) in R.iter().enumerate() {
+                x[i * stride + col] = v | if ri[0] < 0.0 { 0x8000 } else { 0 };
+            }
+            if case % 5 == 0 {
+                let at = (rng.next_u32() as usize) % x.len();
+                x[at] = 0x7FC0; // a NaN, ignored
+            }
+            let (mx, y) = maxima(&x, stride, 0.0).expect("fits");
+            let below = f32::from_bits(y.to_bits() - 1);
+            let floors = [
+                y,
+                below,
+                y * 0.999,
+                y * 0.75,
+                y * 0.5,
+                y * 2.0,
+                0.3,
+                2f32.powi(-101),
+            ];
+            for floor in floors {
+                let (gx, gy) = maxima(&x, stride, floor).expect("fits");
+                assert_eq!(gx.to_bits(), mx.to_bits(), "case {case} floor {floor}");
+                assert_eq!(
+                    fmax(floor, gy).to_bits(),
+                    fmax(floor, y).to_bits(),
+                    "case {case} floor {floor} y {y}"
+                );
+            }
         }
     }
 
@@ -1149,10 +1253,22 @@ mod tests {
         }
         bf16_check::maxima(
             |x, stride, out, amax| rounded_sums_bf16(x, stride, 48, out, amax),
-            |x, stride| sums_abs_max_bf16(x, stride, 48),
+            |x, stride| sums_abs_max_bf16(x, stride, 48, 0.0),
         );
-        assert_eq!(sums_abs_max_bf16(&[0u16; DIM * 16], 16, 32), None);
-        assert_eq!(sums_abs_max_bf16(&[0u16; DIM * 16], 16, 8), None);
+        assert_eq!(sums_abs_max_bf16(&[0u16; DIM * 16], 16, 32, 0.0), None);
+        assert_eq!(sums_abs_max_bf16(&[0u16; DIM * 16], 16, 8, 0.0), None);
+    }
+
+    #[test]
+    fn the_running_floor_skips_only_sums_below_it() {
+        if !Level::Avx512.is_supported() {
+            eprintln!("skipped: this CPU has no AVX-512");
+            return;
+        }
+        assert!(sum_limit(0.0).is_nan() && sum_limit(f32::INFINITY).is_nan());
+        assert!(sum_limit(2f32.powi(-101)).is_nan() && sum_limit(2f32.powi(101)).is_nan());
+        assert_eq!(sum_limit(1.0), 4.0 * (1.0 - 2f32.powi(-17)));
+        bf16_check::floors(|x, stride, floor| sums_abs_max_bf16(x, stride, 48, floor));
     }
 
     /// Whether [`sums_exact`] takes the 16 columns at `c` of 16 rows `stride` apart, and
