@@ -641,6 +641,18 @@ pub(crate) mod bf16_check {
     use super::DIM;
     use quantfmt_testkit::XorShift32;
 
+    /// `n` random bf16 patterns of either sign whose exponent fields lie in `base..=base +
+    /// span` (at most 254: no infinity or NaN), mantissas random.
+    fn window(rng: &mut XorShift32, n: usize, base: u32, span: u32) -> Vec<u16> {
+        (0..n)
+            .map(|_| {
+                let r = rng.next_u32();
+                let e = (base + (r >> 8) % (span + 1)).min(254) as u16;
+                (e << 7) | (r >> 20) as u16 & 0x7F | (r as u16 & 0x8000)
+            })
+            .collect()
+    }
+
     /// That `out` and `amax` (from a kernel's rounded sums of the bf16 rows `x`, `stride`
     /// apart) hold `forward_16` of every column, and each column's maximum of it.
     pub(crate) fn assert_forward_16<const N: usize>(
@@ -705,13 +717,7 @@ pub(crate) mod bf16_check {
         let mut rng = XorShift32::new(0x5EED_CAFE);
         for case in 0..400 {
             let (base, span) = [(120u32, 4u32), (10, 6), (9, 3), (127, 12), (60, 0)][case % 5];
-            let mut x: Vec<u16> = (0..DIM * stride)
-                .map(|_| {
-                    let r = rng.next_u32();
-                    let e = (base + (r >> 8) % (span + 1)) as u16;
-                    (e << 7) | (r >> 20) as u16 & 0x7F | (r as u16 & 0x8000)
-                })
-                .collect();
+            let mut x = window(&mut rng, DIM * stride, base, span);
             for i in 0..DIM {
                 x[i * stride + 3] = 0; // an all-zero column
                 // A column that cancels in every sum but the first.
@@ -748,13 +754,7 @@ pub(crate) mod bf16_check {
         let mut rng = XorShift32::new(0xF100_12ED);
         for case in 0..800 {
             let (base, span) = [(120u32, 4u32), (127, 1), (60, 30), (127, 0)][case % 4];
-            let mut x: Vec<u16> = (0..DIM * stride)
-                .map(|_| {
-                    let r = rng.next_u32();
-                    let e = (base + (r >> 8) % (span + 1)) as u16;
-                    (e << 7) | (r >> 20) as u16 & 0x7F | (r as u16 & 0x8000)
-                })
-                .collect();
+            let mut x = window(&mut rng, DIM * stride, base, span);
             let v = (127u16 << 7) | (rng.next_u32() as u16 & 0x7F);
             let col = (rng.next_u32() % 48) as usize;
             for (i, ri) in R.iter().enumerate() {
@@ -802,13 +802,7 @@ pub(crate) mod bf16_check {
         let round = |v: f32| bf16::from_f32(v).to_f32();
         for case in 0..3000 {
             let (base, span) = [(120u32, 4u32), (127, 12), (60, 200), (1, 3), (250, 4)][case % 5];
-            let mut x: Vec<u16> = (0..DIM * stride)
-                .map(|_| {
-                    let r = rng.next_u32();
-                    let e = (base + (r >> 8) % (span + 1)).min(254) as u16;
-                    (e << 7) | (r >> 20) as u16 & 0x7F | (r as u16 & 0x8000)
-                })
-                .collect();
+            let mut x = window(&mut rng, DIM * stride, base, span);
             match case % 7 {
                 0 => x[(case / 7) % (DIM * stride)] = 0x7FC0 | (case as u16 & 0x8000),
                 1 => x[(case / 7) % (DIM * stride)] = 0xFF80,
