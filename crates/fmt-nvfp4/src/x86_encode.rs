@@ -358,15 +358,16 @@ fn pairs_rn_with(
 
 /// Whether this CPU runs these encoders: the project's AVX-512 level (F, BW and the
 /// rest, detected once). The rowwise block loop gathers four blocks' bytes with VBMI
-/// where the CPU has it ([`vbmi`]), else stores each block's eight bytes ([`bw`]).
+/// where the CPU has it ([`vbmi`]), else narrows each two blocks' bytes into one store
+/// ([`bw`]).
 #[inline]
 pub(crate) fn supported() -> bool {
     Level::Avx512.is_supported()
 }
 
 /// The rowwise encoder chain of one block-loop store ([`encode_run`] after its checks):
-/// `$store4` writes four blocks' pair bytes, and every function carries its target
-/// features so that it inlines.
+/// `$sr4` and `$rn4` write four blocks (stochastic rounding, rounding to nearest), and
+/// every function carries its target features so that it inlines.
 macro_rules! encoder {
     ($(#[$doc:meta])* $module:ident, $features:literal, $sr4:ident, $rn4:ident) => {
         $(#[$doc])*
@@ -433,11 +434,7 @@ macro_rules! encoder {
             match rnd {
                 None => encode_blocks(code, |b, o| $rn4(&scaled, b, &k, o), out, ahead),
                 Some(rnd) => {
-                    let code = |b: usize| {
-                        // SAFETY: a row is 16 bytes (one unaligned 128-bit load).
-                        let r = unsafe { _mm_loadu_si128(rnd[b].as_ptr().cast()) };
-                        sr_codes(scaled(b), r, &k)
-                    };
+                    let code = |b: usize| sr_codes(scaled(b), random_lanes(&rnd[b]), &k);
                     encode_blocks(code, |b, o| $sr4(&scaled, rnd, b, &k, o), out, ahead)
                 }
             }
@@ -568,13 +565,9 @@ fn sr_pair_bytes(
     b: usize,
     k: &Consts,
 ) -> __m512i {
-    let t = |v: __m512, r: &[u8; BLOCK]| {
-        // SAFETY: a row is 16 bytes (one unaligned 128-bit load).
-        let r = unsafe { _mm_loadu_si128(r.as_ptr().cast()) };
-        jittered(v, _mm512_cvtepu8_epi32(r), k)
-    };
     let (v0, v1) = (scaled(b), scaled(b + 1));
-    let (t0, t1) = (t(v0, &rnd[b]), t(v1, &rnd[b + 1]));
+    let t0 = jittered(v0, random_lanes(&rnd[b]), k);
+    let t1 = jittered(v1, random_lanes(&rnd[b + 1]), k);
     pair_bytes16(sr_codes16((v0, t0), (v1, t1), k.in_order, k))
 }
 
@@ -888,7 +881,7 @@ fn pair_bytes16(codes: __m512i) -> __m512i {
 }
 
 /// The stochastic-rounding code of each lane of `v`, lane `e` taking the random byte
-/// `e` of `r` (the engine's `sr_code`, TE's rule).
+/// in lane `e` of `r` (0..=255, [`random_lanes`]; the engine's `sr_code`, TE's rule).
 ///
 /// The jitter `r * step / 256` is `r` times a power of two: 2^-9 below 2, 2^-8 below 4,
 /// 2^-7 from 4 on (NaN included), the exponent of `|v|` clamped to `[1, 4]` less 9.
@@ -898,14 +891,7 @@ fn pair_bytes16(codes: __m512i) -> __m512i {
 /// ([`SR_CODES`]). The sign goes on as in [`codes`]; NaN is code `0x7`.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn sr_codes(v: __m512, r: __m128i, k: &Consts) -> __m512i {
-    sr_codes_lanes(v, _mm512_cvtepu8_epi32(r), k)
-}
-
-/// [`sr_codes`] with the random bytes already one per 32-bit lane (0..=255).
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn sr_codes_lanes(v: __m512, r: __m512i, k: &Consts) -> __m512i {
+fn sr_codes(v: __m512, r: __m512i, k: &Consts) -> __m512i {
     let bits = _mm512_castps_si512(v);
     let abits = _mm512_and_si512(bits, k.abs);
     let t = jittered(v, r, k);
@@ -916,6 +902,15 @@ fn sr_codes_lanes(v: __m512, r: __m512i, k: &Consts) -> __m512i {
     let code = _mm512_permutexvar_epi32(bucket, k.sr_codes);
     let not_nan = _mm512_cmple_epu32_mask(abits, k.inf_bits);
     _mm512_mask_ternarylogic_epi32::<0xF8>(code, not_nan, _mm512_srli_epi32::<28>(bits), k.sign)
+}
+
+/// A block's 16 random bytes, one per 32-bit lane (0..=255), for [`sr_codes`] and
+/// [`jittered`].
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn random_lanes(r: &[u8; BLOCK]) -> __m512i {
+    // SAFETY: a row is 16 bytes (one unaligned 128-bit load).
+    _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(r.as_ptr().cast()) })
 }
 
 /// The rule's jittered magnitude `t = |v| + r * step / 256` of each lane ([`sr_codes`]
