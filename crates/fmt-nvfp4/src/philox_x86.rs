@@ -23,8 +23,8 @@
 use std::arch::x86_64::{
     __m512i, _mm256_loadu_si256, _mm512_add_epi64, _mm512_cvtepu32_epi64, _mm512_mask_blend_epi32,
     _mm512_mul_epu32, _mm512_permutex2var_epi32, _mm512_permutex2var_epi64, _mm512_set1_epi64,
-    _mm512_setr_epi32, _mm512_setr_epi64, _mm512_slli_epi64, _mm512_srli_epi64,
-    _mm512_storeu_si512, _mm512_ternarylogic_epi64,
+    _mm512_setr_epi32, _mm512_setr_epi64, _mm512_shuffle_epi32, _mm512_slli_epi64,
+    _mm512_srli_epi64, _mm512_storeu_si512, _mm512_ternarylogic_epi64,
 };
 
 use quant_core::simd::Level;
@@ -104,8 +104,11 @@ pub(crate) fn words<const N: usize>(
 
 /// The ten Philox rounds of `NH` vectors of eight counters, interleaved round by round:
 /// `c[h]` holds the four state words, each in the low half of its 64-bit lanes. The
-/// high halves are whatever the last product or XOR left, never read: `vpmuludq` reads
-/// the low halves only, and the callers keep only those.
+/// high halves are whatever the last product, swap or XOR left, never read: `vpmuludq`
+/// reads the low halves only, and the callers keep only those. So a product's high
+/// word comes down by swapping the halves of each lane (`vpshufd`, a shuffle) rather
+/// than by a 32-bit shift, which measured 1-4 % faster on the SR quantizes (single
+/// thread, Zen 4): the shifts share the multiplies' pipes.
 #[target_feature(enable = "avx512f")]
 #[inline]
 fn rounds<const NH: usize>(mut c: [[__m512i; 4]; NH], seed: u64) -> [[__m512i; 4]; NH] {
@@ -120,10 +123,12 @@ fn rounds<const NH: usize>(mut c: [[__m512i; 4]; NH], seed: u64) -> [[__m512i; 4
         for h in &mut c {
             let p0 = _mm512_mul_epu32(h[0], m0);
             let p1 = _mm512_mul_epu32(h[2], m1);
+            // Each lane's halves swapped: the high word at the bottom.
+            let high = |p| _mm512_shuffle_epi32::<0b10_11_00_01>(p);
             *h = [
-                _mm512_ternarylogic_epi64::<0x96>(_mm512_srli_epi64::<32>(p1), h[1], k0),
+                _mm512_ternarylogic_epi64::<0x96>(high(p1), h[1], k0),
                 p1,
-                _mm512_ternarylogic_epi64::<0x96>(_mm512_srli_epi64::<32>(p0), h[3], k1),
+                _mm512_ternarylogic_epi64::<0x96>(high(p0), h[3], k1),
                 p0,
             ];
         }
