@@ -11,12 +11,13 @@
 //! words 0 and 1 of a block are merged into one lane, words 2 and 3 into another, and
 //! one two-source permute puts four blocks' 16 bytes in order for one store.
 //!
-//! **Why 32 counters.** A round is a chain: the multiply, the shift of its high half,
+//! **Why 32 counters.** A round is a chain: the multiply, its high word brought down,
 //! the XOR, then the next round's multiply on that result. On Zen 4 that chain, not the
-//! multiplier, sets the pace of eight counters per vector: with two vectors of eight
-//! interleaved (16 counters) the rounds took about 40 ns per 16 counters, with four
-//! (32 counters) 29 ns, in a loop of nothing else. Eight vectors (64 counters, 32 state
-//! registers) spill. So the walks draw 32 counters per call where they have them.
+//! multiplier, set the pace: with two vectors of eight counters interleaved (16
+//! counters) the rounds took about 40 ns per 16 counters in a loop of nothing else,
+//! where the 40 multiplies need about 11; with three vectors 32.5 ns, with four (32
+//! counters) 29 ns. Eight vectors (64 counters, 32 state registers) spill. So the walks
+//! draw 32 counters per call where they have them.
 //!
 //! The stream is [`crate::sr::block_bits`]'s; unit tests in the engine compare the two.
 
@@ -55,7 +56,7 @@ pub(crate) fn block_bytes16(
         return false;
     }
     // SAFETY: the CPU has AVX-512 F (checked above).
-    unsafe { row_bytes::<2>(blocks, row, dir, seed, out) };
+    unsafe { bytes_of_blocks::<2>(blocks, row, dir, seed, out) };
     true
 }
 
@@ -72,7 +73,7 @@ pub(crate) fn block_bytes32(
         return false;
     }
     // SAFETY: the CPU has AVX-512 F (checked above).
-    unsafe { row_bytes::<4>(blocks, row, dir, seed, out) };
+    unsafe { bytes_of_blocks::<4>(blocks, row, dir, seed, out) };
     true
 }
 
@@ -106,9 +107,9 @@ pub(crate) fn words<const N: usize>(
 /// `c[h]` holds the four state words, each in the low half of its 64-bit lanes. The
 /// high halves are whatever the last product, swap or XOR left, never read: `vpmuludq`
 /// reads the low halves only, and the callers keep only those. So a product's high
-/// word comes down by swapping the halves of each lane (`vpshufd`, a shuffle) rather
-/// than by a 32-bit shift, which measured 1-4 % faster on the SR quantizes (single
-/// thread, Zen 4): the shifts share the multiplies' pipes.
+/// word may come down by swapping the halves of each lane (`vpshufd`, a shuffle) as
+/// well as by a 32-bit shift; the swap measured 1-4 % faster on the SR quantizes
+/// (single thread, Zen 4).
 #[target_feature(enable = "avx512f")]
 #[inline]
 fn rounds<const NH: usize>(mut c: [[__m512i; 4]; NH], seed: u64) -> [[__m512i; 4]; NH] {
@@ -141,7 +142,7 @@ fn rounds<const NH: usize>(mut c: [[__m512i; 4]; NH], seed: u64) -> [[__m512i; 4
 /// # Safety
 /// The CPU must have AVX-512 F; `blocks` and `out` hold `8 * NH` entries.
 #[target_feature(enable = "avx512f")]
-unsafe fn row_bytes<const NH: usize>(
+unsafe fn bytes_of_blocks<const NH: usize>(
     blocks: &[u32],
     row: u64,
     dir: u32,
