@@ -427,7 +427,7 @@ fn row_bytes(level: Level, blocks: &[u32; LANES], row: u64, seed: u64, out: &mut
     if let Ok(all) = <&mut [[u8; BLOCK]; LANES]>::try_from(&mut *out) {
         let dir = sr::DIR_ROWWISE;
         let done = match level {
-            Level::Avx512 => crate::philox_x86::block_bytes16(blocks, row, dir, seed, all),
+            Level::Avx512 => crate::philox_x86::block_bytes(blocks, row, dir, seed, all),
             Level::Avx2 => crate::philox_avx2::block_bytes16(blocks, row, dir, seed, all),
             Level::Scalar => false,
         };
@@ -449,7 +449,7 @@ fn row_bytes(level: Level, blocks: &[u32; LANES], row: u64, seed: u64, out: &mut
 
 /// The rowwise random bytes ([`block_bytes`]) of the consecutive blocks `kb0 ..
 /// kb0 + out.len()` of row `row`: 32 blocks per call at [`Level::Avx512`]
-/// (`philox_x86::block_bytes32`, whose four interleaved chains of rounds ran x1.4
+/// (`philox_x86::block_bytes`, whose four interleaved chains of rounds ran x1.4
 /// faster than two), the rest 16 at a time through [`row_bytes`].
 #[inline(always)]
 fn span_bytes(level: Level, kb0: usize, row: u64, seed: u64, out: &mut [[u8; BLOCK]]) {
@@ -460,7 +460,7 @@ fn span_bytes(level: Level, kb0: usize, row: u64, seed: u64, out: &mut [[u8; BLO
         for (g, r) in whole.iter_mut().enumerate() {
             let first = kb0 + g * 2 * LANES;
             let blocks: [u32; 2 * LANES] = std::array::from_fn(|b| (first + b) as u32);
-            if !crate::philox_x86::block_bytes32(&blocks, row, sr::DIR_ROWWISE, seed, r) {
+            if !crate::philox_x86::block_bytes(&blocks, row, sr::DIR_ROWWISE, seed, r) {
                 break;
             }
             done += 2 * LANES;

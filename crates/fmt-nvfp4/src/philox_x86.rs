@@ -1,7 +1,6 @@
 //! The AVX-512 random bytes of stochastic rounding: Philox4x32-10 of 16 or 32 counters
 //! at once, written straight into the bytes the rowwise encoder loads
-//! ([`block_bytes16`], [`block_bytes32`]) or into the columnwise pair encoder's word
-//! arrays ([`words`]).
+//! ([`block_bytes`]) or into the columnwise pair encoder's word arrays ([`words`]).
 //!
 //! The portable `philox_lanes` vectorizes its rounds well (each word in the low half of
 //! a 64-bit lane, one widening `vpmuludq` per multiply), but the words then go through
@@ -39,41 +38,32 @@ const M1: i64 = crate::sr::M1 as i64;
 /// Key schedule increments.
 const W: [u32; 2] = [crate::sr::W0, crate::sr::W1];
 
-/// The random bytes of blocks `blocks[l]` (`l` in 0..16) of stored row `row` in
-/// direction `dir`: `out[l]` is the little-endian bytes of the four words of
+/// The random bytes of blocks `blocks[l]` (`l` in 0..N, `N` 16 or 32) of stored row
+/// `row` in direction `dir`: `out[l]` is the little-endian bytes of the four words of
 /// [`crate::sr::block_bits`]`(seed, dir, row, blocks[l])`, so element `e` of block `l`
-/// takes `out[l][e]` (the layout of [`crate::sr::element_bits`]). Returns `false`
-/// (nothing written) unless the CPU has AVX-512 F.
+/// takes `out[l][e]` (the layout of [`crate::sr::element_bits`]). 32 blocks run as four
+/// chains of eight (module docs). Returns `false` (nothing written) unless the CPU has
+/// AVX-512 F and `N` is 16 or 32.
 #[inline]
-pub(crate) fn block_bytes16(
-    blocks: &[u32; 16],
+pub(crate) fn block_bytes<const N: usize>(
+    blocks: &[u32; N],
     row: u64,
     dir: u32,
     seed: u64,
-    out: &mut [[u8; BLOCK]; 16],
+    out: &mut [[u8; BLOCK]; N],
 ) -> bool {
     if !Level::Avx512.is_supported() {
         return false;
     }
-    // SAFETY: the CPU has AVX-512 F (checked above).
-    unsafe { bytes_of_blocks::<2>(blocks, row, dir, seed, out) };
-    true
-}
-
-/// [`block_bytes16`] of 32 blocks, as four chains of eight (module docs).
-#[inline]
-pub(crate) fn block_bytes32(
-    blocks: &[u32; 32],
-    row: u64,
-    dir: u32,
-    seed: u64,
-    out: &mut [[u8; BLOCK]; 32],
-) -> bool {
-    if !Level::Avx512.is_supported() {
-        return false;
+    // SAFETY: the CPU has AVX-512 F (checked above); `blocks` and `out` hold `N = 8 *
+    // NH` entries.
+    unsafe {
+        match N {
+            16 => bytes_of_blocks::<2>(blocks, row, dir, seed, out),
+            32 => bytes_of_blocks::<4>(blocks, row, dir, seed, out),
+            _ => return false,
+        }
     }
-    // SAFETY: the CPU has AVX-512 F (checked above).
-    unsafe { bytes_of_blocks::<4>(blocks, row, dir, seed, out) };
     true
 }
 
@@ -137,7 +127,7 @@ fn rounds<const NH: usize>(mut c: [[__m512i; 4]; NH], seed: u64) -> [[__m512i; 4
     c
 }
 
-/// [`block_bytes16`] (`NH = 2`) and [`block_bytes32`] (`NH = 4`) after their checks.
+/// [`block_bytes`] of `8 * NH` blocks after its checks.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F; `blocks` and `out` hold `8 * NH` entries.
