@@ -38,8 +38,9 @@ const M1: i64 = crate::sr::M1 as i64;
 /// Key schedule increments.
 const W: [u32; 2] = [crate::sr::W0, crate::sr::W1];
 
-/// [`crate::philox_x86::block_bytes`] of 16 blocks at AVX2: `out[l]` is the little-endian bytes
-/// of the four words of [`crate::sr::block_bits`]`(seed, dir, row, blocks[l])`.
+/// [`crate::philox_x86::block_bytes`] of 16 blocks at AVX2: `out[l]` is the
+/// little-endian bytes of the four words of
+/// [`crate::sr::block_bits`]`(seed, dir, row, blocks[l])`.
 /// Returns `false` (nothing written) unless the CPU has AVX2.
 #[inline]
 pub(crate) fn block_bytes16(
