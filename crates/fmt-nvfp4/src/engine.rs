@@ -1426,6 +1426,33 @@ fn rounded_sums_bf16(
     }
 }
 
+/// The rotated operand of a 16-row group as bf16 bits, row pairs interleaved in u32
+/// words, with its column maxima, where the AVX-512 BF16 kernel takes it
+/// ([`crate::rht_x86::rounded_bf16x2`]): RHT on bf16 input summed from the bits. The
+/// pair encoder then reads both rows of a pair from one load
+/// ([`crate::x86_encode::encode_bf16x2_rn`]). `None` elsewhere (no such kernel, or
+/// 4over6, which chooses among the f32 values of [`group_values`], which the caller
+/// then takes).
+#[inline(always)]
+fn group_bits<'a>(
+    p: &Params<'_>,
+    src: Src<'_>,
+    (g, c0, cw): (usize, usize, usize),
+    buf: &'a mut [[u32; CHUNK]; BLOCK / 2],
+    amax: &mut [f32; CHUNK],
+) -> Option<&'a [[u32; CHUNK]]> {
+    #[cfg(target_arch = "x86_64")]
+    if let Src::Bits(bits, k) = src
+        && p.level == Level::Avx512
+        && p.four_over_six.is_none()
+        && crate::rht_x86::rounded_bf16x2(&bits[g * BLOCK * k + c0..], k, cw, buf, amax)
+    {
+        return Some(buf);
+    }
+    let _ = (p, src, g, c0, cw, buf, amax);
+    None
+}
+
 /// The largest `|x|` and unrounded `|y|` of a 16-row group of bf16 bits by the kernel
 /// of `level` ([`crate::rht_x86::sums_abs_max_bf16`],
 /// [`crate::rht_avx2::sums_abs_max_bf16`]); `None` where there is none or it declines.
@@ -1468,25 +1495,35 @@ fn col_globals(p: &Params<'_>, c0: usize, cw: usize) -> ([f32; CHUNK], [f32; CHU
     (se, sd)
 }
 
-/// Two neighbouring rows of a columnwise group, f32 or bf16 or f16 bits.
+/// Two neighbouring rows of a columnwise group, f32 or bf16 or f16 bits, or bf16 bits
+/// interleaved (the low half of each u32 the first row's, the high half the second's).
 #[derive(Clone, Copy)]
 enum Pair<'a> {
     F32(&'a [f32], &'a [f32]),
     Bf16(&'a [u16], &'a [u16]),
     F16(&'a [u16], &'a [u16]),
+    Bf16x2(&'a [u32]),
 }
 
 impl<'a> Pair<'a> {
-    /// The two rows as the vector encoders' runs.
+    /// The two rows as the vector encoders' runs (`None` for [`Pair::Bf16x2`], which
+    /// has encoders of its own).
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    fn runs(self) -> (Run<'a>, Run<'a>) {
+    fn runs(self) -> Option<(Run<'a>, Run<'a>)> {
         match self {
-            Pair::F32(a, b) => (Run::F32(a), Run::F32(b)),
-            Pair::Bf16(a, b) => (Run::Bf16(a), Run::Bf16(b)),
-            Pair::F16(a, b) => (Run::F16(a), Run::F16(b)),
+            Pair::F32(a, b) => Some((Run::F32(a), Run::F32(b))),
+            Pair::Bf16(a, b) => Some((Run::Bf16(a), Run::Bf16(b))),
+            Pair::F16(a, b) => Some((Run::F16(a), Run::F16(b))),
+            Pair::Bf16x2(_) => None,
         }
     }
+}
+
+/// The two bf16 values of a [`Pair::Bf16x2`] word, widened (exact).
+#[inline(always)]
+fn bf16x2_values(w: u32) -> (f32, f32) {
+    (f32::from_bits(w << 16), f32::from_bits(w & 0xFFFF_0000))
 }
 
 /// An f16 value's bits widened (exact), for the portable pair loops.
@@ -1498,16 +1535,21 @@ fn f32_from_f16_bits(b: u16) -> f32 {
 /// `out[c] = code(lo[c] * enc[c]) | code(hi[c] * enc[c]) << 4` (round to nearest): the
 /// packed bytes of two stored rows' worth of a columnwise group, with the AVX-512 or
 /// AVX2 encoder where it runs ([`crate::x86_encode::encode_pairs_rn`],
-/// [`crate::x86_avx2::encode_pairs_rn`]), else portably.
+/// [`crate::x86_encode::encode_bf16x2_rn`], [`crate::x86_avx2::encode_pairs_rn`]),
+/// else portably.
 #[inline(always)]
 fn pairs_rn(level: Level, pair: Pair<'_>, enc: &[f32], out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     {
-        let (lo, hi) = pair.runs();
-        let done = match level {
-            Level::Avx512 => crate::x86_encode::encode_pairs_rn(lo, hi, enc, out),
-            Level::Avx2 => crate::x86_avx2::encode_pairs_rn(lo, hi, enc, out),
-            Level::Scalar => false,
+        let done = match (level, pair.runs(), pair) {
+            (Level::Avx512, Some((lo, hi)), _) => {
+                crate::x86_encode::encode_pairs_rn(lo, hi, enc, out)
+            }
+            (Level::Avx512, None, Pair::Bf16x2(w)) => {
+                crate::x86_encode::encode_bf16x2_rn(w, enc, out)
+            }
+            (Level::Avx2, Some((lo, hi)), _) => crate::x86_avx2::encode_pairs_rn(lo, hi, enc, out),
+            _ => false,
         };
         if done {
             return;
@@ -1533,6 +1575,12 @@ fn pairs_rn(level: Level, pair: Pair<'_>, enc: &[f32], out: &mut [u8]) {
                 *d = code(w(x), e) | code(w(y), e) << 4;
             }
         }
+        Pair::Bf16x2(w) => {
+            for ((d, &w), &e) in out.iter_mut().zip(w).zip(enc) {
+                let (x, y) = bf16x2_values(w);
+                *d = code(x, e) | code(y, e) << 4;
+            }
+        }
     }
 }
 
@@ -1541,17 +1589,23 @@ fn pairs_rn(level: Level, pair: Pair<'_>, enc: &[f32], out: &mut [u8]) {
 /// of the column's block that holds the pair's two elements (`shift` 0 or 16:
 /// [`sr::element_bits`] of rows `2q`, `2q + 1` is word `q / 2`, bytes `2(q % 2)` and
 /// `2(q % 2) + 1`). With the AVX-512 or AVX2 encoder where it runs
-/// ([`crate::x86_encode::encode_pairs_sr`], [`crate::x86_avx2::encode_pairs_sr`]), else
-/// [`sr_code`] per value.
+/// ([`crate::x86_encode::encode_pairs_sr`], [`crate::x86_encode::encode_bf16x2_sr`],
+/// [`crate::x86_avx2::encode_pairs_sr`]), else [`sr_code`] per value.
 #[inline(always)]
 fn pairs_sr(level: Level, pair: Pair<'_>, enc: &[f32], words: &[u32], shift: u32, out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     {
-        let (lo, hi) = pair.runs();
-        let done = match level {
-            Level::Avx512 => crate::x86_encode::encode_pairs_sr(lo, hi, enc, words, shift, out),
-            Level::Avx2 => crate::x86_avx2::encode_pairs_sr(lo, hi, enc, words, shift, out),
-            Level::Scalar => false,
+        let done = match (level, pair.runs(), pair) {
+            (Level::Avx512, Some((lo, hi)), _) => {
+                crate::x86_encode::encode_pairs_sr(lo, hi, enc, words, shift, out)
+            }
+            (Level::Avx512, None, Pair::Bf16x2(w)) => {
+                crate::x86_encode::encode_bf16x2_sr(w, enc, words, shift, out)
+            }
+            (Level::Avx2, Some((lo, hi)), _) => {
+                crate::x86_avx2::encode_pairs_sr(lo, hi, enc, words, shift, out)
+            }
+            _ => false,
         };
         if done {
             return;
@@ -1578,6 +1632,12 @@ fn pairs_sr(level: Level, pair: Pair<'_>, enc: &[f32], words: &[u32], shift: u32
             let f = f32_from_f16_bits;
             for (((d, &e), &w), (&x, &y)) in cols.zip(a.iter().zip(b)) {
                 *d = pair_byte(f(x), f(y), e, w);
+            }
+        }
+        Pair::Bf16x2(v) => {
+            for (((d, &e), &w), &v) in cols.zip(v) {
+                let (x, y) = bf16x2_values(v);
+                *d = pair_byte(x, y, e, w);
             }
         }
     }
@@ -1645,7 +1705,13 @@ fn group_words(
 #[derive(Clone, Copy)]
 enum GroupRows<'a> {
     Wide(&'a [[f32; CHUNK]]),
-    Slab { slab: Slab<'a>, k: usize, r0: usize },
+    /// The rotated operand as bf16 bits, row pairs interleaved ([`group_bits`]).
+    Bf16x2(&'a [[u32; CHUNK]]),
+    Slab {
+        slab: Slab<'a>,
+        k: usize,
+        r0: usize,
+    },
 }
 
 impl<'a> GroupRows<'a> {
@@ -1654,6 +1720,7 @@ impl<'a> GroupRows<'a> {
     fn pair(self, q: usize, c0: usize, cw: usize) -> Pair<'a> {
         match self {
             GroupRows::Wide(vals) => Pair::F32(&vals[2 * q][..cw], &vals[2 * q + 1][..cw]),
+            GroupRows::Bf16x2(vals) => Pair::Bf16x2(&vals[q][..cw]),
             GroupRows::Slab { slab, k, r0 } => {
                 let lo = (r0 + 2 * q) * k + c0;
                 slab.pair(lo..lo + cw, lo + k..lo + k + cw)
@@ -1715,6 +1782,7 @@ fn columnwise_chunk(
     let groups = rows / BLOCK;
     let (se, sd) = col_globals(p, c0, cw);
     let mut buf = [[0f32; CHUNK]; BLOCK];
+    let mut bits_buf = [[0u32; CHUNK]; BLOCK / 2];
     let mut scales = [[0u8; SLAB / BLOCK]; CHUNK];
     for g in 0..groups {
         // RHT summed from the bits reads each group's runs straight from the input,
@@ -1726,7 +1794,11 @@ fn columnwise_chunk(
             next_group_to_l2(bits, k, (g, rows), (c0, cw));
         }
         let mut amax = [0f32; CHUNK];
-        let (vals, have_amax) = group_values(p, src, &s.wide, g, c0, cw, &mut buf, &mut amax);
+        let bits = group_bits(p, src, (g, c0, cw), &mut bits_buf, &mut amax);
+        let (vals, have_amax) = match bits {
+            Some(_) => (&[][..], true),
+            None => group_values(p, src, &s.wide, g, c0, cw, &mut buf, &mut amax),
+        };
         let mb = (i0 / BLOCK + g) as u32;
         let mut sdb = [0u8; CHUNK];
         let codes = &mut s.codes[..BLOCK * CHUNK];
@@ -1754,7 +1826,10 @@ fn columnwise_chunk(
                 &mut enc[..cw],
             );
             // Straight to row pairs, no codes in between.
-            let rows = GroupRows::Wide(vals);
+            let rows = match bits {
+                Some(b) => GroupRows::Bf16x2(b),
+                None => GroupRows::Wide(vals),
+            };
             let pairs = &mut s.pairs[g * BLOCK / 2 * CHUNK..][..BLOCK / 2 * CHUNK];
             group_pairs(p, rows, mb, (c0, cw), &enc, (pairs, &mut s.words));
         }

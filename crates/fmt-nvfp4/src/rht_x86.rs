@@ -19,19 +19,23 @@ use std::arch::x86_64::{
     _mm256_set1_epi32, _mm256_set1_ps, _mm256_setzero_ps, _mm256_setzero_si256, _mm256_slli_epi32,
     _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi16, _mm512_abs_ps, _mm512_add_epi32,
     _mm512_add_pd, _mm512_add_ps, _mm512_and_si512, _mm512_castpd_si512, _mm512_castps_si512,
-    _mm512_castps256_ps512, _mm512_castps512_ps256, _mm512_castsi512_ps, _mm512_cmp_pd_mask,
-    _mm512_cvt_roundpd_ps, _mm512_cvtepu8_epi32, _mm512_cvtepu16_epi32, _mm512_cvtpd_ps,
-    _mm512_cvtps_pd, _mm512_extractf32x8_ps, _mm512_fmadd_pd, _mm512_fmadd_ps,
-    _mm512_fpclass_ps_mask, _mm512_insertf32x8, _mm512_loadu_ps, _mm512_mask_or_epi32,
-    _mm512_max_ps, _mm512_mul_ps, _mm512_permutexvar_ps, _mm512_reduce_max_epu32,
-    _mm512_reduce_max_ps, _mm512_set1_epi32, _mm512_set1_epi64, _mm512_set1_pd, _mm512_set1_ps,
-    _mm512_setr_epi32, _mm512_setzero_pd, _mm512_setzero_ps, _mm512_slli_epi32, _mm512_srli_epi32,
-    _mm512_srlv_epi32, _mm512_storeu_ps, _mm512_sub_pd, _mm512_sub_ps, _mm512_test_epi64_mask,
+    _mm512_castps256_ps512, _mm512_castps512_ps256, _mm512_castsi512_ps, _mm512_castsi512_si256,
+    _mm512_cmp_pd_mask, _mm512_cmple_epu16_mask, _mm512_cvt_roundpd_ps, _mm512_cvtepu8_epi32,
+    _mm512_cvtepu16_epi32, _mm512_cvtpd_ps, _mm512_cvtps_pd, _mm512_extractf32x8_ps,
+    _mm512_extracti64x4_epi64, _mm512_fmadd_pd, _mm512_fmadd_ps, _mm512_fpclass_ps_mask,
+    _mm512_insertf32x8, _mm512_loadu_ps, _mm512_loadu_si512, _mm512_mask_max_epu16,
+    _mm512_mask_or_epi32, _mm512_max_ps, _mm512_mul_ps, _mm512_permutexvar_epi16,
+    _mm512_permutexvar_ps, _mm512_reduce_max_epu32, _mm512_reduce_max_ps, _mm512_set1_epi16,
+    _mm512_set1_epi32, _mm512_set1_epi64, _mm512_set1_pd, _mm512_set1_ps, _mm512_setr_epi32,
+    _mm512_setzero_pd, _mm512_setzero_ps, _mm512_setzero_si512, _mm512_slli_epi32,
+    _mm512_srli_epi32, _mm512_srlv_epi32, _mm512_storeu_ps, _mm512_storeu_si512, _mm512_sub_pd,
+    _mm512_sub_ps, _mm512_test_epi64_mask,
 };
 
 use quant_core::codec::e2m1;
 
-use quant_core::simd::Level;
+use quant_core::bf16_narrow::x86::narrow32_exact;
+use quant_core::simd::{Ext, Level, has};
 
 use crate::rht::{DIM, R};
 use crate::rht_int::avx512 as int;
@@ -343,6 +347,89 @@ unsafe fn sums_bf16<const N: usize>(
         }
         // SAFETY: as the stores above.
         unsafe { _mm512_storeu_ps(amax.as_mut_ptr().add(c), m) };
+    }
+}
+
+/// [`rounded_sums_bf16`] with the rounded operand kept as bf16 bits, two rows to a
+/// u32: `out[q][c]` holds the bit pattern of row `2q`'s `bf16(sum_i x[i * stride + c]
+/// * R[i][2q])` in its low half and row `2q + 1`'s in its high half (the two rows a
+/// columnwise pair byte packs); `amax[c]` as there.
+///
+/// Why: the narrowing is one `vcvtne2ps2bf16` per two rows ([`narrow32_exact`]; the
+/// integer formula for a step holding a subnormal sum) and one `vpermw` to interleave
+/// them, where [`round_bf16`] takes seven operations per row and keeps each value 32
+/// bits wide; the pair encoder then gets both rows of a column from one load, each
+/// widened by one operation (a shift, a mask: [`crate::x86_encode::encode_bf16x2_rn`]).
+/// Returns `false`, writing nothing, unless the CPU has AVX-512 with BF16 (not hidden)
+/// and the lengths fit.
+#[inline(always)]
+pub(crate) fn rounded_bf16x2<const N: usize>(
+    bits: &[u16],
+    stride: usize,
+    cols: usize,
+    out: &mut [[u32; N]; DIM / 2],
+    amax: &mut [f32; N],
+) -> bool {
+    if !fits(bits.len(), (DIM, stride), cols, COLS, N) || !has(Ext::Bf16) {
+        return false;
+    }
+    // SAFETY: the CPU has AVX-512 F, DQ, BW and VL (checked above, in `Level::Avx512`)
+    // and BF16 (checked above); the lengths were checked above.
+    unsafe { sums_bf16x2(bits, stride, cols, out, amax) };
+    true
+}
+
+/// `vpermw` indices interleaving lanes `0..16` (low halves) with `16..32` (high).
+const INTERLEAVE: [u16; 32] = {
+    let mut idx = [0u16; 32];
+    let mut c = 0;
+    while c < 16 {
+        idx[2 * c] = c as u16;
+        idx[2 * c + 1] = 16 + c as u16;
+        c += 1;
+    }
+    idx
+};
+
+/// [`rounded_bf16x2`] after its checks.
+///
+/// # Safety
+/// The CPU must have AVX-512 F, DQ, BW, VL and BF16; `cols % 16 == 0`, `cols <= N`
+/// and `15 * stride + cols <= bits.len()`.
+#[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx512bf16")]
+unsafe fn sums_bf16x2<const N: usize>(
+    bits: &[u16],
+    stride: usize,
+    cols: usize,
+    out: &mut [[u32; N]; DIM / 2],
+    amax: &mut [f32; N],
+) {
+    let magnitude = _mm512_set1_epi16(0x7FFF);
+    let inf = _mm512_set1_epi16(0x7F80);
+    // SAFETY: 64 bytes read from a 64-byte array (unaligned load).
+    let interleave = unsafe { _mm512_loadu_si512(INTERLEAVE.as_ptr().cast()) };
+    for c in (0..cols).step_by(COLS) {
+        // `15 * stride + c + 16 <= 15 * stride + cols <= bits.len()`.
+        let y = bf16_sums!(bf16_rows!(bits, stride, c));
+        let mut m = _mm512_setzero_si512();
+        for (q, o) in out.iter_mut().enumerate() {
+            // Lanes 0..16: row 2q's 16 columns, lanes 16..32: row 2q + 1's.
+            let v = narrow32_exact(y[2 * q], y[2 * q + 1]);
+            // Magnitude patterns order as the values do; a NaN's (above infinity's)
+            // leaves the maximum as it is.
+            let a = _mm512_and_si512(v, magnitude);
+            m = _mm512_mask_max_epu16(m, _mm512_cmple_epu16_mask(a, inf), m, a);
+            // SAFETY: `c + 16 <= cols <= N`; one unaligned 512-bit store.
+            unsafe {
+                _mm512_storeu_si512(
+                    o.as_mut_ptr().add(c).cast(),
+                    _mm512_permutexvar_epi16(interleave, v),
+                );
+            }
+        }
+        let m = _mm256_max_epu16(_mm512_castsi512_si256(m), _mm512_extracti64x4_epi64::<1>(m));
+        // SAFETY: as the stores above; one unaligned 512-bit store.
+        unsafe { _mm512_storeu_ps(amax.as_mut_ptr().add(c), widen_bf16_bits(m)) };
     }
 }
 
@@ -1237,6 +1324,72 @@ mod tests {
         assert!(!rounded_sums_bf16(&x, stride, 40, &mut out, &mut amax));
         let short = &x[..15 * stride + 63];
         assert!(!rounded_sums_bf16(short, stride, 64, &mut out, &mut amax));
+    }
+
+    /// [`rounded_bf16x2`] of `cols` columns, its words unpacked into the f32 rows that
+    /// [`bf16_check`] compares (row `2q` from the low halves of `w[q]`, row `2q + 1`
+    /// from the high halves).
+    fn bf16x2_rows<const N: usize>(
+        x: &[u16],
+        stride: usize,
+        cols: usize,
+        out: &mut [[f32; N]; DIM],
+        amax: &mut [f32; N],
+    ) -> bool {
+        let mut w = [[0u32; N]; DIM / 2];
+        if !rounded_bf16x2(x, stride, cols, &mut w, amax) {
+            return false;
+        }
+        for (q, words) in w.iter().enumerate() {
+            for (c, &v) in words.iter().enumerate() {
+                out[2 * q][c] = f32::from_bits(v << 16);
+                out[2 * q + 1][c] = f32::from_bits(v & 0xFFFF_0000);
+            }
+        }
+        true
+    }
+
+    /// Whether the interleaved-bits kernel runs here; says why not where it does not.
+    fn bf16x2_runs() -> bool {
+        let runs = Level::Avx512.is_supported() && has(Ext::Bf16);
+        if !runs {
+            eprintln!("skipped: this CPU has no AVX-512 with BF16 (or it is hidden)");
+        }
+        runs
+    }
+
+    #[test]
+    fn interleaved_bf16_sums_equal_forward_16() {
+        if !bf16x2_runs() {
+            return;
+        }
+        // Narrow windows (the fast transform, subnormal sums at the 2^-126 edge, which
+        // `vcvtne2ps2bf16` would flush and the integer narrowing takes), then the wide
+        // case (index order, NaN, infinities, -0).
+        bf16_check::narrow_windows(|x, stride, out, amax| bf16x2_rows(x, stride, 64, out, amax));
+        let (x, stride) = bf16_check::wide();
+        let mut out = [[0f32; 64]; DIM];
+        let mut amax = [0f32; 64];
+        assert!(bf16x2_rows(&x, stride, 64, &mut out, &mut amax));
+        bf16_check::assert_forward_16(&x, stride, &out, &amax, "wide");
+        bf16_check::maxima(
+            |x, stride, out, amax| bf16x2_rows(x, stride, 48, out, amax),
+            |x, stride| sums_abs_max_bf16(x, stride, 48, 0.0),
+        );
+        // Lengths that do not fit are refused, and so is a CPU without BF16.
+        let mut w = [[0u32; 64]; DIM / 2];
+        assert!(!rounded_bf16x2(&x, stride, 40, &mut w, &mut amax));
+        assert!(!rounded_bf16x2(
+            &x[..15 * stride + 63],
+            stride,
+            64,
+            &mut w,
+            &mut amax
+        ));
+        let hidden = quant_core::simd::with_extensions_hidden(&[Ext::Bf16], || {
+            rounded_bf16x2(&x, stride, 64, &mut w, &mut amax)
+        });
+        assert!(!hidden);
     }
 
     #[test]

@@ -197,6 +197,88 @@ pub(crate) fn encode_pairs_sr(
     true
 }
 
+/// [`encode_pairs_rn`] of two bf16 rows interleaved in `w`: `w[c]` holds the bits of
+/// the first row's value of column `c` in its low half and the second row's in its
+/// high half (what [`crate::rht_x86::rounded_bf16x2`] writes). One load gives both
+/// rows of 16 columns, each widened by one operation. `false` (nothing written) unless
+/// the CPU has AVX-512 F and BW and `w` and `out` are `enc.len()` long, a multiple of
+/// 16.
+#[inline]
+pub(crate) fn encode_bf16x2_rn(w: &[u32], enc: &[f32], out: &mut [u8]) -> bool {
+    let n = enc.len();
+    if w.len() != n || out.len() != n || !n.is_multiple_of(BLOCK) || !supported() {
+        return false;
+    }
+    // SAFETY: the CPU has AVX-512 F and BW (checked above).
+    unsafe { pairs_bf16x2(w, enc, out) };
+    true
+}
+
+/// [`encode_bf16x2_rn`] under stochastic rounding, `words` and `shift` as for
+/// [`encode_pairs_sr`]. `false` (nothing written) as for [`encode_bf16x2_rn`], or
+/// unless `words.len() == enc.len()` and `shift` is 0 or 16.
+#[inline]
+pub(crate) fn encode_bf16x2_sr(
+    w: &[u32],
+    enc: &[f32],
+    words: &[u32],
+    shift: u32,
+    out: &mut [u8],
+) -> bool {
+    let n = enc.len();
+    if w.len() != n
+        || out.len() != n
+        || words.len() != n
+        || !n.is_multiple_of(BLOCK)
+        || !matches!(shift, 0 | 16)
+        || !supported()
+    {
+        return false;
+    }
+    // SAFETY: the CPU has AVX-512 F and BW (checked above).
+    unsafe { pairs_bf16x2_sr(w, enc, words, shift, out) };
+    true
+}
+
+/// [`encode_bf16x2_rn`] after its checks.
+#[target_feature(enable = "avx512f,avx512bw")]
+fn pairs_bf16x2(w: &[u32], enc: &[f32], out: &mut [u8]) {
+    pairs_rn_with(|c| bf16x2_low(w, c), |c| bf16x2_high(w, c), enc, out)
+}
+
+/// [`encode_bf16x2_sr`] after its checks.
+#[target_feature(enable = "avx512f,avx512bw")]
+fn pairs_bf16x2_sr(w: &[u32], enc: &[f32], words: &[u32], shift: u32, out: &mut [u8]) {
+    let (lo, hi) = (|c| bf16x2_low(w, c), |c| bf16x2_high(w, c));
+    pairs_sr_with(lo, hi, enc, words, shift, out)
+}
+
+/// The 16 words of `w` from `c` (one unaligned 512-bit load).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn load_words(w: &[u32], c: usize) -> __m512i {
+    let v = &w[c..c + 16];
+    // SAFETY: `v` is 16 u32.
+    unsafe { _mm512_loadu_si512(v.as_ptr().cast()) }
+}
+
+/// The low-half bf16 values of `w[c..c + 16]` as f32 (exact: a shift into the high half).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn bf16x2_low(w: &[u32], c: usize) -> __m512 {
+    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(load_words(w, c)))
+}
+
+/// The high-half bf16 values of `w[c..c + 16]` as f32 (exact: the low half cleared).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn bf16x2_high(w: &[u32], c: usize) -> __m512 {
+    _mm512_castsi512_ps(_mm512_and_si512(
+        load_words(w, c),
+        _mm512_set1_epi32(!0xFFFF),
+    ))
+}
+
 /// 16 f32 of `w` from `c` (one unaligned 512-bit load).
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -1111,6 +1193,19 @@ mod tests {
             &mut out
         ));
         assert_eq!(out, want);
+        // The same rows interleaved in u32 words (the low half `lo`'s).
+        let both: Vec<u32> = lo
+            .iter()
+            .zip(&hi)
+            .map(|(&a, &b)| u32::from(a) | u32::from(b) << 16)
+            .collect();
+        out.fill(0);
+        assert!(encode_bf16x2_rn(&both, &enc, &mut out));
+        assert_eq!(out, want, "interleaved");
+        // Lengths that differ or are not a multiple of 16 are refused.
+        assert!(!encode_bf16x2_rn(&both[..16], &enc, &mut out));
+        assert!(!encode_bf16x2_rn(&both[..24], &enc[..24], &mut out[..24]));
+        let words_short = vec![0u32; 16];
         // Stochastic rounding: random words, then every byte 0 and every byte 255 (each
         // value's lowest and highest jitter).
         let mut rng = XorShift32::new(0x0B16_5EED);
@@ -1124,8 +1219,19 @@ mod tests {
                 let (a, b) = (Run::Bf16(&lo), Run::Bf16(&hi));
                 assert!(encode_pairs_sr(a, b, &enc, &words, shift, &mut out));
                 assert_eq!(out, want, "SR, words {fill:?}, shift {shift}");
+                out.fill(0);
+                assert!(encode_bf16x2_sr(&both, &enc, &words, shift, &mut out));
+                assert_eq!(out, want, "SR interleaved, words {fill:?}, shift {shift}");
             }
         }
+        assert!(!encode_bf16x2_sr(&both, &enc, &words_short, 0, &mut out));
+        assert!(!encode_bf16x2_sr(
+            &both,
+            &enc,
+            &vec![0; lo.len()],
+            8,
+            &mut out
+        ));
         // Mixed kinds or lengths that are not a multiple of 16 are refused.
         assert!(!encode_pairs_rn(
             Run::F32(&lo32),
