@@ -1795,6 +1795,8 @@ fn columnwise_chunk(
         }
         let mut amax = [0f32; CHUNK];
         let bits = group_bits(p, src, (g, c0, cw), &mut bits_buf, &mut amax);
+        // With `bits` the values are there and `vals` stays empty: only 4over6 (which
+        // that route excludes) and the maxima fold (its maxima came with it) read `vals`.
         let (vals, have_amax) = match bits {
             Some(_) => (&[][..], true),
             None => group_values(p, src, &s.wide, g, c0, cw, &mut buf, &mut amax),

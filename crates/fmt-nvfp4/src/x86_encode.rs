@@ -141,9 +141,7 @@ pub(crate) fn encode_run(
 /// the same kind and every length equals `enc.len()`, a multiple of 16.
 #[inline]
 pub(crate) fn encode_pairs_rn(lo: Run<'_>, hi: Run<'_>, enc: &[f32], out: &mut [u8]) -> bool {
-    let n = enc.len();
-    if lo.len() != n || hi.len() != n || out.len() != n || !n.is_multiple_of(BLOCK) || !supported()
-    {
+    if !pairs_fit(enc.len(), &[lo.len(), hi.len(), out.len()], 0) {
         return false;
     }
     match (lo, hi) {
@@ -174,15 +172,11 @@ pub(crate) fn encode_pairs_sr(
     shift: u32,
     out: &mut [u8],
 ) -> bool {
-    let n = enc.len();
-    if lo.len() != n
-        || hi.len() != n
-        || out.len() != n
-        || words.len() != n
-        || !n.is_multiple_of(BLOCK)
-        || !matches!(shift, 0 | 16)
-        || !supported()
-    {
+    if !pairs_fit(
+        enc.len(),
+        &[lo.len(), hi.len(), out.len(), words.len()],
+        shift,
+    ) {
         return false;
     }
     match (lo, hi) {
@@ -205,8 +199,7 @@ pub(crate) fn encode_pairs_sr(
 /// 16.
 #[inline]
 pub(crate) fn encode_bf16x2_rn(w: &[u32], enc: &[f32], out: &mut [u8]) -> bool {
-    let n = enc.len();
-    if w.len() != n || out.len() != n || !n.is_multiple_of(BLOCK) || !supported() {
+    if !pairs_fit(enc.len(), &[w.len(), out.len()], 0) {
         return false;
     }
     // SAFETY: the CPU has AVX-512 F and BW (checked above).
@@ -225,19 +218,22 @@ pub(crate) fn encode_bf16x2_sr(
     shift: u32,
     out: &mut [u8],
 ) -> bool {
-    let n = enc.len();
-    if w.len() != n
-        || out.len() != n
-        || words.len() != n
-        || !n.is_multiple_of(BLOCK)
-        || !matches!(shift, 0 | 16)
-        || !supported()
-    {
+    if !pairs_fit(enc.len(), &[w.len(), out.len(), words.len()], shift) {
         return false;
     }
     // SAFETY: the CPU has AVX-512 F and BW (checked above).
     unsafe { pairs_bf16x2_sr(w, enc, words, shift, out) };
     true
+}
+
+/// Whether a pair encoder takes a call of `n` columns: every length in `lens` is `n`, a
+/// multiple of 16, `shift` (the random byte's offset under stochastic rounding; 0 for
+/// rounding to nearest) is 0 or 16, and the CPU runs these encoders.
+fn pairs_fit(n: usize, lens: &[usize], shift: u32) -> bool {
+    lens.iter().all(|&l| l == n)
+        && n.is_multiple_of(BLOCK)
+        && matches!(shift, 0 | 16)
+        && supported()
 }
 
 /// [`encode_bf16x2_rn`] after its checks.
