@@ -219,19 +219,19 @@ macro_rules! butterflies {
 }
 pub(crate) use butterflies;
 
-/// The forward sums of one 16-column step whose partial sums are all exact
-/// ([`sums_exact`]): `y = H16 (s * 0.25 * v)` by a fast Walsh-Hadamard transform, 64
-/// adds where the index order takes 256, with the same results. `v * (±0.25) + 0.0`
-/// turns a `-0` input into `+0`, so no sum is `-0`: in index order from `+0.0` an exact
-/// zero is `+0` too.
+/// The forward sums of one 16-column step of bf16 rows (bit patterns) whose partial
+/// sums are all exact ([`sums_exact`]): `y = H16 (s * 0.25 * v)` by a fast
+/// Walsh-Hadamard transform, 64 adds where the index order takes 256, with the same
+/// results. Each row is widened as it is scaled. `v * (±0.25) + 0.0` turns a `-0` input
+/// into `+0`, so no sum is `-0`: in index order from `+0.0` an exact zero is `+0` too.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn fast_forward_step(v: &[__m512; DIM]) -> [__m512; DIM] {
+fn fast_forward_step(rows: &[__m256i; DIM]) -> [__m512; DIM] {
     let zero = _mm512_setzero_ps();
     let mut w = [zero; DIM];
     // `R[i][0]` is `s_i * 0.25` (column 0 of `H16` is all ones).
-    for ((w, &v), ri) in w.iter_mut().zip(v).zip(&R) {
-        *w = _mm512_fmadd_ps(v, _mm512_set1_ps(ri[0]), zero);
+    for ((w, &h), ri) in w.iter_mut().zip(rows).zip(&R) {
+        *w = _mm512_fmadd_ps(widen_bf16_bits(h), _mm512_set1_ps(ri[0]), zero);
     }
     butterflies!(w, _mm512_add_ps, _mm512_sub_ps);
     w
@@ -260,22 +260,28 @@ macro_rules! bf16_rows {
     }};
 }
 
-/// The forward sums of 16 columns of 16 bf16 rows ([`bf16_rows`]), widened from the
+/// The forward sums `y` of 16 columns of 16 bf16 rows ([`bf16_rows`]), widened from the
 /// bits: by the fast transform where that is exact ([`sums_exact`]), else in index
-/// order. A macro, so that every kernel inlines it (a `#[target_feature]` function
-/// cannot be `#[inline(always)]`, and as a call its 1 KiB result went through memory).
-/// The caller must have AVX-512 F, BW and VL enabled.
+/// order; then `$body`, which uses `$y`, written out in both branches. A macro, so that
+/// every kernel inlines it (a `#[target_feature]` function cannot be
+/// `#[inline(always)]`, and as a call its 1 KiB result went through memory); the body
+/// in each branch, because where the two branches' sums met after them they went
+/// through the stack too (16 stores and loads per step; the bf16 operand's kernel
+/// x1.04 on two threads without them). The caller must have AVX-512 F, BW and VL
+/// enabled.
 macro_rules! bf16_sums {
-    ($rows:expr) => {{
+    ($rows:expr, |$y:ident| $body:expr) => {{
         let rows: [__m256i; DIM] = $rows;
-        let mut wide = [_mm512_setzero_ps(); DIM];
-        for (w, &h) in wide.iter_mut().zip(&rows) {
-            *w = widen_bf16_bits(h);
-        }
         if sums_exact(&rows) {
-            fast_forward_step(&wide)
+            let $y = fast_forward_step(&rows);
+            $body
         } else {
-            forward_step(&wide)
+            let mut wide = [_mm512_setzero_ps(); DIM];
+            for (w, &h) in wide.iter_mut().zip(&rows) {
+                *w = widen_bf16_bits(h);
+            }
+            let $y = forward_step(&wide);
+            $body
         }
     }};
 }
@@ -336,17 +342,18 @@ unsafe fn sums_bf16<const N: usize>(
 ) {
     for c in (0..cols).step_by(COLS) {
         // `15 * stride + c + 16 <= 15 * stride + cols <= bits.len()`.
-        let y = bf16_sums!(bf16_rows!(bits, stride, c));
-        let mut m = _mm512_setzero_ps();
-        for (o, y) in out.iter_mut().zip(y) {
-            let r = round_bf16(y);
-            // `vmaxps` returns its second operand when either is NaN: a NaN loses.
-            m = _mm512_max_ps(_mm512_abs_ps(r), m);
-            // SAFETY: `c + 16 <= cols <= N`; one unaligned 512-bit store.
-            unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(c), r) };
-        }
-        // SAFETY: as the stores above.
-        unsafe { _mm512_storeu_ps(amax.as_mut_ptr().add(c), m) };
+        bf16_sums!(bf16_rows!(bits, stride, c), |y| {
+            let mut m = _mm512_setzero_ps();
+            for (o, y) in out.iter_mut().zip(y) {
+                let r = round_bf16(y);
+                // `vmaxps` returns its second operand when either is NaN: a NaN loses.
+                m = _mm512_max_ps(_mm512_abs_ps(r), m);
+                // SAFETY: `c + 16 <= cols <= N`; one unaligned 512-bit store.
+                unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(c), r) };
+            }
+            // SAFETY: as the stores above.
+            unsafe { _mm512_storeu_ps(amax.as_mut_ptr().add(c), m) };
+        });
     }
 }
 
@@ -410,26 +417,27 @@ unsafe fn sums_bf16x2<const N: usize>(
     let interleave = unsafe { _mm512_loadu_si512(INTERLEAVE.as_ptr().cast()) };
     for c in (0..cols).step_by(COLS) {
         // `15 * stride + c + 16 <= 15 * stride + cols <= bits.len()`.
-        let y = bf16_sums!(bf16_rows!(bits, stride, c));
-        let mut m = _mm512_setzero_si512();
-        for (q, o) in out.iter_mut().enumerate() {
-            // Lanes 0..16: row 2q's 16 columns, lanes 16..32: row 2q + 1's.
-            let v = narrow32_exact(y[2 * q], y[2 * q + 1]);
-            // Magnitude patterns order as the values do; a NaN's (above infinity's)
-            // leaves the maximum as it is.
-            let a = _mm512_and_si512(v, magnitude);
-            m = _mm512_mask_max_epu16(m, _mm512_cmple_epu16_mask(a, inf), m, a);
-            // SAFETY: `c + 16 <= cols <= N`; one unaligned 512-bit store.
-            unsafe {
-                _mm512_storeu_si512(
-                    o.as_mut_ptr().add(c).cast(),
-                    _mm512_permutexvar_epi16(interleave, v),
-                );
+        bf16_sums!(bf16_rows!(bits, stride, c), |y| {
+            let mut m = _mm512_setzero_si512();
+            for (q, o) in out.iter_mut().enumerate() {
+                // Lanes 0..16: row 2q's 16 columns, lanes 16..32: row 2q + 1's.
+                let v = narrow32_exact(y[2 * q], y[2 * q + 1]);
+                // Magnitude patterns order as the values do; a NaN's (above infinity's)
+                // leaves the maximum as it is.
+                let a = _mm512_and_si512(v, magnitude);
+                m = _mm512_mask_max_epu16(m, _mm512_cmple_epu16_mask(a, inf), m, a);
+                // SAFETY: `c + 16 <= cols <= N`; one unaligned 512-bit store.
+                unsafe {
+                    _mm512_storeu_si512(
+                        o.as_mut_ptr().add(c).cast(),
+                        _mm512_permutexvar_epi16(interleave, v),
+                    );
+                }
             }
-        }
-        let m = _mm256_max_epu16(_mm512_castsi512_si256(m), _mm512_extracti64x4_epi64::<1>(m));
-        // SAFETY: as the stores above; one unaligned 512-bit store.
-        unsafe { _mm512_storeu_ps(amax.as_mut_ptr().add(c), widen_bf16_bits(m)) };
+            let m = _mm256_max_epu16(_mm512_castsi512_si256(m), _mm512_extracti64x4_epi64::<1>(m));
+            // SAFETY: as the stores above; one unaligned 512-bit store.
+            unsafe { _mm512_storeu_ps(amax.as_mut_ptr().add(c), widen_bf16_bits(m)) };
+        });
     }
 }
 
@@ -522,10 +530,12 @@ unsafe fn abs_max_bf16(bits: &[u16], stride: usize, cols: usize, limit: f32) -> 
         if below == 0xFF {
             continue;
         }
-        for y in bf16_sums!(rows) {
-            // `vmaxps` returns its second operand when either is NaN: a NaN loses.
-            my = _mm512_max_ps(_mm512_abs_ps(y), my);
-        }
+        bf16_sums!(rows, |y| {
+            for y in y {
+                // `vmaxps` returns its second operand when either is NaN: a NaN loses.
+                my = _mm512_max_ps(_mm512_abs_ps(y), my);
+            }
+        });
     }
     // Lanes folded the same way (a NaN lane cannot occur: none entered either).
     let x = _mm512_reduce_max_epu32(_mm512_cvtepu16_epi32(mx));
@@ -1428,9 +1438,7 @@ mod tests {
         // SAFETY: the callers checked `Level::Avx512` (F, BW, VL).
         let exact = unsafe { sums_exact(&rows) };
         // SAFETY: as above.
-        let wide = rows.map(|h| unsafe { widen_bf16_bits(h) });
-        // SAFETY: as above.
-        let y = unsafe { fast_forward_step(&wide) };
+        let y = unsafe { fast_forward_step(&rows) };
         let out = y.map(|v| {
             let mut o = [0f32; 16];
             // SAFETY: 16 lanes into 16 floats.
