@@ -266,9 +266,8 @@ macro_rules! bf16_rows {
 /// every kernel inlines it (a `#[target_feature]` function cannot be
 /// `#[inline(always)]`, and as a call its 1 KiB result went through memory); the body
 /// in each branch, because where the two branches' sums met after them they went
-/// through the stack too (16 stores and loads per step; the bf16 operand's kernel
-/// x1.04 on two threads without them). The caller must have AVX-512 F, BW and VL
-/// enabled.
+/// through the stack too (16 stores and loads per step; the RHT quantize x1.02 on one
+/// thread without them). The caller must have AVX-512 F, BW and VL enabled.
 macro_rules! bf16_sums {
     ($rows:expr, |$y:ident| $body:expr) => {{
         let rows: [__m256i; DIM] = $rows;
