@@ -1520,9 +1520,10 @@ impl<'a> Pair<'a> {
     }
 }
 
-/// The two bf16 values of a [`Pair::Bf16x2`] word, widened (exact).
+/// The two bf16 values of a [`Pair::Bf16x2`] word, widened (exact): the layout
+/// `rht_x86::rounded_bf16x2` writes (its tests unpack with this too).
 #[inline(always)]
-fn bf16x2_values(w: u32) -> (f32, f32) {
+pub(crate) fn bf16x2_values(w: u32) -> (f32, f32) {
     (f32::from_bits(w << 16), f32::from_bits(w & 0xFFFF_0000))
 }
 
@@ -1794,13 +1795,17 @@ fn columnwise_chunk(
             next_group_to_l2(bits, k, (g, rows), (c0, cw));
         }
         let mut amax = [0f32; CHUNK];
-        let bits = group_bits(p, src, (g, c0, cw), &mut bits_buf, &mut amax);
-        // With `bits` the values are there and `vals` stays empty: only 4over6 (which
-        // that route excludes) and the maxima fold (its maxima came with it) read `vals`.
-        let (vals, have_amax) = match bits {
-            Some(_) => (&[][..], true),
-            None => group_values(p, src, &s.wide, g, c0, cw, &mut buf, &mut amax),
-        };
+        // The group as the pair encoder reads it. On the bf16-bits route `vals` stays
+        // empty: only 4over6 (which that route excludes) and the maxima fold (its maxima
+        // came with it) read `vals`.
+        let (vals, group_rows, have_amax) =
+            match group_bits(p, src, (g, c0, cw), &mut bits_buf, &mut amax) {
+                Some(b) => (&[][..], GroupRows::Bf16x2(b), true),
+                None => {
+                    let (v, have) = group_values(p, src, &s.wide, g, c0, cw, &mut buf, &mut amax);
+                    (v, GroupRows::Wide(v), have)
+                }
+            };
         let mb = (i0 / BLOCK + g) as u32;
         let mut sdb = [0u8; CHUNK];
         let codes = &mut s.codes[..BLOCK * CHUNK];
@@ -1828,12 +1833,8 @@ fn columnwise_chunk(
                 &mut enc[..cw],
             );
             // Straight to row pairs, no codes in between.
-            let rows = match bits {
-                Some(b) => GroupRows::Bf16x2(b),
-                None => GroupRows::Wide(vals),
-            };
             let pairs = &mut s.pairs[g * BLOCK / 2 * CHUNK..][..BLOCK / 2 * CHUNK];
-            group_pairs(p, rows, mb, (c0, cw), &enc, (pairs, &mut s.words));
+            group_pairs(p, group_rows, mb, (c0, cw), &enc, (pairs, &mut s.words));
         }
         // Pack row pairs: pairs[8g + q][c] = code(2q) | code(2q+1) << 4.
         for q in (0..BLOCK / 2).filter(|_| !packed) {

@@ -1351,8 +1351,7 @@ mod tests {
         }
         for (q, words) in w.iter().enumerate() {
             for (c, &v) in words.iter().enumerate() {
-                out[2 * q][c] = f32::from_bits(v << 16);
-                out[2 * q + 1][c] = f32::from_bits(v & 0xFFFF_0000);
+                (out[2 * q][c], out[2 * q + 1][c]) = crate::engine::bf16x2_values(v);
             }
         }
         true
