@@ -127,6 +127,8 @@ pub(crate) struct Caps {
     nibbles_f16: Option<crate::x86::F16Nibbles>,
     #[cfg(target_arch = "x86_64")]
     packer: Option<crate::x86::Packer>,
+    #[cfg(target_arch = "x86_64")]
+    batch_bf16: Option<crate::batch_x86::BatchKernel>,
 }
 
 impl Caps {
@@ -146,6 +148,7 @@ impl Caps {
             nibbles_bf16: crate::x86::Bf16Nibbles::detect(level),
             nibbles_f16: crate::x86::F16Nibbles::detect(level),
             packer: crate::x86::Packer::detect(level),
+            batch_bf16: crate::batch_x86::BatchKernel::detect(level),
         };
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -327,6 +330,12 @@ fn batch_groups<T>(g: usize) -> usize {
 pub(crate) struct Scratch {
     wide: Vec<f32>,
     u: Vec<u8>,
+    /// The n-tile's (scale, zero) pairs, `[group][8 rows][2]` as its strip holds them,
+    /// written to the strip a group at a time once the tile is done. The strip's rows
+    /// lie `4·n_padded` bytes apart (32 KiB at n = 8192: all in one L1 set), and stored
+    /// pair by pair, as rows were quantized, they missed L1 (about 3 % of the bf16
+    /// quantize profile, on one store).
+    pairs: Vec<bf16>,
     /// Under [`StoreMode::Streaming`], the n-tile's words, packed here row by row and
     /// then streamed out whole (`None`: packed straight into the output).
     staged: Option<Vec<i32>>,
@@ -348,6 +357,7 @@ impl Scratch {
         Scratch {
             wide: vec![0.0; BATCH * geo.group_size],
             u: vec![0; geo.k_padded],
+            pairs: vec![bf16::ZERO; geo.groups() * N_TILE * 2],
             staged,
         }
     }
@@ -371,23 +381,127 @@ pub(crate) fn quantize_tile<T: Element>(
     s: &mut Scratch,
 ) {
     let g = geo.group_size;
-    let logical = geo.logical_groups();
-    let batch = batch_groups::<T>(g);
     let caps = Caps::new(level);
-    let ahead = PREFETCH_BYTES / std::mem::size_of::<T>();
     for nr in 0..N_TILE {
         let n = nt * N_TILE + nr;
-        let real = if n < geo.n { logical } else { 0 };
-        // A batch of groups at a time: their min/max first, then their qparams (independent
-        // scalar chains the core overlaps, where one group's chain used to stall the
-        // next group's vector work), then their nibbles.
-        for g0 in (0..real).step_by(batch) {
-            let nb = batch.min(real - g0);
-            let src = &x[n * geo.k + g0 * g..n * geo.k + (g0 + nb) * g];
+        let real = if n < geo.n { geo.logical_groups() } else { 0 };
+        let row = Row {
+            caps,
+            path,
+            eps,
+            geo,
+            x,
+            n,
+            real,
+            nr,
+        };
+        if !row.batched(s) {
+            row.grouped(s);
+        }
+        s.u[real * g..].fill(0);
+        for gi in real..geo.groups() {
+            set_pair(&mut s.pairs, gi, nr, pad);
+        }
+        let dst = s.staged.as_deref_mut().unwrap_or(&mut *words);
+        pack_row(caps, &s.u, nr, geo.inner_k_tiles, dst);
+    }
+    for (gi, pairs) in s.pairs.chunks_exact(N_TILE * 2).enumerate() {
+        sz.row_mut(gi).copy_from_slice(pairs);
+    }
+    if let Some(staged) = &s.staged {
+        let (src, dst) = (
+            bytemuck::cast_slice(staged),
+            bytemuck::cast_slice_mut(words),
+        );
+        write_bytes(level, src, dst, StoreMode::Streaming, &Fence::new());
+    }
+}
+
+/// Row `nr`'s (scale, zero) of group `gi` in a tile's pairs (`Scratch::pairs`).
+#[inline(always)]
+fn set_pair(pairs: &mut [bf16], gi: usize, nr: usize, (scale, zero): (bf16, bf16)) {
+    let at = (gi * N_TILE + nr) * 2;
+    pairs[at] = scale;
+    pairs[at + 1] = zero;
+}
+
+/// One row of an n-tile to quantize: row `n` of the expert `x`, row `nr` of its tile,
+/// with `real` groups (0 for a padding row). Its nibbles go to `Scratch::u`, its pairs
+/// to `Scratch::pairs`.
+struct Row<'a, T> {
+    caps: Caps,
+    path: QParamsPath,
+    eps: f32,
+    geo: &'a Geometry,
+    x: &'a [T],
+    n: usize,
+    real: usize,
+    nr: usize,
+}
+
+impl<T: Element> Row<'_, T> {
+    /// The row through the AVX-512 batch kernel ([`crate::batch_x86`]), 16 groups per
+    /// call, where this CPU has it and the input is bf16; groups whose qparams the
+    /// kernel's nibbles do not cover take [`group_nibbles`]. Returns `false` (nothing
+    /// written, or what [`Self::grouped`] then overwrites) where the kernel does not
+    /// apply.
+    #[inline(always)]
+    fn batched(&self, s: &mut Scratch) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::batch_x86::{Batch, GROUPS};
+            let (Some(kernel), QParamsPath::Bf16, Some(bits)) =
+                (self.caps.batch_bf16, self.path, bf16_slice_bits(self.x))
+            else {
+                return false;
+            };
+            let g = self.geo.group_size;
+            let ahead = PREFETCH_BYTES / 2;
+            let mut b = Batch::default();
+            for g0 in (0..self.real).step_by(GROUPS) {
+                let nb = GROUPS.min(self.real - g0);
+                let at = self.n * self.geo.k + g0 * g;
+                // Rows are consecutive in `x`, so the lines ahead run on into the next row.
+                let next = bits.get(at + ahead..).unwrap_or(&[]);
+                let next = &next[..next.len().min(nb * g)];
+                let u = &mut s.u[g0 * g..(g0 + nb) * g];
+                if !kernel.run(&bits[at..at + nb * g], g, self.eps, u, next, &mut b) {
+                    return false;
+                }
+                for (i, ui) in u.chunks_exact_mut(g).enumerate() {
+                    let p = b.params(i);
+                    if b.done & (1 << i) == 0 {
+                        let xi = &self.x[at + i * g..at + (i + 1) * g];
+                        group_nibbles(self.caps, self.path, xi, &p, ui);
+                    }
+                    set_pair(&mut s.pairs, g0 + i, self.nr, (p.scale_bf16, p.zero_bf16));
+                }
+            }
+            true
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = s;
+            false
+        }
+    }
+
+    /// The row a batch of groups at a time: their min/max first, then their qparams
+    /// (independent scalar chains the core overlaps, where one group's chain used to
+    /// stall the next group's vector work), then their nibbles.
+    #[inline(always)]
+    fn grouped(&self, s: &mut Scratch) {
+        let (g, x, caps, path) = (self.geo.group_size, self.x, self.caps, self.path);
+        let batch = batch_groups::<T>(g);
+        let ahead = PREFETCH_BYTES / std::mem::size_of::<T>();
+        for g0 in (0..self.real).step_by(batch) {
+            let nb = batch.min(self.real - g0);
+            let at = self.n * self.geo.k + g0 * g;
+            let src = &x[at..at + nb * g];
             let (mut lo, mut hi) = ([0f32; BATCH], [0f32; BATCH]);
             // bf16 is read as it is: its extremes from the bits, its nibbles widened in
-            // registers; so is f16 where its nibble kernel runs. Otherwise 16-bit input
-            // is widened once into the scratch.
+            // registers; so is f16 where its nibble kernel runs. Otherwise 16-bit input is
+            // widened once into the scratch.
             let bits = match Bits16::of(src) {
                 Some(Bits16::F16(_)) if !caps.reads_f16() => None,
                 b => b,
@@ -411,7 +525,7 @@ pub(crate) fn quantize_tile<T: Element>(
                     w
                 }
             };
-            let params = group_params_batch(path, &lo, &hi, eps);
+            let params = group_params_batch(path, &lo, &hi, self.eps);
             for (i, p) in params[..nb].iter().enumerate() {
                 let gi = g0 + i;
                 let u = &mut s.u[gi * g..(gi + 1) * g];
@@ -420,30 +534,12 @@ pub(crate) fn quantize_tile<T: Element>(
                     None => group_nibbles(caps, path, &w[i * g..(i + 1) * g], p, u),
                 }
                 // Rows are consecutive in `x`, so the lines ahead run on into the next row.
-                let next = n * geo.k + gi * g + ahead;
-                if let Some(lines) = x.get(next..next + g) {
+                if let Some(lines) = x.get(at + i * g + ahead..at + (i + 1) * g + ahead) {
                     simd::prefetch(lines);
                 }
-                let row = sz.row_mut(gi);
-                row[nr * 2] = p.scale_bf16;
-                row[nr * 2 + 1] = p.zero_bf16;
+                set_pair(&mut s.pairs, gi, self.nr, (p.scale_bf16, p.zero_bf16));
             }
         }
-        s.u[real * g..].fill(0);
-        for gi in real..geo.groups() {
-            let row = sz.row_mut(gi);
-            row[nr * 2] = pad.0;
-            row[nr * 2 + 1] = pad.1;
-        }
-        let dst = s.staged.as_deref_mut().unwrap_or(&mut *words);
-        pack_row(caps, &s.u, nr, geo.inner_k_tiles, dst);
-    }
-    if let Some(staged) = &s.staged {
-        let (src, dst) = (
-            bytemuck::cast_slice(staged),
-            bytemuck::cast_slice_mut(words),
-        );
-        write_bytes(level, src, dst, StoreMode::Streaming, &Fence::new());
     }
 }
 

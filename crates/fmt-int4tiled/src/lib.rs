@@ -38,6 +38,9 @@
 #![deny(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // AVX-512 intrinsics; every block has a SAFETY comment
+mod batch_x86;
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)] // kernel launches; every block has a SAFETY comment
 pub mod cuda;

@@ -292,7 +292,7 @@ impl GroupParams {
     /// their top halves are the bf16 bits (what `bf16::from_f32` gives them, NaN
     /// included, without its NaN branch).
     #[inline(always)]
-    fn new(scale: f32, zero: f32, min_val: f32) -> GroupParams {
+    pub(crate) fn new(scale: f32, zero: f32, min_val: f32) -> GroupParams {
         let bits = |x: f32| bf16::from_bits((x.to_bits() >> 16) as u16);
         GroupParams {
             scale,

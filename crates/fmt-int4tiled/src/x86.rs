@@ -405,29 +405,40 @@ pub(crate) fn dequant_row<T: Element>(
 /// lane-wise, and the final `vpermt2b` that gathers each lane's nibble byte (`$gather`)
 /// undoes the three rounds.
 macro_rules! bf16_nibble_loop {
-    ($(#[$doc:meta])* $name:ident, $features:literal, $differences:ident, $round:ident, $integers:ident, $gather:ident) => {
-        $(#[$doc])*
+    (
+        $(#[$doc:meta])* $name:ident,
+        $(#[$step_doc:meta])* $step:ident,
+        $features:literal, $differences:ident, $round:ident, $integers:ident, $gather:ident
+    ) => {
+        $(#[$step_doc])*
+        #[inline]
         #[target_feature(enable = $features)]
-        fn $name(xs: &[u16], min_val: f32, r: f32, u: &mut [u8]) {
-            let rr = _mm512_set1_ps(r);
+        pub(crate) fn $step(v: __m512i, min_val: f32, rr: __m512) -> __m256i {
             let zero = _mm512_setzero_si512();
             let fifteen = _mm512_set1_epi16(0x4170); // bf16 15.0
             // SAFETY: 64 bytes (one unaligned 512-bit load).
             let gather = unsafe { _mm512_loadu_si512($gather.as_ptr().cast()) };
+            let (t_lo, t_hi) = $differences(v, min_val);
+            let t = $round(t_lo, t_hi);
+            let (t_lo, t_hi) = widen_unpacked(t);
+            let q = $round(_mm512_mul_ps(t_lo, rr), _mm512_mul_ps(t_hi, rr));
+            // Clamped to [0, 15] as integers (bf16 order is integer order for positive
+            // values; negative ones, -0 included, are negative i16), then rounded half to
+            // even, the integer in the low byte of each u32 lane of two vectors.
+            let (lo, hi) = $integers(_mm512_min_epi16(_mm512_max_epi16(q, zero), fifteen));
+            _mm512_castsi512_si256(_mm512_permutex2var_epi8(lo, gather, hi))
+        }
+
+        $(#[$doc])*
+        #[target_feature(enable = $features)]
+        fn $name(xs: &[u16], min_val: f32, r: f32, u: &mut [u8]) {
+            let rr = _mm512_set1_ps(r);
             for (x, o) in xs.chunks_exact(32).zip(u.chunks_exact_mut(32)) {
                 // SAFETY: `x` is 32 u16 (one unaligned 512-bit load).
                 let v = unsafe { _mm512_loadu_si512(x.as_ptr().cast()) };
-                let (t_lo, t_hi) = $differences(v, min_val);
-                let t = $round(t_lo, t_hi);
-                let (t_lo, t_hi) = widen_unpacked(t);
-                let q = $round(_mm512_mul_ps(t_lo, rr), _mm512_mul_ps(t_hi, rr));
-                // Clamped to [0, 15] as integers (bf16 order is integer order for positive
-                // values; negative ones, -0 included, are negative i16), then rounded half to
-                // even, the integer in the low byte of each u32 lane of two vectors.
-                let (lo, hi) = $integers(_mm512_min_epi16(_mm512_max_epi16(q, zero), fifteen));
-                let bytes = _mm512_permutex2var_epi8(lo, gather, hi);
+                let bytes = $step(v, min_val, rr);
                 // SAFETY: `o` is 32 bytes (one unaligned 256-bit store).
-                unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), _mm512_castsi512_si256(bytes)) };
+                unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), bytes) };
             }
         }
     };
@@ -436,6 +447,10 @@ macro_rules! bf16_nibble_loop {
 bf16_nibble_loop!(
     /// The loop with `vcvtne2ps2bf16` rounding, [`differences_dp`] and [`integers_dp`].
     nibbles_bf16,
+    /// One step of [`nibbles_bf16`]: the nibble bytes of 32 bf16 values `v`, given
+    /// `min_val` and the reciprocal `rr` in every lane (also the step of
+    /// [`crate::batch_x86`]'s kernel).
+    nibbles32_bf16,
     "avx512f,avx512bw,avx512bf16,avx512vbmi",
     differences_dp,
     to_bf16,
@@ -447,6 +462,8 @@ bf16_nibble_loop!(
     /// formula's bits (subnormals kept, which the caller's range makes the same nibbles),
     /// [`differences_unpacked`] and [`integers_unpacked`].
     nibbles_bf16_int,
+    /// One step of [`nibbles_bf16_int`] ([`nibbles32_bf16`] without AVX-512 BF16).
+    nibbles32_bf16_int,
     "avx512f,avx512bw,avx512vbmi",
     differences_unpacked,
     to_bf16_int,
