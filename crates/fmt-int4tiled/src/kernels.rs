@@ -129,6 +129,8 @@ pub(crate) struct Caps {
     packer: Option<crate::x86::Packer>,
     #[cfg(target_arch = "x86_64")]
     batch_bf16: Option<crate::batch_x86::BatchKernel>,
+    #[cfg(target_arch = "x86_64")]
+    batch_f16: Option<crate::batch_x86::BatchKernel>,
 }
 
 impl Caps {
@@ -148,7 +150,8 @@ impl Caps {
             nibbles_bf16: crate::x86::Bf16Nibbles::detect(level),
             nibbles_f16: crate::x86::F16Nibbles::detect(level),
             packer: crate::x86::Packer::detect(level),
-            batch_bf16: crate::batch_x86::BatchKernel::detect(level),
+            batch_bf16: crate::batch_x86::BatchKernel::detect(level, DType::BF16),
+            batch_f16: crate::batch_x86::BatchKernel::detect(level, DType::F16),
         };
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -441,7 +444,7 @@ struct Row<'a, T> {
 
 impl<T: Element> Row<'_, T> {
     /// The row through the AVX-512 batch kernel ([`crate::batch_x86`]), 16 groups per
-    /// call, where this CPU has it and the input is bf16; groups whose qparams the
+    /// call, where this CPU has it and the input is bf16 or f16; groups whose qparams the
     /// kernel's nibbles do not cover take [`group_nibbles`]. Returns `false` (nothing
     /// written, or what [`Self::grouped`] then overwrites) where the kernel does not
     /// apply.
@@ -450,9 +453,13 @@ impl<T: Element> Row<'_, T> {
         #[cfg(target_arch = "x86_64")]
         {
             use crate::batch_x86::{Batch, GROUPS};
-            let (Some(kernel), QParamsPath::Bf16, Some(bits)) =
-                (self.caps.batch_bf16, self.path, bf16_slice_bits(self.x))
-            else {
+            // bf16 takes the bf16 qparams path, f16 the f32 one.
+            let (kernel, bits) = match (Bits16::of(self.x), self.path) {
+                (Some(Bits16::Bf16(b)), QParamsPath::Bf16) => (self.caps.batch_bf16, b),
+                (Some(Bits16::F16(b)), QParamsPath::F32) => (self.caps.batch_f16, b),
+                _ => return false,
+            };
+            let Some(kernel) = kernel else {
                 return false;
             };
             let g = self.geo.group_size;

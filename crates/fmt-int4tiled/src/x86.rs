@@ -25,7 +25,7 @@
 //! and high nibble) straight into the stored order.
 
 use std::arch::x86_64::{
-    __m256i, __m512, __m512bh, __m512i, _CMP_GT_OQ, _CMP_NEQ_UQ, _MM_FROUND_NO_EXC,
+    __m128i, __m256i, __m512, __m512bh, __m512i, _CMP_GT_OQ, _CMP_NEQ_UQ, _MM_FROUND_NO_EXC,
     _MM_FROUND_TO_NEAREST_INT, _MM_HINT_T1, _mm_prefetch, _mm_storeu_si128, _mm256_loadu_si256,
     _mm256_storeu_si256, _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512,
     _mm512_castsi256_si512, _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmp_ps_mask,
@@ -711,27 +711,33 @@ impl Bf16Nibbles {
 }
 
 /// `u[i] = to_nibble((x[i] - min_val) / scale)` for a group of f16 bit patterns (the f32
-/// path of `kernels::group_nibbles`), 16 values per step: widened by `vcvtph2ps`
-/// (exact), the subtraction and the IEEE division in f32 lanes, then `qparams::to_nibble`
-/// as two clamps (`vmaxps` against 0 sends NaN and `-0` to `+0`, as its selects do) and
-/// the 2^23 addition, whose low byte `vpmovdb` stores.
+/// path of `kernels::group_nibbles`), 16 values per step ([`nibbles16_f16`]).
 #[target_feature(enable = "avx512f")]
 fn nibbles_f16(xs: &[u16], min_val: f32, scale: f32, u: &mut [u8]) {
-    let mn = _mm512_set1_ps(min_val);
-    let sc = _mm512_set1_ps(scale);
-    let zero = _mm512_setzero_ps();
-    let fifteen = _mm512_set1_ps(15.0);
-    let magic = _mm512_set1_ps(8_388_608.0); // 2^23
+    let (mn, sc) = (_mm512_set1_ps(min_val), _mm512_set1_ps(scale));
     for (x, o) in xs.chunks_exact(16).zip(u.chunks_exact_mut(16)) {
         // SAFETY: `x` is 16 u16 (one unaligned 256-bit load).
-        let v = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(x.as_ptr().cast()) });
-        let q = _mm512_div_ps(_mm512_sub_ps(v, mn), sc);
-        // `vmaxps` returns its second operand when either is NaN or both are zeros.
-        let c = _mm512_min_ps(_mm512_max_ps(q, zero), fifteen);
-        let n = _mm512_cvtepi32_epi8(_mm512_castps_si512(_mm512_add_ps(c, magic)));
+        let v = unsafe { _mm256_loadu_si256(x.as_ptr().cast()) };
         // SAFETY: `o` is 16 bytes (one unaligned 128-bit store).
-        unsafe { _mm_storeu_si128(o.as_mut_ptr().cast(), n) };
+        unsafe { _mm_storeu_si128(o.as_mut_ptr().cast(), nibbles16_f16(v, mn, sc)) };
     }
+}
+
+/// One step of [`nibbles_f16`] (also [`crate::batch_x86`]'s): the nibble bytes of 16 f16
+/// values `v`, given `min_val` and the scale in every lane. Widened by `vcvtph2ps`
+/// (exact), the subtraction and the IEEE division in f32 lanes, then
+/// `qparams::to_nibble` as two clamps (`vmaxps` against 0 sends NaN and `-0` to `+0`, as
+/// its selects do) and the 2^23 addition, whose low bytes `vpmovdb` gathers.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn nibbles16_f16(v: __m256i, mn: __m512, sc: __m512) -> __m128i {
+    let q = _mm512_div_ps(_mm512_sub_ps(_mm512_cvtph_ps(v), mn), sc);
+    // `vmaxps` returns its second operand when either is NaN or both are zeros.
+    let c = _mm512_min_ps(_mm512_max_ps(q, _mm512_setzero_ps()), _mm512_set1_ps(15.0));
+    _mm512_cvtepi32_epi8(_mm512_castps_si512(_mm512_add_ps(
+        c,
+        _mm512_set1_ps(8_388_608.0), // 2^23
+    )))
 }
 
 /// Which f16 nibble kernel this CPU runs, found once per quantize task like
